@@ -1,0 +1,37 @@
+# Helpers to register graphkeep's tests with ctest.
+include_guard(GLOBAL)
+
+# gk_add_doctest(<name> LABELS <labels...> SOURCES <files...> [LIBS <libs...>])
+# A doctest binary, run as one ctest test. It fails when doctest's summary
+# counts no assertion (see Note [doctest vs glog CHECK] in gk_test.h) and is
+# "skipped" when it exits with 77 (a gpu binary on a machine without a GPU).
+function(gk_add_doctest name)
+  cmake_parse_arguments(T "" "" "LABELS;SOURCES;LIBS;ARGS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE gk_test_main ${T_LIBS})
+  target_precompile_headers(${name} REUSE_FROM gk_test_main)
+  graphkeep_warnings(${name})
+  add_test(NAME ${name} COMMAND ${name} ${T_ARGS})
+  set_tests_properties(${name} PROPERTIES
+    LABELS "${T_LABELS}"
+    FAIL_REGULAR_EXPRESSION "assertions: +0 +\\|"
+    SKIP_RETURN_CODE 77)
+endfunction()
+
+# gk_add_compile_fail(<name> <source> <regex>)
+# Two tests: compile_fail.<name> compiles <source> with -DGK_BREAK and passes
+# only if the diagnostic matches <regex>; compile_ok.<name> compiles it
+# without GK_BREAK and must succeed, so the failure is the intended one.
+function(gk_add_compile_fail name source regex)
+  set(_src ${CMAKE_CURRENT_SOURCE_DIR}/${source})
+  set(_flags -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include)
+  foreach(_dir ${TORCH_INCLUDE_DIRS} ${Boost_INCLUDE_DIRS})
+    list(APPEND _flags -isystem ${_dir})
+  endforeach()
+  add_test(NAME compile_fail.${name}
+           COMMAND ${CMAKE_CXX_COMPILER} ${_flags} -DGK_BREAK ${_src})
+  set_tests_properties(compile_fail.${name} PROPERTIES
+    LABELS compile-fail PASS_REGULAR_EXPRESSION "${regex}")
+  add_test(NAME compile_ok.${name} COMMAND ${CMAKE_CXX_COMPILER} ${_flags} ${_src})
+  set_tests_properties(compile_ok.${name} PROPERTIES LABELS compile-fail)
+endfunction()

@@ -1,0 +1,80 @@
+// graphkeep/registry/reflect.h
+//
+// One compile-time view of a registered type, whichever way it was declared
+// (GRAPHKEEP_DESCRIBE through Boost.Describe, GRAPHKEEP_AGGREGATE through
+// Boost.PFR). The visitors and the slot table are written against it only.
+//
+//   using R = gk::reflect<MarlinKernel>;
+//   R::name                 "MarlinKernel"
+//   R::size                 number of listed members
+//   R::members[i]           {name, declared role}
+//   R::get<I>(obj)          member I of obj (an lvalue)
+//   R::member_type<I>       its type
+//   R::bases                boost::mp11::mp_list of base classes
+#pragma once
+
+#include <graphkeep/registry/aggregate.h>
+#include <graphkeep/registry/describe.h>
+
+#include <boost/mp11/algorithm.hpp>
+#include <boost/mp11/list.hpp>
+
+#include <cstddef>
+#include <string_view>
+#include <type_traits>
+
+namespace gk {
+
+template <class T>
+concept Registered = detail::registered<T>;
+
+namespace detail {
+
+template <class T>
+struct described_reflection {
+  static constexpr std::string_view name = access::type_name<T>();
+  static constexpr auto members = access::members<T>();
+  static constexpr std::size_t size = members.size();
+  using descriptors = boost::describe::describe_members<T, boost::describe::mod_any_access>;
+  static_assert(boost::mp11::mp_size<descriptors>::value == size);
+
+  template <std::size_t I>
+  static constexpr auto pointer = boost::mp11::mp_at_c<descriptors, I>::pointer;
+  template <std::size_t I>
+  static auto& get(T& obj) noexcept { return obj.*pointer<I>; }
+  template <std::size_t I>
+  using member_type = std::remove_cvref_t<decltype(std::declval<T&>().*pointer<I>)>;
+
+  template <class D>
+  using base_of = typename D::type;
+  using bases = boost::mp11::mp_transform<
+      base_of, boost::describe::describe_bases<T, boost::describe::mod_any_access>>;
+};
+
+template <class T>
+struct aggregate_reflection {
+  static constexpr auto info = gk_reflect(static_cast<T*>(nullptr));
+  static constexpr std::string_view name = info.name;
+  static constexpr auto members = info.members;
+  static constexpr std::size_t size = members.size();
+
+  template <std::size_t I>
+  static auto& get(T& obj) noexcept { return boost::pfr::get<I>(obj); }
+  template <std::size_t I>
+  using member_type = boost::pfr::tuple_element_t<I, T>;
+  using bases = boost::mp11::mp_list<>;
+};
+
+template <class T>
+struct reflection_of {
+  using tag = decltype(gk_reflect(static_cast<T*>(nullptr)));
+  using type = std::conditional_t<std::is_same_v<tag, described<T>>, described_reflection<T>,
+                                  aggregate_reflection<T>>;
+};
+
+}  // namespace detail
+
+template <Registered T>
+using reflect = typename detail::reflection_of<T>::type;
+
+}  // namespace gk

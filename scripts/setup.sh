@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine for graphkeep and builds it.
+#   - installs the missing Debian packages (apt-get) and PyTorch 2.11.0 (pip);
+#   - configures with CMake (Ninja) into ${GK_BUILD_DIR:-build} and builds.
+# Extra arguments go to the CMake configure step, e.g. -DGRAPHKEEP_CUDA=OFF.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD_DIR=${GK_BUILD_DIR:-build}
+PY=${PYTHON:-python3}
+TORCH_VERSION=2.11.0
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+pkgs=(cmake ninja-build g++ libboost1.81-dev doctest-dev nlohmann-json3-dev libbenchmark-dev)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
+  echo "setup: installing torch==$TORCH_VERSION (pip)"
+  "$PY" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
+fi
+# Optional Python packages used by some tests (reference implementations).
+for mod_pkg in "safetensors:safetensors" "numpy:numpy"; do
+  mod=${mod_pkg%%:*}; pkg=${mod_pkg##*:}
+  "$PY" -c "import $mod" 2>/dev/null || "$PY" -m pip install --quiet --disable-pip-version-check "$pkg" || true
+done
+
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$(command -v "$PY")" "$@"
+cmake --build "$BUILD_DIR" -j"$(nproc)"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# README command 2: set up, build, and run the whole test suite with ctest.
+# GPU tests (label gpu) report "skipped" on a machine without a CUDA device.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh "$@"
+ctest --test-dir "${GK_BUILD_DIR:-build}" --output-on-failure -j"$(nproc)" ${GK_CTEST_ARGS:-}
