@@ -12,7 +12,7 @@ TORCH_VERSION=2.11.0
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-pkgs=(cmake ninja-build g++ libboost1.81-dev doctest-dev nlohmann-json3-dev libbenchmark-dev)
+pkgs=(cmake ninja-build g++ clang libclang-rt-14-dev libboost1.81-dev doctest-dev nlohmann-json3-dev libbenchmark-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
