@@ -40,6 +40,13 @@ if(GRAPHKEEP_CUDA)
   endif()
   enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)
+  # CMake 3.25 does not know nvcc 13's C++20 flag; graphkeep's cxx_std_20
+  # requirement propagates to CUDA sources that link the library.
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
+  set(CMAKE_CUDA_STANDARD 20)
 endif()
 
 find_package(Boost 1.81 CONFIG REQUIRED)       # header-only: PFR, Hana, Describe, mp11, PP

@@ -89,7 +89,7 @@ namespace detail {
 // evaluated and streamed when the condition is false, and `fail` is out of
 // line and [[noreturn]], so the fast path is a single predictable branch.
 template <class... Args>
-std::string str(const Args&... args) {
+std::string concat(const Args&... args) {
   if constexpr (sizeof...(Args) == 0) {
     return {};
   } else {
@@ -127,11 +127,11 @@ template <class E>
   if (GK_LIKELY(cond)) {                                                            \
   } else                                                                            \
     ::gk::detail::fail<ErrorType>(__func__, __FILE__, __LINE__,                     \
-                                  ::gk::detail::str(__VA_ARGS__))
+                                  ::gk::detail::concat(__VA_ARGS__))
 
 // An invariant of graphkeep itself; failing it is a graphkeep bug.
 #define GK_INTERNAL_ASSERT(cond, ...)                                               \
   if (GK_LIKELY(cond)) {                                                            \
   } else                                                                            \
     ::gk::detail::internal_fail(__func__, __FILE__, __LINE__, #cond,                \
-                                ::gk::detail::str(__VA_ARGS__))
+                                ::gk::detail::concat(__VA_ARGS__))

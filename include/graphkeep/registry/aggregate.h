@@ -23,6 +23,10 @@
 #include <graphkeep/registry/describe.h>
 
 #include <boost/pfr/core.hpp>
+#include <boost/preprocessor/comparison/greater.hpp>
+#include <boost/preprocessor/seq/elem.hpp>
+#include <boost/preprocessor/seq/seq.hpp>
+#include <boost/preprocessor/tuple/eat.hpp>
 
 #include <array>
 #include <cstddef>
@@ -58,6 +62,27 @@ constexpr bool field_is() {
                 "graphkeep: " #T "::" #m " is not field number " #i " of " #T ": list the " \
                 "fields in GRAPHKEEP_AGGREGATE in declaration order");
 
+// Fields of the same type listed swapped pass the type check above, but would
+// give each other's names and roles to the wrong fields. Non-static members of
+// an aggregate (all public) have increasing offsets in declaration order, so
+// each listed field must not come before the one listed ahead of it.
+#define GK_PP_AGG_NEXT_OP(r, data, i, e)                                            \
+  GK_DETAIL_AGG_NEXT(BOOST_PP_TUPLE_ELEM(0, data),                                  \
+                     GK_PP_NAME(BOOST_PP_SEQ_ELEM(i, BOOST_PP_TUPLE_ELEM(1, data))), \
+                     GK_PP_NAME(e))
+#define GK_DETAIL_AGG_NEXT(T, prev, m) GK_DETAIL_AGG_NEXT_I(T, prev, m)
+#define GK_DETAIL_AGG_NEXT_I(T, prev, m)                                                   \
+  static_assert(offsetof(T, prev) <= offsetof(T, m),                                       \
+                "graphkeep: " #T "::" #m " is listed after " #prev " but declared before " \
+                "it: list the fields in GRAPHKEEP_AGGREGATE in declaration order");
+#define GK_DETAIL_AGG_OFFSET_ORDER(T, seq)                                                          \
+  BOOST_PP_IIF(BOOST_PP_GREATER(BOOST_PP_SEQ_SIZE(seq), 1), GK_DETAIL_AGG_OFFSET_ORDER_I,           \
+               BOOST_PP_TUPLE_EAT(2))(T, seq)
+#define GK_DETAIL_AGG_OFFSET_ORDER_I(T, seq)                                          \
+  GK_PP_OFFSETOF_BEGIN                                                                \
+  BOOST_PP_SEQ_FOR_EACH_I(GK_PP_AGG_NEXT_OP, (T, seq), BOOST_PP_SEQ_TAIL(seq))        \
+  GK_PP_OFFSETOF_END
+
 #define GK_PP_AGG_DUP_OP(r, T, e) GK_DETAIL_AGG_DUP(T, GK_PP_NAME(e))
 #define GK_DETAIL_AGG_DUP(T, m) GK_DETAIL_AGG_DUP_I(T, m)
 #define GK_DETAIL_AGG_DUP_I(T, m)                                                            \
@@ -75,9 +100,10 @@ constexpr bool field_is() {
                 "virtual functions): describe it with GRAPHKEEP_DESCRIBE inside the class");      \
   static_assert(::boost::pfr::tuple_size_v<T> == BOOST_PP_SEQ_SIZE(seq),                          \
                 "graphkeep: " #T " has a different number of fields than GRAPHKEEP_AGGREGATE "    \
-                "lists (the comparison above gives both): list every field of " #T                \
+                "lists (the note below gives both): list every field of " #T                      \
                 " in declaration order, tensors with a role, others bare");                       \
   BOOST_PP_SEQ_FOR_EACH_I(GK_PP_AGG_ORDER_OP, T, seq)                                             \
+  GK_DETAIL_AGG_OFFSET_ORDER(T, seq)                                                              \
   BOOST_PP_SEQ_FOR_EACH(GK_PP_AGG_DUP_OP, T, seq)                                                 \
   [[maybe_unused]] inline void gk_aggregate_checks(T*) noexcept {                                 \
     BOOST_PP_SEQ_FOR_EACH(GK_PP_CHECK_OP, T, seq)                                                 \

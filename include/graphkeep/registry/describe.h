@@ -36,7 +36,8 @@
 //   - a member listed twice;
 //   - a member whose type holds tensors but is not registered, a callable, a
 //     raw pointer or a class graphkeep cannot look into, unless declared
-//     gk::opaque("reason").
+//     gk::opaque("reason");
+//   - a base (GRAPHKEEP_DESCRIBE_DERIVED) that is not registered.
 #pragma once
 
 #include <graphkeep/registry/member_kind.h>
@@ -57,6 +58,7 @@
 #include <boost/preprocessor/stringize.hpp>
 #include <boost/preprocessor/tuple/elem.hpp>
 #include <boost/preprocessor/tuple/size.hpp>
+#include <boost/preprocessor/tuple/to_seq.hpp>
 #include <boost/preprocessor/variadic/to_seq.hpp>
 
 #include <array>
@@ -85,6 +87,14 @@ struct access {
   static constexpr std::string_view type_name() noexcept { return C::gk_type_name(); }
   template <class C>
   static constexpr auto members() noexcept { return C::gk_members(); }
+  // Odr-uses C::gk_static_checks. For a class template, a member function is
+  // instantiated only when used, so its checks would otherwise never run;
+  // reflect<C> calls this (see Note [Fail-closed descriptors]).
+  template <class C>
+  static constexpr bool checked() noexcept {
+    static_cast<void>(&C::gk_static_checks);
+    return true;
+  }
 };
 
 inline constexpr std::size_t no_hole = std::numeric_limits<std::size_t>::max();
@@ -101,7 +111,10 @@ inline constexpr std::size_t no_hole = std::numeric_limits<std::size_t>::max();
 // hide one, because a base aligned to 8 has less than 8 bytes of it. The
 // offsets come from `offsetof` in a member function body (a complete-class
 // context, with access to private members); GCC and Clang accept it for
-// non-standard-layout classes, so the warning is silenced locally.
+// non-standard-layout classes, so the warning is silenced locally. For a
+// class template that body is instantiated only when odr-used: reflect<C>
+// does so (access::checked), so a described class template is checked as
+// soon as a slot table, walk or registry uses one of its specializations.
 template <std::size_t N>
 constexpr std::size_t first_hole(std::size_t object_size, std::size_t prefix,
                                  const std::array<std::size_t, N>& offsets,
@@ -120,18 +133,18 @@ struct base_footprint;
 template <class C, template <class...> class L, class... Ds>
 struct base_footprint<C, L<Ds...>> {
   static constexpr std::size_t value() {
-    std::size_t end = 0;
-    bool polymorphic_base = false;
+    // A polymorphic class without a polymorphic base has its own vptr at
+    // offset 0, before its bases; otherwise the vptr is inside a base.
+    constexpr bool polymorphic_base = (std::is_polymorphic_v<typename Ds::type> || ...);
+    std::size_t end = std::is_polymorphic_v<C> && !polymorphic_base ? sizeof(void*) : 0;
     (
         [&] {
           using B = typename Ds::type;
-          polymorphic_base = polymorphic_base || std::is_polymorphic_v<B>;
           if constexpr (!std::is_empty_v<B>) {
             end = (end + alignof(B) - 1) / alignof(B) * alignof(B) + sizeof(B);
           }
         }(),
         ...);
-    if (std::is_polymorphic_v<C> && !polymorphic_base && end < sizeof(void*)) end = sizeof(void*);
     return end;
   }
 };
@@ -141,21 +154,10 @@ constexpr std::size_t prefix_size() {
   return base_footprint<C, boost::describe::describe_bases<C, boost::describe::mod_any_access>>::value();
 }
 
-template <class BaseDescriptors>
-struct bases_ok_impl;
-template <template <class...> class L, class... Ds>
-struct bases_ok_impl<L<Ds...>> {
-  template <class B>
-  static constexpr bool ok() {
-    return registered<B> || module_type<B> || std::is_empty_v<B> ||
-           (std::is_polymorphic_v<B> && sizeof(B) == sizeof(void*));  // a pure interface
-  }
-  static constexpr bool value = (ok<typename Ds::type>() && ...);
-};
-
-template <class C>
-constexpr bool bases_ok() {
-  return bases_ok_impl<boost::describe::describe_bases<C, boost::describe::mod_any_access>>::value;
+template <class B>
+constexpr bool base_ok() {
+  return registered<B> || module_type<B> || std::is_empty_v<B> ||
+         (std::is_polymorphic_v<B> && sizeof(B) == sizeof(void*));  // a pure interface
 }
 
 template <std::size_t N>
@@ -213,8 +215,15 @@ constexpr std::size_t count_name(const std::array<member_spec, N>& specs, std::s
                   "reason: write gk::not_graph_visible(\"why no captured graph reads it\") or "      \
                   "gk::opaque(\"why it holds no device memory\")");                                 \
     static_assert(gk_err != gk_e::opaque_on_tensor,                                                 \
-                  "graphkeep: " #C "::" #m " holds tensors and cannot be opaque: give it a "         \
-                  "tensor role, or gk::not_graph_visible(\"reason\") if no captured graph reads it"); \
+                  "graphkeep: " #C "::" #m " holds tensors and cannot be opaque: give a tensor "     \
+                  "member a role (gk::not_graph_visible(\"reason\") if no captured graph reads "    \
+                  "it), list a member of a registered type bare, and register a struct that "       \
+                  "holds tensors");                                                                 \
+    static_assert(gk_err != gk_e::mixed_tensor_roles,                                               \
+                  "graphkeep: " #C "::" #m " holds both gk::TensorSlot tensors (role in the type) " \
+                  "and plain at::Tensor ones, which would get no role: use typed slots (gk::Scale, " \
+                  "...) for all of them, or plain at::Tensor for all with the role in the "         \
+                  "descriptor");                                                                    \
     static_assert(gk_err != gk_e::unregistered_tensor_holder,                                       \
                   "graphkeep: " #C "::" #m " has a type that holds tensors but is not registered: "  \
                   "register that type with GRAPHKEEP_DESCRIBE (classes) or GRAPHKEEP_AGGREGATE "     \
@@ -275,12 +284,10 @@ constexpr std::size_t count_name(const std::array<member_spec, N>& specs, std::s
                       ::std::array<::std::size_t, BOOST_PP_SEQ_SIZE(seq)>{                        \
                           {BOOST_PP_SEQ_FOR_EACH_I(GK_PP_SIZE_OP, C, seq)}}) == ::gk::detail::no_hole, \
                   "graphkeep: " #C " has a data member that its descriptor does not list (the "  \
-                  "comparison above gives the byte offset of the unlisted member): list every "   \
-                  "member of " #C " in GRAPHKEEP_DESCRIBE, tensors with a role, others bare");    \
+                  "note below gives its byte offset as the first number), or a base that "        \
+                  "GRAPHKEEP_DESCRIBE_DERIVED does not name: list every member of " #C ", "       \
+                  "tensors with a role, others bare");                                            \
     GK_PP_OFFSETOF_END                                                                            \
-    static_assert(::gk::detail::bases_ok<C>(),                                                    \
-                  "graphkeep: a base class of " #C " is neither registered, a torch::nn::Module, " \
-                  "an empty class nor a pure interface: describe the base with GRAPHKEEP_DESCRIBE"); \
   }
 
 // Describes a class without bases. Place it inside the class, after the
@@ -289,5 +296,13 @@ constexpr std::size_t count_name(const std::array<member_spec, N>& specs, std::s
 
 // Describes a class with bases: BASES is a parenthesized list, e.g. (Base).
 // Each base must be registered itself, a torch::nn::Module, or empty.
-#define GRAPHKEEP_DESCRIBE_DERIVED(C, BASES, ...) \
-  GK_DETAIL_DESCRIBE(C, BASES, BOOST_PP_VARIADIC_TO_SEQ(__VA_ARGS__))
+#define GRAPHKEEP_DESCRIBE_DERIVED(C, BASES, ...)                 \
+  GK_DETAIL_DESCRIBE(C, BASES, BOOST_PP_VARIADIC_TO_SEQ(__VA_ARGS__)) \
+  BOOST_PP_SEQ_FOR_EACH(GK_PP_BASE_OP, C, BOOST_PP_TUPLE_TO_SEQ(BASES))
+
+#define GK_PP_BASE_OP(r, C, B) GK_DETAIL_CHECK_BASE(C, B)
+#define GK_DETAIL_CHECK_BASE(C, B)                                                               \
+  static_assert(::gk::detail::base_ok<B>(),                                                      \
+                "graphkeep: " #C " derives from " #B ", which is neither registered, a "         \
+                "torch::nn::Module, an empty class nor a pure interface: describe " #B " with " \
+                "GRAPHKEEP_DESCRIBE so its members are walked");

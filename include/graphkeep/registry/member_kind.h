@@ -79,6 +79,7 @@ enum class member_error : std::uint8_t {
   workspace_without_init,
   reason_missing,
   opaque_on_tensor,
+  mixed_tensor_roles,
   unregistered_tensor_holder,
   callable,
   raw_pointer,
@@ -153,6 +154,7 @@ inline constexpr bool supported_map_key =
 struct member_kind {
   bool tensors = false;     // reaches at::Tensor values directly (not via a registered object)
   bool visitable = false;   // reaches tensors or registered objects
+  bool plain = false;       // reaches a plain at::Tensor (no role in its type)
   RoleSpec typed_role{};    // the role carried by a gk::TensorSlot type, if any
   member_error error = member_error::ok;
 };
@@ -160,6 +162,7 @@ struct member_kind {
 constexpr member_kind merge(member_kind a, const member_kind& b) {
   a.tensors = a.tensors || b.tensors;
   a.visitable = a.visitable || b.visitable;
+  a.plain = a.plain || b.plain;
   if (!a.typed_role.has_role()) a.typed_role = b.typed_role;
   if (a.error == member_error::ok) a.error = b.error;
   return a;
@@ -199,7 +202,7 @@ constexpr member_kind classify() {
   if constexpr (std::is_reference_v<T>) {
     return {.error = member_error::reference};
   } else if constexpr (std::is_same_v<T, at::Tensor>) {
-    return {.tensors = true, .visitable = true};
+    return {.tensors = true, .visitable = true, .plain = true};
   } else if constexpr (tensor_slot_type<T>) {
     return {.tensors = true, .visitable = true, .typed_role = T::spec};
   } else if constexpr (registered<T>) {
@@ -246,13 +249,21 @@ template <class M>
 constexpr member_error check_member(RoleSpec declared) {
   constexpr member_kind k = classify<M>();
   if (declared.role == Role::opaque) {
-    if (k.tensors) return member_error::opaque_on_tensor;
+    // Opaque hides a member from every walk: never one that provably reaches
+    // tensors (directly, through a registered type, or through an
+    // unregistered struct that holds them).
+    if (k.tensors || k.visitable || k.error == member_error::unregistered_tensor_holder)
+      return member_error::opaque_on_tensor;
     return declared.reason.empty() ? member_error::reason_missing : member_error::ok;
   }
   if (k.error != member_error::ok) return k.error;
   RoleSpec role = declared;
   if (k.typed_role.has_role()) {
     if (declared.has_role()) return member_error::role_twice;
+    // A plain at::Tensor next to a gk::TensorSlot (std::pair<gk::Scale,
+    // at::Tensor>) would be walked with no role, and no descriptor role can
+    // reach it without clashing with the typed one.
+    if (k.plain) return member_error::mixed_tensor_roles;
     role = k.typed_role;
   }
   if (k.tensors) {

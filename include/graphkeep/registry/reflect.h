@@ -32,6 +32,7 @@ namespace detail {
 
 template <class T>
 struct described_reflection {
+  static_assert(access::checked<T>());  // runs the descriptor checks of a class template
   static constexpr std::string_view name = access::type_name<T>();
   static constexpr auto members = access::members<T>();
   static constexpr std::size_t size = members.size();

@@ -14,9 +14,13 @@
 #include <graphkeep/registry/slot_table.h>
 #include <graphkeep/registry/walk.h>
 
+#include <boost/mp11/algorithm.hpp>
+#include <boost/mp11/list.hpp>
+
 #include <array>
 #include <cstddef>
 #include <string_view>
+#include <type_traits>
 
 namespace gk {
 
@@ -41,12 +45,36 @@ template <class... Ls>
 using concat_t = typename concat<Ls...>::type;
 
 namespace detail {
+// The checks are function templates of the offending types, so that g++
+// names them ("In instantiation of ... [with T = ns::Kernel]") right above
+// the message.
+template <class T>
+constexpr std::string_view registry_name() {
+  static_assert(registered<T>,
+                "graphkeep: every type in a gk::Registry must be registered (GRAPHKEEP_DESCRIBE "
+                "or GRAPHKEEP_AGGREGATE); the unregistered type is T in 'with T = ...' above");
+  if constexpr (registered<T>)
+    return reflect<T>::name;
+  else
+    return {};
+}
+
+template <class A, class B>
+constexpr bool registry_names_distinct() {
+  static_assert(std::is_void_v<A>,
+                "graphkeep: two types in a gk::Registry have the same name (A and B in "
+                "'with A = ...; B = ...' above); slot paths would be ambiguous: rename one of them");
+  return true;  // the assertion above is the diagnostic
+}
+
+// {i, j} of the first two equal names, or {N, N}. Empty names (unregistered
+// types, already reported) do not count.
 template <std::size_t N>
-constexpr bool names_unique(const std::array<std::string_view, N>& names) {
+constexpr std::array<std::size_t, 2> first_duplicate(const std::array<std::string_view, N>& names) {
   for (std::size_t i = 0; i < N; ++i)
     for (std::size_t j = i + 1; j < N; ++j)
-      if (names[i] == names[j]) return false;
-  return true;
+      if (!names[i].empty() && names[i] == names[j]) return {i, j};
+  return {N, N};
 }
 }  // namespace detail
 
@@ -55,14 +83,16 @@ struct Registry;
 
 template <class... Ts>
 struct Registry<TypeList<Ts...>> {
-  static_assert((Registered<Ts> && ...),
-                "graphkeep: every type in a gk::Registry must be registered "
-                "(GRAPHKEEP_DESCRIBE or GRAPHKEEP_AGGREGATE)");
   static constexpr std::size_t size = sizeof...(Ts);
-  static constexpr std::array<std::string_view, size> names{reflect<Ts>::name...};
-  static_assert(detail::names_unique(names),
-                "graphkeep: two types in the registry have the same name; slot paths "
-                "would be ambiguous: rename one of them");
+  static constexpr std::array<std::string_view, size> names{detail::registry_name<Ts>()...};
+
+ private:
+  static constexpr auto duplicate = detail::first_duplicate(names);
+  using padded = boost::mp11::mp_list<Ts..., void>;  // index size: no duplicate
+  static_assert(detail::registry_names_distinct<boost::mp11::mp_at_c<padded, duplicate[0]>,
+                                                boost::mp11::mp_at_c<padded, duplicate[1]>>());
+
+ public:
 
   // Every slot of every type, in list order.
   static constexpr auto table() {

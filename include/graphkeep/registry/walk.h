@@ -76,6 +76,12 @@ class Walker {
   virtual void config(const SlotPath& path, std::string_view owner, ConfigRef value) {}
   virtual void opaque(const SlotPath& path, std::string_view owner, std::string_view reason) {}
   virtual void module(const SlotPath& path, std::string_view owner) {}
+  // A polymorphic member holds a dynamic type that is not registered. Return
+  // true to skip it (a lint collector); the default raises gk::DeclarationError.
+  virtual bool unregistered_dynamic(const SlotPath& path, std::string_view owner,
+                                    const std::type_info& dynamic_type) {
+    return false;
+  }
 
   SlotPath& path() noexcept { return path_; }
 
@@ -246,7 +252,10 @@ void walk_value(M& v, const RoleSpec& role, std::string_view owner, Walker& w) {
       E* e = v.get();
       const std::type_info& dyn = typeid(*e);
       const TypeOps* ops = dyn == typeid(E) ? nullptr : find_dynamic_type(dyn);
-      if (dyn != typeid(E) && ops == nullptr) throw_unregistered_dynamic(w.path(), owner, dyn, typeid(E));
+      if (dyn != typeid(E) && ops == nullptr) {
+        if (w.unregistered_dynamic(w.path(), owner, dyn)) return;
+        throw_unregistered_dynamic(w.path(), owner, dyn, typeid(E));
+      }
       w.path().push({.kind = PathElem::Kind::dynamic, .type = &dyn, .resolve = &resolve_dynamic<T, E>});
       PopGuard<T> guard{w};
       if (ops == nullptr)

@@ -1,0 +1,108 @@
+// graphkeep/reload/manifest.h
+//
+// The capture manifest: the oracle that does not trust the registry. At
+// capture it records every address the graph's nodes really use (from the
+// replay backend: recorded host launches, or the CUDA graph's kernel,
+// memcpy and memset nodes) and classifies each one:
+//   slot       inside the captured storage of a planned slot (parameter,
+//              buffer or declared slot)
+//   pool       inside the graph's private memory pool
+//   static_io  inside a registered persistent input or output buffer
+//   library    inside a library's own persistent workspace (cuBLAS)
+//   unknown    none of these: an undeclared tensor
+// After a reload, verify() checks each address again before the next replay:
+//   moved      the owning slot (or the undeclared tensor's path) now points at
+//              other storage while the captured one lives: stale reads
+//   expired    the storage the address lay in has been freed: the graph
+//              reads freed memory
+//   unknown    an address still covered by nothing: refuse to replay
+//
+//   gk::CaptureManifest m = gk::CaptureManifest::record(graph, plan, io, collected);
+//   gk::VerifyResult r = m.verify(plan);
+//   if (!r.ok()) throw gk::DriftError(r.describe());
+#pragma once
+
+#include <graphkeep/reload/replay.h>
+#include <graphkeep/reload/slot_plan.h>
+
+#include <c10/core/Storage.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gk {
+
+enum class AddressClass : std::uint8_t { slot, pool, static_io, library, unknown };
+std::string_view to_string(AddressClass c) noexcept;
+
+// A tensor the runtime collector reached (see collector.h), with its storage.
+struct ReachableTensor {
+  std::string path;
+  RoleSpec role;
+  std::uintptr_t begin = 0, end = 0;   // storage range
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+  // Re-resolves the tensor at `path` now (for "moved"); may return undefined.
+  std::function<at::Tensor()> resolve;
+};
+
+using StaticBuffer = AddressRange;
+
+struct ManifestEntry {
+  CapturedAddress use;
+  AddressClass cls = AddressClass::unknown;
+  std::string owner;                  // slot path, buffer name, or the undeclared tensor's path
+  std::size_t layer = 0, slot = 0;    // for cls == slot: indices into the plan
+  std::uintptr_t captured_storage = 0;  // storage base at capture
+  std::size_t reachable = SIZE_MAX;   // for unknown: index into the collected tensors
+};
+
+struct VerifyIssue {
+  enum class Kind : std::uint8_t { moved, expired, unknown };
+  Kind kind;
+  std::string graph;     // the graph's name
+  std::string node;      // kernel / node name
+  std::size_t node_index = 0;
+  std::string owner;     // slot path or undeclared tensor path ("" if none)
+  std::uintptr_t address = 0;
+  std::string detail;
+};
+std::string_view to_string(VerifyIssue::Kind k) noexcept;
+
+struct VerifyResult {
+  std::size_t checked = 0;
+  std::vector<VerifyIssue> issues;
+  bool ok() const noexcept { return issues.empty(); }
+  std::size_t count(VerifyIssue::Kind k) const noexcept;
+  std::string describe(std::size_t max_lines = 20) const;
+};
+
+class CaptureManifest {
+ public:
+  // Classifies every address `graph` uses. `reachable`: every tensor the
+  // runtime collector found (for naming undeclared tensors and detecting
+  // expiry); `io`: persistent input/output buffers. Library workspaces come
+  // from the backend.
+  static CaptureManifest record(const ReplayBackend& graph, const SlotPlan& plan,
+                                const std::vector<StaticBuffer>& io,
+                                std::vector<ReachableTensor> reachable);
+
+  const std::string& graph_name() const noexcept { return graph_; }
+  const std::vector<ManifestEntry>& entries() const noexcept { return entries_; }
+  std::size_t count(AddressClass c) const noexcept;
+  // The unknown entries as a readable list ("node k: address in tensor <path>").
+  std::vector<std::string> undeclared() const;
+
+  // Checks every recorded address against the plan's current state.
+  VerifyResult verify(const SlotPlan& plan) const;
+
+  const ReplayBackend* backend() const noexcept { return backend_; }
+
+ private:
+  std::string graph_;
+  const ReplayBackend* backend_ = nullptr;
+  std::vector<ManifestEntry> entries_;
+  std::vector<ReachableTensor> reachable_;
+};
+
+}  // namespace gk

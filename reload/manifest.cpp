@@ -1,0 +1,195 @@
+// The capture manifest (see manifest.h).
+#include <graphkeep/check.h>
+#include <graphkeep/reload/manifest.h>
+
+#include "reload_internal.h"
+
+#include <torch/nn/module.h>
+
+#include <sstream>
+
+namespace gk {
+
+std::string_view to_string(AddressClass c) noexcept {
+  switch (c) {
+    case AddressClass::slot: return "slot";
+    case AddressClass::pool: return "pool";
+    case AddressClass::static_io: return "static_io";
+    case AddressClass::library: return "library";
+    case AddressClass::unknown: return "unknown";
+  }
+  return "?";
+}
+
+std::string_view to_string(VerifyIssue::Kind k) noexcept {
+  switch (k) {
+    case VerifyIssue::Kind::moved: return "moved";
+    case VerifyIssue::Kind::expired: return "expired";
+    case VerifyIssue::Kind::unknown: return "unknown";
+  }
+  return "?";
+}
+
+std::size_t VerifyResult::count(VerifyIssue::Kind k) const noexcept {
+  std::size_t n = 0;
+  for (const auto& i : issues) n += i.kind == k ? 1 : 0;
+  return n;
+}
+
+std::string VerifyResult::describe(std::size_t max_lines) const {
+  std::ostringstream os;
+  os << checked << " address(es) checked: " << count(VerifyIssue::Kind::moved) << " moved, "
+     << count(VerifyIssue::Kind::expired) << " expired, " << count(VerifyIssue::Kind::unknown) << " unknown";
+  for (std::size_t i = 0; i < issues.size() && i < max_lines; ++i) {
+    const VerifyIssue& v = issues[i];
+    os << "\n  " << to_string(v.kind) << ": " << v.graph << " node " << v.node_index << " (" << v.node << ") address 0x"
+       << std::hex << v.address << std::dec;
+    if (!v.owner.empty()) os << " in " << v.owner;
+    if (!v.detail.empty()) os << ": " << v.detail;
+  }
+  if (issues.size() > max_lines) os << "\n  ... " << issues.size() - max_lines << " more";
+  return os.str();
+}
+
+std::size_t CaptureManifest::count(AddressClass c) const noexcept {
+  std::size_t n = 0;
+  for (const auto& e : entries_) n += e.cls == c ? 1 : 0;
+  return n;
+}
+
+std::vector<std::string> CaptureManifest::undeclared() const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_) {
+    if (e.cls != AddressClass::unknown) continue;
+    std::string s = concat("node ", e.use.node, " (", e.use.node_name, "): ");
+    if (e.reachable != SIZE_MAX) {
+      const ReachableTensor& r = reachable_[e.reachable];
+      s += concat("address in tensor ", r.path, " (role ", to_string(r.role.role),
+               r.role.reason.empty() ? "" : concat(": ", r.role.reason), ")");
+    } else {
+      s += "address in no tensor the collector reaches";
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+namespace {
+bool in_any(const std::vector<StaticBuffer>& bufs, std::uintptr_t a, const StaticBuffer** hit) {
+  for (const auto& b : bufs)
+    if (a >= b.begin && a < b.end) {
+      *hit = &b;
+      return true;
+    }
+  return false;
+}
+}  // namespace
+
+CaptureManifest CaptureManifest::record(const ReplayBackend& graph, const SlotPlan& plan,
+                                        const std::vector<StaticBuffer>& io, std::vector<ReachableTensor> reachable) {
+  const std::vector<StaticBuffer> library = graph.library_ranges();
+  GK_CHECK(StateError, graph.captured(), "graphkeep: graph '", graph.name(), "' has not been captured yet");
+  CaptureManifest m;
+  m.graph_ = graph.name();
+  m.backend_ = &graph;
+  m.reachable_ = std::move(reachable);
+  for (const CapturedAddress& a : graph.addresses()) {
+    ManifestEntry e;
+    e.use = a;
+    const StaticBuffer* buf = nullptr;
+    if (auto owner = plan.find_owner(a.address)) {
+      e.cls = AddressClass::slot;
+      e.owner = owner->slot->name;
+      e.layer = static_cast<std::size_t>(owner->layer - plan.layers().data());
+      e.slot = static_cast<std::size_t>(owner->slot - owner->layer->slots.data());
+      e.captured_storage = owner->slot->storage_begin();
+    } else if (in_any(io, a.address, &buf)) {
+      e.cls = AddressClass::static_io;
+      e.owner = buf->name;
+    } else if (in_any(library, a.address, &buf)) {
+      e.cls = AddressClass::library;
+      e.owner = buf->name;
+    } else if (graph.in_private_pool(a.address)) {
+      e.cls = AddressClass::pool;
+    } else {
+      e.cls = AddressClass::unknown;
+      for (std::size_t i = 0; i < m.reachable_.size(); ++i)
+        if (a.address >= m.reachable_[i].begin && a.address < m.reachable_[i].end) {
+          e.reachable = i;
+          e.owner = m.reachable_[i].path;
+          break;
+        }
+    }
+    m.entries_.push_back(std::move(e));
+  }
+  return m;
+}
+
+VerifyResult CaptureManifest::verify(const SlotPlan& plan) const {
+  VerifyResult r;
+  auto issue = [&](VerifyIssue::Kind k, const ManifestEntry& e, std::string detail) {
+    r.issues.push_back(VerifyIssue{k, graph_, e.use.node_name, e.use.node, e.owner, e.use.address, std::move(detail)});
+  };
+  for (const ManifestEntry& e : entries_) {
+    ++r.checked;
+    switch (e.cls) {
+      case AddressClass::slot: {
+        GK_INTERNAL_ASSERT(e.layer < plan.layers().size() && e.slot < plan.layers()[e.layer].slots.size(),
+                           "manifest of graph ", graph_, " refers to a slot the plan no longer has");
+        const LayerPlan& lp = plan.layers()[e.layer];
+        const PlannedSlot& s = lp.slots[e.slot];
+        const void* captured = s.captured.storage().unsafeGetStorageImpl();
+        auto points_elsewhere = [&](const at::Tensor* t) {
+          return t == nullptr || !t->defined() || !t->has_storage() || t->storage().unsafeGetStorageImpl() != captured;
+        };
+        if (s.kind != PlannedSlot::Kind::declared) {
+          at::Tensor* t = s.kind == PlannedSlot::Kind::parameter ? lp.module->named_parameters(false).find(s.local)
+                                                                  : lp.module->named_buffers(false).find(s.local);
+          if (points_elsewhere(t)) {
+            issue(VerifyIssue::Kind::moved, e, "the module's tensor now uses other storage; the graph still reads the captured one");
+            break;
+          }
+        }
+        for (const SlotPath& p : s.paths) {
+          at::Tensor* f = p.resolve_tensor(lp.root.ptr);
+          if (points_elsewhere(f)) {
+            issue(VerifyIssue::Kind::moved, e,
+                  concat(lp.full_name(p.str()), f == nullptr ? " no longer resolves" : " now points at other storage",
+                      "; the graph still reads the captured storage (stale values)"));
+            break;
+          }
+        }
+        break;
+      }
+      case AddressClass::pool:
+      case AddressClass::static_io:
+      case AddressClass::library:
+        break;
+      case AddressClass::unknown: {
+        if (e.reachable == SIZE_MAX) {
+          issue(VerifyIssue::Kind::unknown, e, "address in no declared slot, pool or buffer (an undeclared tensor)");
+          break;
+        }
+        const ReachableTensor& rt = reachable_[e.reachable];
+        c10::intrusive_ptr<c10::StorageImpl> alive = rt.storage.lock();
+        if (!alive) {
+          issue(VerifyIssue::Kind::expired, e, "its storage has been freed; the graph reads freed memory");
+          break;
+        }
+        at::Tensor now = rt.resolve ? rt.resolve() : at::Tensor();
+        if (!now.defined() || !now.has_storage() || now.storage().unsafeGetStorageImpl() != alive.get()) {
+          issue(VerifyIssue::Kind::moved, e,
+                concat(rt.path, " now points at other storage; the graph still reads the old one (stale values)"));
+          break;
+        }
+        issue(VerifyIssue::Kind::unknown, e,
+              concat("undeclared tensor ", rt.path, " (role ", to_string(rt.role.role),
+                  rt.role.reason.empty() ? "" : concat(": ", rt.role.reason), "): declare it with a graph-visible role"));
+        break;
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace gk

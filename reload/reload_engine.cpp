@@ -1,0 +1,614 @@
+// The reload pipeline (see engine.h and docs/reload.md).
+#include <graphkeep/check.h>
+#include <graphkeep/reload/collector.h>
+#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/manifest.h>
+#include <graphkeep/reload/replay.h>
+
+#include "reload_internal.h"
+
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace gk {
+
+std::string_view to_string(EngineState s) noexcept {
+  switch (s) {
+    case EngineState::unprepared: return "unprepared";
+    case EngineState::ready: return "ready";
+    case EngineState::inconsistent: return "inconsistent";
+    case EngineState::needs_recapture: return "needs_recapture";
+    case EngineState::drift: return "drift";
+  }
+  return "?";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct Timer {
+  double& acc;
+  Clock::time_point t0 = Clock::now();
+  ~Timer() { acc += ms_since(t0); }
+};
+
+// The expected checkpoint tensors, indexed by full name.
+struct Expected {
+  std::size_t layer, param, tensor;
+  std::size_t flat;  // index of this tensor within its layer's completion set
+  std::vector<std::int64_t> shard_shape;
+  at::ScalarType dtype;
+  std::int64_t num_shards;
+};
+
+bool same_storage_and_offset(const at::Tensor& a, const at::Tensor& b) {
+  return a.defined() && b.defined() && a.has_storage() && b.has_storage() &&
+         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+         a.storage_offset() == b.storage_offset();
+}
+
+at::Tensor find_module_tensor(torch::nn::Module& m, const PlannedSlot& s) {
+  if (s.kind == PlannedSlot::Kind::parameter) {
+    if (at::Tensor* t = m.named_parameters(false).find(s.local)) return *t;
+  } else if (s.kind == PlannedSlot::Kind::buffer) {
+    if (at::Tensor* t = m.named_buffers(false).find(s.local)) return *t;
+  }
+  return {};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// One reload: per-layer state, completion gate, commit and rollback
+// ---------------------------------------------------------------------------
+struct LayerRun {
+  enum class Phase { waiting, processed, committed };
+  Phase phase = Phase::waiting;
+  bool detached = false;
+  std::vector<std::vector<bool>> shards;  // completion set: [tensor][shard]
+  std::size_t loaded = 0, expected = 0;
+  struct Pending {
+    std::size_t param, tensor;
+    std::int64_t shard;
+    at::Tensor value;
+  };
+  std::vector<Pending> pending;
+  std::vector<std::shared_ptr<const void>> configs;  // snapshot, per PlannedConfig
+  std::vector<at::Tensor> current;                   // per slot: the post-PWAL tensor (a storage view)
+  std::vector<at::Tensor> backup;                    // transactional: declared slots' values before PWAL
+  std::vector<char> mismatched;                      // per slot
+  struct Swap {
+    at::Tensor captured, old_values;
+  };
+  std::vector<Swap> swaps;                           // transactional commit undo log
+};
+
+struct ReloadEngine::Impl {
+  torch::nn::Module& model;
+  ReloadOptions options;
+  SlotPlan plan;
+  EngineState state = EngineState::unprepared;
+  std::string reason;
+  std::unordered_map<std::string, Expected> expected;
+  std::vector<std::size_t> expected_per_layer;
+  struct Tracked {
+    ReplayBackend* graph;
+    CaptureManifest manifest;
+  };
+  std::vector<Tracked> graphs;
+  std::vector<StaticBuffer> io;
+  bool initial = false;  // the first load (gk::load_weights): nothing captured, nothing to copy back
+
+  Impl(torch::nn::Module& m, ReloadOptions o) : model(m), options(std::move(o)) {}
+
+  void fault(const ReloadOptions& o, std::string_view stage, const std::string& layer) {
+    if (o.fault_hook) o.fault_hook(stage, layer);
+  }
+
+  void index_expected() {
+    expected.clear();
+    expected_per_layer.assign(plan.layers().size(), 0);
+    for (std::size_t li = 0; li < plan.layers().size(); ++li) {
+      const LayerPlan& lp = plan.layers()[li];
+      for (std::size_t pi = 0; pi < lp.params.size(); ++pi)
+        for (std::size_t ti = 0; ti < lp.params[pi].tensors.size(); ++ti) {
+          const CheckpointTensor& t = lp.params[pi].tensors[ti];
+          std::string full = lp.full_name(t.name);
+          GK_CHECK(DeclarationError, !expected.count(full), "graphkeep: checkpoint tensor '", full,
+                   "' is expected by two parameters; each checkpoint tensor loads into one place");
+          expected.emplace(full, Expected{li, pi, ti, expected_per_layer[li], t.shard_shape(), t.dtype, t.num_shards});
+          expected_per_layer[li] += 1;
+        }
+    }
+  }
+
+  // --- per-layer steps --------------------------------------------------------
+  void snapshot_and_detach(LayerPlan& lp, LayerRun& run, const ReloadOptions& o) {
+    fault(o, "detach", lp.prefix);
+    // The slots must still point at their captured storage: anything else is
+    // drift that happened outside a reload.
+    for (const PlannedSlot& s : lp.slots) {
+      if (initial || !s.defined()) continue;
+      at::Tensor cur = s.kind == PlannedSlot::Kind::declared ? *s.paths.front().resolve_tensor(lp.root.ptr)
+                                                              : find_module_tensor(*lp.module, s);
+      GK_CHECK(DriftError, same_storage_and_offset(cur, s.captured), "graphkeep: ", s.name,
+               " no longer points at its captured storage before the reload started (something re-pointed it "
+               "outside a reload); the captured graphs read stale memory: recapture and prepare() again");
+    }
+    run.configs.clear();
+    for (const PlannedConfig& c : lp.configs) {
+      void* p = c.path.resolve(lp.root.ptr);
+      GK_INTERNAL_ASSERT(p != nullptr, "config path ", c.name, " does not resolve");
+      run.configs.push_back(c.ops->copy(p));
+    }
+    // Detach the checkpoint-format parameters from the captured storage (the
+    // C++ counterpart of vLLM's move to the meta device: libtorch's set_data
+    // cannot change a dense tensor's device, so an empty placeholder on the
+    // same device holds no memory and fails loudly if anything reads it).
+    for (const CheckpointParam& cp : lp.params) {
+      at::Tensor t = find_param_or_buffer(*lp.module, cp.param);
+      t.set_data(at::empty({0}, t.options().requires_grad(false)));
+    }
+    run.detached = true;
+  }
+
+  static at::Tensor find_param_or_buffer(torch::nn::Module& m, const std::string& name) {
+    if (at::Tensor* t = m.named_parameters(false).find(name)) return *t;
+    if (at::Tensor* t = m.named_buffers(false).find(name)) return *t;
+    GK_INTERNAL_ASSERT(false, "no parameter or buffer '", name, "'");
+    return {};
+  }
+
+  void process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+    {
+      Timer t(rep.times.load_ms);
+      fault(o, "load", lp.prefix);
+      // Materialize fresh checkpoint-format parameters and replay the loads.
+      std::vector<at::Tensor> targets;
+      for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+        const CheckpointParam& cp = lp.params[pi];
+        at::Tensor t = find_param_or_buffer(*lp.module, cp.param);
+        const PlannedSlot* s = slot_named(lp, cp.param);
+        c10::Device dev = s != nullptr && s->defined() ? s->device : t.device();
+        t.set_data(at::empty(cp.shape(), at::TensorOptions().dtype(cp.dtype()).device(dev)));
+        targets.push_back(t);
+      }
+      for (LayerRun::Pending& p : run.pending) {
+        LoadRequest req{lp.params[p.param], p.tensor, p.shard, p.value, targets[p.param]};
+        if (lp.layer == nullptr || !lp.layer->load_weight(req)) default_load(req);
+      }
+      run.pending.clear();
+    }
+    if (o.mode == ReloadMode::transactional) {
+      run.backup.assign(lp.slots.size(), at::Tensor());
+      for (std::size_t i = 0; i < lp.slots.size(); ++i)
+        if (lp.slots[i].kind == PlannedSlot::Kind::declared && lp.slots[i].defined())
+          run.backup[i] = lp.slots[i].captured.clone();
+    }
+    {
+      Timer t(rep.times.pwal_ms);
+      fault(o, "pwal", lp.prefix);
+      if (lp.layer != nullptr) lp.layer->process_weights_after_loading();
+    }
+    if (!initial) {
+      Timer t(rep.times.check_ms);
+      fault(o, "check", lp.prefix);
+      check(lp, run, o, rep);
+    }
+    run.phase = LayerRun::Phase::processed;
+  }
+
+  static const PlannedSlot* slot_named(const LayerPlan& lp, const std::string& local) {
+    for (const PlannedSlot& s : lp.slots)
+      if (s.kind != PlannedSlot::Kind::declared && s.local == local) return &s;
+    return nullptr;
+  }
+
+  void check(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+    std::vector<std::string> problems, paths;
+    run.current.assign(lp.slots.size(), at::Tensor());
+    run.mismatched.assign(lp.slots.size(), 0);
+    for (std::size_t i = 0; i < lp.slots.size(); ++i) {
+      const PlannedSlot& s = lp.slots[i];
+      at::Tensor cur;
+      std::vector<std::string> diff;
+      if (s.kind == PlannedSlot::Kind::declared) {
+        at::Tensor* field = s.paths.front().resolve_tensor(lp.root.ptr);
+        if (field == nullptr) {
+          const std::size_t at = s.paths.front().broken_at(lp.root.ptr);
+          diff.push_back(concat("path no longer resolves after PWAL (the object tree changed shape at step ", at + 1,
+                             " of ", s.paths.front().depth(), ")"));
+        } else {
+          cur = *field;
+        }
+      } else {
+        cur = find_module_tensor(*lp.module, s);
+        if (!cur.defined() && s.defined()) diff.push_back("was removed by PWAL");
+      }
+      if (diff.empty()) diff = detail::layout_differences(s, cur);
+      // aliases must still share one storage region
+      for (std::size_t a = s.kind == PlannedSlot::Kind::declared ? 1 : 0; diff.empty() && a < s.paths.size(); ++a) {
+        at::Tensor* f = s.paths[a].resolve_tensor(lp.root.ptr);
+        if (f == nullptr || (cur.defined() && !same_region(*f, cur)))
+          diff.push_back(concat("alias ", lp.full_name(s.paths[a].str()), " no longer shares storage with it"));
+      }
+      if (!diff.empty()) {
+        std::string d;
+        for (const auto& x : diff) d += (d.empty() ? "" : ", ") + x;
+        problems.push_back(concat(s.name, ": ", d));
+        paths.push_back(s.name);
+        run.mismatched[i] = 1;
+        continue;
+      }
+      run.current[i] = detail::storage_view(cur);
+    }
+    if (o.check_configs) {
+      for (std::size_t c = 0; c < lp.configs.size(); ++c) {
+        const PlannedConfig& pc = lp.configs[c];
+        void* p = pc.path.resolve(lp.root.ptr);
+        if (p == nullptr) {
+          problems.push_back(concat(pc.name, ": configuration path no longer resolves after PWAL"));
+          paths.push_back(pc.name);
+        } else if (!pc.ops->equal(p, run.configs[c].get())) {
+          problems.push_back(concat(pc.name, ": configuration value changed ", pc.ops->repr(run.configs[c].get()), " -> ",
+                                 pc.ops->repr(p), " (a captured kernel may have taken it by value)"));
+          paths.push_back(pc.name);
+        }
+      }
+    }
+    if (problems.empty()) return;
+    if (o.on_mismatch == MismatchPolicy::raise) {
+      std::string msg = concat("graphkeep: PWAL of layer '", lp.prefix, "' changed ", problems.size(),
+                            " captured slot(s); the captured graphs cannot be kept (recapture, or reload with "
+                            "MismatchPolicy::needs_recapture):");
+      for (const auto& p : problems) msg += "\n  " + p;
+      throw MismatchError(msg, paths);
+    }
+    rep.needs_recapture = true;
+    rep.mismatched.insert(rep.mismatched.end(), paths.begin(), paths.end());
+  }
+
+  bool unprotected(const ReloadOptions& o, const PlannedSlot& s) const {
+    return std::find(o.unprotected_slots.begin(), o.unprotected_slots.end(), s.name) != o.unprotected_slots.end();
+  }
+
+  // Points every location of slot s back at its captured storage.
+  void repoint(LayerPlan& lp, const PlannedSlot& s) {
+    const at::Tensor& C = s.captured;
+    std::size_t first_path_location = 0;
+    if (s.kind != PlannedSlot::Kind::declared) {
+      at::Tensor P = find_module_tensor(*lp.module, s);
+      if (P.defined() && C.defined() && !same_region(P, C)) P.set_data(C);
+      const at::Tensor& orig = s.originals.front();
+      if (orig.defined() && C.defined() && !orig.is_same(P) && !same_region(orig, C)) orig.set_data(C);
+      first_path_location = 1;
+    }
+    for (std::size_t a = 0; a < s.paths.size(); ++a) {
+      at::Tensor* field = s.paths[a].resolve_tensor(lp.root.ptr);
+      if (field == nullptr) continue;  // reported by check()
+      const at::Tensor& orig = s.originals[first_path_location + a];
+      if (orig.defined() && C.defined() && !same_region(orig, C)) orig.set_data(C);
+      *field = orig;
+    }
+  }
+
+  void commit(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+    if (initial) {
+      run.phase = LayerRun::Phase::committed;
+      return;
+    }
+    Timer t(rep.times.copy_ms);
+    fault(o, "copy", lp.prefix);
+    const bool undo = o.mode == ReloadMode::transactional;
+    std::vector<at::Tensor> dst, src;
+    for (std::size_t i = 0; i < lp.slots.size(); ++i) {
+      PlannedSlot& s = lp.slots[i];
+      if (run.mismatched[i] || unprotected(o, s)) continue;
+      const at::Tensor& C = s.captured;
+      const at::Tensor& N = run.current[i];
+      if (C.defined()) {
+        const Init init = s.role.effective_init();
+        const bool in_place = same_storage_and_offset(N, C);
+        if (init == Init::copy_new && !in_place) {
+          if (undo) {
+            // Swap, so the new tensor keeps the old values for an undo.
+            at::Tensor old = C.clone();
+            C.copy_(N);
+            N.copy_(old);
+            run.swaps.push_back({C, N});
+          } else {
+            dst.push_back(C);
+            src.push_back(N);
+          }
+          rep.bytes_copied += C.nbytes();
+        } else if (init == Init::zero) {
+          if (undo && !in_place) {
+            N.copy_(C);
+            run.swaps.push_back({C, N});
+          }
+          C.zero_();
+          rep.slots_zeroed += 1;
+        }
+      }
+      repoint(lp, s);
+    }
+    if (!dst.empty()) batched_copy(dst, src);
+    run.current.clear();
+    run.backup.clear();
+    run.phase = LayerRun::Phase::committed;
+  }
+
+  // One multi-tensor launch for same-device, same-dtype groups on CUDA;
+  // per-slot copies otherwise.
+  static void batched_copy(std::vector<at::Tensor>& dst, std::vector<at::Tensor>& src) {
+    if (dst.front().is_cuda()) {
+      bool uniform = true;
+      for (std::size_t i = 0; i < dst.size() && uniform; ++i)
+        uniform = dst[i].device() == dst.front().device() && src[i].device() == dst[i].device() &&
+                  src[i].scalar_type() == dst[i].scalar_type();
+      if (uniform) {
+        at::_foreach_copy_(dst, src);
+        return;
+      }
+    }
+    for (std::size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+  }
+
+  // Returns false when something could not be restored (the model is then inconsistent).
+  bool rollback(LayerPlan& lp, LayerRun& run) {
+    bool ok = true;
+    for (auto it = run.swaps.rbegin(); it != run.swaps.rend(); ++it) it->captured.copy_(it->old_values);
+    run.swaps.clear();
+    for (std::size_t i = 0; i < lp.slots.size(); ++i) {
+      const PlannedSlot& s = lp.slots[i];
+      for (const SlotPath& p : s.paths) ok = ok && p.resolve_tensor(lp.root.ptr) != nullptr;
+      repoint(lp, s);
+      if (i < run.backup.size() && run.backup[i].defined()) s.captured.copy_(run.backup[i]);
+    }
+    for (std::size_t c = 0; c < lp.configs.size() && c < run.configs.size(); ++c) {
+      void* p = lp.configs[c].path.resolve(lp.root.ptr);
+      if (p == nullptr) {
+        ok = false;
+        continue;
+      }
+      lp.configs[c].ops->assign(p, run.configs[c].get());
+    }
+    run.pending.clear();
+    run.current.clear();
+    run.backup.clear();
+    return ok;
+  }
+
+  VerifyResult verify_all() const {
+    VerifyResult all;
+    for (const Tracked& g : graphs) {
+      VerifyResult r = g.manifest.verify(plan);
+      all.checked += r.checked;
+      all.issues.insert(all.issues.end(), r.issues.begin(), r.issues.end());
+    }
+    return all;
+  }
+
+  ReloadReport run_reload(WeightSource& source, const ReloadOptions& o);
+};
+
+ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOptions& o) {
+  GK_CHECK(StateError, state != EngineState::unprepared,
+           "graphkeep: ReloadEngine::reload() before prepare(): call prepare() after the first load and PWAL, "
+           "before capturing graphs");
+  at::NoGradGuard no_grad;
+  const auto t0 = Clock::now();
+  ReloadReport rep;
+  rep.mode = o.mode;
+  rep.layers = plan.layers().size();
+  rep.slots_tracked = plan.num_slots();
+  rep.declared_slots = plan.num_declared_slots();
+
+  std::vector<LayerRun> runs(plan.layers().size());
+  for (std::size_t li = 0; li < runs.size(); ++li) {
+    runs[li].expected = expected_per_layer[li];
+    runs[li].shards.resize(expected_per_layer[li]);
+  }
+  for (const auto& [name, e] : expected) runs[e.layer].shards[e.flat].assign(e.num_shards, false);
+
+  bool any_committed = false;
+  try {
+    {
+      Timer t(rep.times.detach_ms);
+      for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], o);
+    }
+    auto finish_layer = [&](std::size_t li) {
+      process(plan.layers()[li], runs[li], o, rep);
+      if (o.mode == ReloadMode::streaming) {
+        commit(plan.layers()[li], runs[li], o, rep);
+        any_committed = true;
+      }
+    };
+    // Layers without checkpoint tensors (PWAL-only) are complete at once.
+    for (std::size_t li = 0; li < runs.size(); ++li)
+      if (runs[li].expected == 0) finish_layer(li);
+
+    while (true) {
+      std::optional<NamedTensor> nt;
+      {
+        Timer t(rep.times.load_ms);
+        nt = source.next();
+      }
+      if (!nt) break;
+      auto it = expected.find(nt->name);
+      GK_CHECK(WeightError, it != expected.end(), "graphkeep: ", source.describe(), " has weight '", nt->name,
+               "', which the model does not expect (no layer lists it among its checkpoint tensors)");
+      const Expected& e = it->second;
+      LayerRun& run = runs[e.layer];
+      GK_CHECK(WeightError, nt->shard >= 0 && nt->shard < e.num_shards, "graphkeep: weight '", nt->name, "' shard ",
+               nt->shard, " is out of range: the model expects ", e.num_shards, " shard(s)");
+      GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !run.shards[e.flat][nt->shard],
+               "graphkeep: weight '", nt->name, "'", e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(),
+               " was delivered twice by ", source.describe(), "; each checkpoint tensor loads exactly once");
+      GK_CHECK(WeightError, nt->value.defined(), "graphkeep: weight '", nt->name, "' is an undefined tensor");
+      GK_CHECK(WeightError, nt->value.sizes().equals(e.shard_shape), "graphkeep: weight '", nt->name, "'",
+               e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(), " has shape ", nt->value.sizes(),
+               " but the model expects ", at::IntArrayRef(e.shard_shape));
+      GK_CHECK(WeightError, nt->value.scalar_type() == e.dtype, "graphkeep: weight '", nt->name, "' has dtype ",
+               nt->value.scalar_type(), " but the model expects ", e.dtype);
+      run.shards[e.flat][nt->shard] = true;
+      rep.tensors_loaded += 1;
+      rep.bytes_loaded += nt->value.nbytes();
+      run.pending.push_back({e.param, e.tensor, nt->shard, std::move(nt->value)});
+      std::size_t done = 0;
+      for (const auto& s : run.shards)
+        done += std::all_of(s.begin(), s.end(), [](bool b) { return b; }) ? 1 : 0;
+      run.loaded = done;
+      if (done == run.expected) finish_layer(e.layer);
+    }
+
+    // Completion gate: every checkpoint tensor and every shard, exactly once.
+    std::vector<std::string> missing;
+    for (const auto& [name, e] : expected) {
+      const auto& s = runs[e.layer].shards[e.flat];
+      std::vector<std::int64_t> absent;
+      for (std::int64_t k = 0; k < e.num_shards; ++k)
+        if (!s[k]) absent.push_back(k);
+      if (absent.empty()) continue;
+      if (e.num_shards == 1 || static_cast<std::int64_t>(absent.size()) == e.num_shards)
+        missing.push_back(concat("'", name, "'"));
+      else
+        missing.push_back(concat("'", name, "' (partial: shards ", at::IntArrayRef(absent), " of ", e.num_shards, " missing)"));
+    }
+    if (!missing.empty()) {
+      std::sort(missing.begin(), missing.end());
+      std::string list;
+      for (std::size_t i = 0; i < missing.size() && i < 20; ++i) list += (i ? ", " : "") + missing[i];
+      if (missing.size() > 20) list += concat(", ... (", missing.size() - 20, " more)");
+      throw WeightError(concat("graphkeep: ", source.describe(), " ended before the model was complete: ",
+                            missing.size(), " checkpoint tensor(s) missing: ", list));
+    }
+
+    if (o.mode == ReloadMode::transactional) {
+      for (std::size_t li = 0; li < runs.size(); ++li) fault(o, "commit", plan.layers()[li].prefix);
+      for (std::size_t li = 0; li < runs.size(); ++li) commit(plan.layers()[li], runs[li], o, rep);
+    }
+  } catch (...) {
+    // Roll back every layer that has not committed; in transactional mode
+    // also undo the commits of this reload (the swap log).
+    bool restored = true;
+    for (std::size_t li = 0; li < runs.size(); ++li) {
+      LayerRun& run = runs[li];
+      const bool undoable = o.mode == ReloadMode::transactional;
+      if (!run.detached) continue;
+      if (run.phase != LayerRun::Phase::committed || undoable) restored = rollback(plan.layers()[li], run) && restored;
+    }
+    if (!restored || (o.mode == ReloadMode::streaming && any_committed)) {
+      state = EngineState::inconsistent;
+      reason = !restored ? "a failed reload could not restore every slot (PWAL changed the object tree)"
+                         : "a streaming reload failed after some layers were committed: the model mixes old and "
+                           "new weights";
+    }
+    throw;
+  }
+
+  rep.times.total_ms = ms_since(t0);
+  if (rep.needs_recapture) {
+    state = EngineState::needs_recapture;
+    reason = "the last reload accepted layout mismatches: recapture the graphs, then call prepare()";
+  } else {
+    state = EngineState::ready;
+    reason.clear();
+  }
+  if (o.verify && !initial && !graphs.empty() && !rep.needs_recapture) {
+    Timer t(rep.times.verify_ms);
+    VerifyResult r = verify_all();
+    rep.addresses_verified = r.checked;
+    rep.drift = r.issues.size();
+    if (!r.ok()) {
+      state = EngineState::drift;
+      reason = r.describe();
+      rep.times.total_ms = ms_since(t0);
+      throw DriftError(concat("graphkeep: after the reload, ", r.issues.size(), " captured address(es) are not covered; "
+                           "replay is refused:\n", r.describe()));
+    }
+  }
+  rep.times.total_ms = ms_since(t0);
+  return rep;
+}
+
+// ---------------------------------------------------------------------------
+ReloadReport load_weights(torch::nn::Module& model, WeightSource& source) {
+  ReloadEngine::Impl impl(model, {});
+  impl.plan = build_slot_plan(model);
+  impl.index_expected();
+  impl.state = EngineState::ready;
+  impl.initial = true;
+  return impl.run_reload(source, impl.options);
+}
+
+ReloadEngine::ReloadEngine(torch::nn::Module& model, ReloadOptions options)
+    : impl_(std::make_unique<Impl>(model, std::move(options))) {}
+ReloadEngine::~ReloadEngine() = default;
+
+void ReloadEngine::prepare() {
+  impl_->graphs.clear();
+  impl_->plan = build_slot_plan(impl_->model);
+  impl_->index_expected();
+  impl_->state = EngineState::ready;
+  impl_->reason.clear();
+}
+
+ReloadReport ReloadEngine::reload(WeightSource& source) { return impl_->run_reload(source, impl_->options); }
+ReloadReport ReloadEngine::reload(WeightSource& source, const ReloadOptions& options) {
+  return impl_->run_reload(source, options);
+}
+
+EngineState ReloadEngine::state() const noexcept { return impl_->state; }
+
+void ReloadEngine::check_replay_allowed() const {
+  switch (impl_->state) {
+    case EngineState::ready: return;
+    case EngineState::drift: throw DriftError("graphkeep: replay refused: " + impl_->reason);
+    case EngineState::unprepared:
+      throw StateError("graphkeep: replay refused: prepare() has not run, so no address is protected");
+    default:
+      throw StateError(concat("graphkeep: replay refused (", to_string(impl_->state), "): ", impl_->reason));
+  }
+}
+
+void ReloadEngine::track(ReplayBackend& graph) {
+  GK_CHECK(StateError, impl_->state != EngineState::unprepared,
+           "graphkeep: track() before prepare(): the manifest classifies addresses against the slot plan");
+  untrack(graph);
+  impl_->graphs.push_back({&graph, CaptureManifest::record(graph, impl_->plan, impl_->io,
+                                                           reachable_tensors(impl_->model, impl_->plan))});
+}
+
+void ReloadEngine::untrack(const ReplayBackend& graph) {
+  auto& g = impl_->graphs;
+  g.erase(std::remove_if(g.begin(), g.end(), [&](const Impl::Tracked& t) { return t.graph == &graph; }), g.end());
+}
+
+void ReloadEngine::add_static_io(std::string name, const at::Tensor& buffer) {
+  GK_CHECK(StateError, buffer.defined() && buffer.has_storage(), "graphkeep: static buffer '", name, "' is undefined");
+  const auto b = reinterpret_cast<std::uintptr_t>(buffer.storage().data());
+  impl_->io.push_back({std::move(name), b, b + buffer.storage().nbytes()});
+}
+
+VerifyResult ReloadEngine::verify() const { return impl_->verify_all(); }
+
+const CaptureManifest* ReloadEngine::manifest(const ReplayBackend& graph) const {
+  for (const auto& t : impl_->graphs)
+    if (t.graph == &graph) return &t.manifest;
+  return nullptr;
+}
+
+const SlotPlan& ReloadEngine::plan() const { return impl_->plan; }
+const ReloadOptions& ReloadEngine::options() const noexcept { return impl_->options; }
+torch::nn::Module& ReloadEngine::model() noexcept { return impl_->model; }
+
+}  // namespace gk

@@ -1,0 +1,29 @@
+// reload/reload_internal.h: helpers shared by the reload sources (not installed).
+#pragma once
+
+#include <graphkeep/reload/slot_plan.h>
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include <graphkeep/check.h>
+
+namespace gk {
+using detail::concat;
+}
+
+namespace gk::detail {
+
+// A new TensorImpl viewing t's storage with t's geometry: a strong reference
+// to the storage that survives anything done to t itself (set_data, rebind).
+at::Tensor storage_view(const at::Tensor& t);
+
+// Records t's layout and captured storage into s.
+void record_layout(PlannedSlot& s, const at::Tensor& t);
+
+// What differs between the captured layout of s and t ("shape [4] -> [8]").
+std::vector<std::string> layout_differences(const PlannedSlot& s, const at::Tensor& t);
+
+}  // namespace gk::detail

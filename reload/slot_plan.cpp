@@ -1,0 +1,211 @@
+// Builds the persistent slot plan (see slot_plan.h).
+#include <graphkeep/check.h>
+#include <graphkeep/reload/slot_plan.h>
+
+#include "reload_internal.h"
+
+#include <torch/nn/module.h>
+
+#include <algorithm>
+
+namespace gk {
+
+std::uintptr_t PlannedSlot::storage_begin() const {
+  if (!captured.defined() || !captured.has_storage()) return 0;
+  return reinterpret_cast<std::uintptr_t>(captured.storage().data());
+}
+
+std::string LayerPlan::full_name(std::string_view local) const {
+  if (prefix.empty()) return std::string(local);
+  std::string s = prefix;
+  s += '.';
+  s += local;
+  return s;
+}
+
+std::size_t SlotPlan::num_slots() const noexcept {
+  std::size_t n = 0;
+  for (const auto& l : layers_) n += l.slots.size();
+  return n;
+}
+
+std::size_t SlotPlan::num_declared_slots() const noexcept {
+  std::size_t n = 0;
+  for (const auto& l : layers_)
+    for (const auto& s : l.slots) n += s.kind == PlannedSlot::Kind::declared ? 1 : 0;
+  return n;
+}
+
+std::size_t SlotPlan::captured_bytes() const noexcept {
+  std::size_t n = 0;
+  for (const auto& l : layers_)
+    for (const auto& s : l.slots) n += s.defined() ? s.captured.nbytes() : 0;
+  return n;
+}
+
+void SlotPlan::index() {
+  ranges_.clear();
+  for (std::uint32_t li = 0; li < layers_.size(); ++li)
+    for (std::uint32_t si = 0; si < layers_[li].slots.size(); ++si) {
+      const PlannedSlot& s = layers_[li].slots[si];
+      if (s.defined() && s.storage_nbytes > 0) ranges_.push_back({s.storage_begin(), s.storage_end(), li, si});
+    }
+  std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+}
+
+std::optional<SlotPlan::Owner> SlotPlan::find_owner(std::uintptr_t address) const {
+  auto it = std::upper_bound(ranges_.begin(), ranges_.end(), address,
+                             [](std::uintptr_t a, const Range& r) { return a < r.begin; });
+  // Ranges may overlap (several slots viewing one storage); scan back while
+  // a range can still contain the address.
+  while (it != ranges_.begin()) {
+    --it;
+    if (address < it->end) return Owner{&layers_[it->layer], &layers_[it->layer].slots[it->slot]};
+    if (it->end <= address && it == ranges_.begin()) break;
+  }
+  return std::nullopt;
+}
+
+namespace detail {
+
+at::Tensor storage_view(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  at::NoGradGuard no_grad;
+  at::Tensor v = at::empty({0}, t.options().requires_grad(false));
+  v.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+  return v;
+}
+
+void record_layout(PlannedSlot& s, const at::Tensor& t) {
+  s.captured = storage_view(t);
+  if (!t.defined()) return;
+  s.sizes = t.sizes().vec();
+  s.strides = t.strides().vec();
+  s.storage_offset = t.storage_offset();
+  s.dtype = t.scalar_type();
+  s.device = t.device();
+  s.storage_nbytes = t.storage().nbytes();
+}
+
+std::vector<std::string> layout_differences(const PlannedSlot& s, const at::Tensor& t) {
+  std::vector<std::string> d;
+  if (s.defined() != t.defined()) {
+    d.push_back(s.defined() ? "is no longer defined" : "is defined now but was not at capture");
+    return d;
+  }
+  if (!t.defined()) return d;
+  if (!t.sizes().equals(s.sizes)) d.push_back(concat("shape ", at::IntArrayRef(s.sizes), " -> ", t.sizes()));
+  if (t.scalar_type() != s.dtype) d.push_back(concat("dtype ", s.dtype, " -> ", t.scalar_type()));
+  if (!t.strides().equals(s.strides)) d.push_back(concat("strides ", at::IntArrayRef(s.strides), " -> ", t.strides()));
+  if (t.device() != s.device) d.push_back(concat("device ", s.device, " -> ", t.device()));
+  if (t.storage().nbytes() != s.storage_nbytes)
+    d.push_back(concat("storage size ", s.storage_nbytes, " -> ", t.storage().nbytes(), " bytes"));
+  return d;
+}
+
+}  // namespace detail
+
+namespace {
+
+class ConfigCollector final : public Walker {
+ public:
+  std::vector<PlannedConfig> configs;
+  void tensor(const SlotPath&, const RoleSpec&, std::string_view, at::Tensor&) override {}
+  void config(const SlotPath& path, std::string_view, ConfigRef value) override {
+    if (value.ops != nullptr) configs.push_back(PlannedConfig{path.str(), path, value.ops});
+  }
+};
+
+PlannedSlot module_slot(const LayerPlan& lp, PlannedSlot::Kind kind, const std::string& name,
+                        const at::Tensor& t) {
+  PlannedSlot s;
+  s.kind = kind;
+  s.name = lp.full_name(name);
+  s.local = name;
+  s.role = gk::parameter;
+  s.originals = {t};
+  detail::record_layout(s, t);
+  return s;
+}
+
+}  // namespace
+
+SlotPlan build_slot_plan(torch::nn::Module& model) {
+  at::NoGradGuard no_grad;
+  SlotPlan plan;
+  std::vector<std::pair<std::string, torch::nn::Module*>> modules{{"", &model}};
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    modules.emplace_back(item.key(), item.value().get());
+
+  for (auto& [prefix, module] : modules) {
+    auto* layer = dynamic_cast<ReloadableLayer*>(module);
+    auto params = module->named_parameters(/*recurse=*/false);
+    auto buffers = module->named_buffers(/*recurse=*/false);
+    if (layer == nullptr && params.is_empty() && buffers.is_empty()) continue;
+
+    LayerPlan lp;
+    lp.prefix = prefix;
+    lp.module = module;
+    lp.layer = layer;
+    if (layer != nullptr) {
+      lp.root = layer->registered_members();
+      lp.params = layer->checkpoint_params();
+    } else {
+      for (const auto& p : params)
+        lp.params.push_back(CheckpointParam{p.key(), {{p.key(), p.value().sizes().vec(), p.value().scalar_type()}}});
+    }
+    for (const CheckpointParam& cp : lp.params) {
+      GK_CHECK(DeclarationError, params.contains(cp.param) || buffers.contains(cp.param), "graphkeep: layer '",
+               prefix, "' lists checkpoint param '", cp.param,
+               "', which is neither a parameter nor a buffer of the module: register it in the constructor");
+      (void)cp.shape();  // validates the tensor list
+      (void)cp.dtype();
+    }
+
+    for (const auto& p : params) lp.slots.push_back(module_slot(lp, PlannedSlot::Kind::parameter, p.key(), p.value()));
+    for (const auto& b : buffers) lp.slots.push_back(module_slot(lp, PlannedSlot::Kind::buffer, b.key(), b.value()));
+    const std::size_t module_slots = lp.slots.size();
+
+    if (lp.root) {
+      for (Slot& s : collect_slots(lp.root)) {
+        // A declared member that aliases a parameter or buffer joins that slot.
+        auto same = std::find_if(lp.slots.begin(), lp.slots.begin() + module_slots, [&](const PlannedSlot& ps) {
+          return same_region(ps.originals.front(), *s.tensor);
+        });
+        if (same != lp.slots.begin() + module_slots) {
+          GK_CHECK(DeclarationError,
+                   s.role.role == Role::parameter || s.role.effective_init() == Init::copy_new,
+                   "graphkeep: ", lp.full_name(s.path()), " is the ", same->kind == PlannedSlot::Kind::parameter ? "parameter '" : "buffer '",
+                   same->local, "' of the module but declares init policy ", to_string(s.role.effective_init()),
+                   ": a parameter takes the loaded value; declare it gk::parameter");
+          for (const SlotPath& p : s.paths) {
+            same->paths.push_back(p);
+            same->originals.push_back(*p.resolve_tensor(lp.root.ptr));
+          }
+          continue;
+        }
+        GK_CHECK(DeclarationError, s.role.role != Role::parameter, "graphkeep: ", lp.full_name(s.path()), " (",
+                 s.owner, ") is declared gk::parameter but is not a parameter or buffer of module '", prefix,
+                 "': register it on the module, or give it the role of the tensor PWAL derives");
+        PlannedSlot ps;
+        ps.kind = PlannedSlot::Kind::declared;
+        ps.name = lp.full_name(s.path());
+        ps.local = s.path();
+        ps.role = s.role;
+        for (const SlotPath& p : s.paths) ps.originals.push_back(*p.resolve_tensor(lp.root.ptr));
+        ps.paths = std::move(s.paths);
+        detail::record_layout(ps, *s.tensor);
+        lp.slots.push_back(std::move(ps));
+      }
+      ConfigCollector cc;
+      lp.root.walk(cc);
+      lp.configs = std::move(cc.configs);
+      for (auto& c : lp.configs) c.name = lp.full_name(c.name);
+    }
+    plan.layers().push_back(std::move(lp));
+  }
+  plan.index();
+  return plan;
+}
+
+}  // namespace gk

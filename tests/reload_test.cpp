@@ -1,0 +1,422 @@
+// Reload engine on the CPU replay backend: every rule of the pipeline, with
+// the negative test that shows each failure is real and caught.
+#include "gk_test.h"
+
+#include <graphkeep/reload/collector.h>
+#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/manifest.h>
+#include <graphkeep/reload/replay.h>
+
+#include "toy_model.h"
+
+#include <memory>
+
+namespace {
+
+template <class Model = toy::ToyModel>
+struct Rig {
+  std::shared_ptr<Model> model;
+  at::Tensor input, output;
+  gk::HostReplay graph{"toy"};
+  std::unique_ptr<gk::ReloadEngine> engine;
+
+  explicit Rig(gk::ReloadOptions opts = {}, int64_t shards = 1) : model(std::make_shared<Model>(8, 16, shards)) {
+    gk::InMemorySource src(model->checkpoint(0, shards));
+    gk::load_weights(*model, src);
+    engine = std::make_unique<gk::ReloadEngine>(*model, opts);
+    engine->prepare();
+    input = at::linspace(-1.0, 1.0, 3 * 8).reshape({3, 8});
+    engine->add_static_io("input", input);
+    graph.capture([&] { output = model->forward(input); });
+    engine->track(graph);
+  }
+  at::Tensor replay() {
+    engine->check_replay_allowed();
+    graph.replay();
+    return output.clone();
+  }
+  gk::ReloadReport reload(int step, int64_t shards = 1) {
+    gk::InMemorySource src(model->checkpoint(step, shards));
+    return engine->reload(src);
+  }
+};
+
+// The output of a freshly built model loaded with step's weights (eager).
+at::Tensor fresh_output(int step, const at::Tensor& input) {
+  auto m = std::make_shared<toy::ToyModel>(8, 16);
+  gk::InMemorySource src(m->checkpoint(step));
+  gk::load_weights(*m, src);
+  return m->forward(input);
+}
+
+std::vector<std::uintptr_t> captured_addresses(const gk::SlotPlan& plan) {
+  std::vector<std::uintptr_t> out;
+  for (const auto& l : plan.layers())
+    for (const auto& s : l.slots) out.push_back(s.storage_begin());
+  return out;
+}
+
+bool equal_bits(const at::Tensor& a, const at::Tensor& b) { return at::equal(a, b); }
+
+std::vector<gk::NamedTensor> without(std::vector<gk::NamedTensor> v, const std::string& name) {
+  v.erase(std::remove_if(v.begin(), v.end(), [&](const gk::NamedTensor& t) { return t.name == name; }), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("prepare() plans parameters, buffers and declared slots, aliases merged") {
+  Rig<> rig;
+  const gk::SlotPlan& plan = rig.engine->plan();
+  REQUIRE(plan.layers().size() == 3);  // l1, norm, l2 (the root has no tensors)
+  const gk::LayerPlan& l1 = plan.layers()[0];
+  CHECK(l1.prefix == "l1");
+  // weight (parameter; the weight_ member joins it as an alias) + q_, scale_, perm_, locks_
+  CHECK(l1.slots.size() == 5);
+  CHECK(l1.slots[0].name == "l1.weight");
+  CHECK(l1.slots[0].paths.size() == 1);  // the declared weight_ member
+  CHECK(l1.slots[0].paths[0].str() == "weight_");
+  CHECK(l1.slots[4].name == "l1.kernel_.locks_");
+  CHECK(l1.slots[4].role.effective_init() == gk::Init::zero);
+  CHECK(plan.num_slots() == 11);
+  CHECK(plan.num_declared_slots() == 8);
+  // configuration values of registered members are planned too
+  bool has_n = false;
+  for (const auto& c : l1.configs) has_n = has_n || c.name == "l1.kernel_.n_";
+  CHECK(has_n);
+}
+
+TEST_CASE("the negative baseline: without copy-back a rebuilt kernel escapes and replay reads stale memory") {
+  gk::ReloadOptions opts;
+  opts.unprotected_slots = {"l1.kernel_.scale_"};
+  Rig<> rig(opts);
+  const at::Tensor before = rig.replay();
+  CHECK(equal_bits(before, fresh_output(0, rig.input)));
+  // The reload finishes, but the manifest sees the moved slot and refuses replay.
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1), gk::DriftError, "l1.kernel_.scale_ now points at other storage");
+  CHECK(rig.engine->state() == gk::EngineState::drift);
+  CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::DriftError);
+  const auto drift = gk::lint_drift(rig.engine->plan());
+  REQUIRE(drift.size() == 1);
+  CHECK(drift[0].find("l1.kernel_.scale_") != std::string::npos);
+  // What replay would compute: stale scales, so not the fresh model's output.
+  rig.graph.replay();
+  CHECK_FALSE(equal_bits(rig.output, fresh_output(1, rig.input)));
+}
+
+TEST_CASE("a full reload keeps every captured address and replays bitwise equal to a fresh model, twice") {
+  Rig<> rig;
+  const auto addresses = captured_addresses(rig.engine->plan());
+  CHECK(equal_bits(rig.replay(), fresh_output(0, rig.input)));
+  for (int step = 1; step <= 2; ++step) {
+    const gk::ReloadReport r = rig.reload(step);
+    CHECK(r.drift == 0);
+    CHECK(r.layers == 3);
+    CHECK(r.slots_tracked == 11);
+    CHECK(r.tensors_loaded == 3);
+    CHECK(r.bytes_copied > 0);
+    CHECK(r.slots_zeroed == 2);
+    CHECK(r.addresses_verified > 0);
+    CHECK(captured_addresses(rig.engine->plan()) == addresses);
+    CHECK(gk::lint_drift(rig.engine->plan()).empty());
+    CHECK(equal_bits(rig.replay(), fresh_output(step, rig.input)));
+  }
+  // The fields point at the captured storage again, not at PWAL's new tensors.
+  const gk::PlannedSlot& scale = rig.engine->plan().layers()[0].slots[2];
+  CHECK(scale.name == "l1.kernel_.scale_");
+  CHECK(rig.model->l1->kernel().scale().data_ptr() == scale.captured.data_ptr());
+}
+
+TEST_CASE("100 consecutive reloads keep addresses and values") {
+  Rig<> rig;
+  const auto addresses = captured_addresses(rig.engine->plan());
+  int bad = 0;
+  for (int step = 1; step <= 100; ++step) {
+    rig.reload(step);
+    if (captured_addresses(rig.engine->plan()) != addresses) ++bad;
+    if (step % 25 == 0 && !equal_bits(rig.replay(), fresh_output(step, rig.input))) ++bad;
+  }
+  CHECK(bad == 0);
+  CHECK(equal_bits(rig.replay(), fresh_output(100, rig.input)));
+}
+
+TEST_CASE("lock workspaces are zeroed by the init policy") {
+  Rig<> rig;
+  // A garbage lock makes the kernel "time out" (NaN outputs) on replay.
+  rig.model->l2->kernel().locks().fill_(7);
+  at::Tensor garbage = rig.replay();
+  CHECK(at::isnan(garbage).any().item<bool>());
+  rig.reload(1);
+  CHECK(rig.model->l2->kernel().locks().eq(0).all().item<bool>());
+  CHECK(equal_bits(rig.replay(), fresh_output(1, rig.input)));
+}
+
+TEST_CASE("transactional mode gives the same result as streaming") {
+  gk::ReloadOptions opts;
+  opts.mode = gk::ReloadMode::transactional;
+  Rig<> rig(opts);
+  const auto addresses = captured_addresses(rig.engine->plan());
+  rig.reload(3);
+  CHECK(captured_addresses(rig.engine->plan()) == addresses);
+  CHECK(equal_bits(rig.replay(), fresh_output(3, rig.input)));
+}
+
+TEST_CASE("sharded checkpoint tensors load shard by shard, each exactly once") {
+  Rig<> rig({}, /*shards=*/2);
+  rig.reload(4, 2);
+  CHECK(equal_bits(rig.replay(), fresh_output(4, rig.input)));
+
+  auto ck = rig.model->checkpoint(5, 2);
+  ck.push_back(ck[1]);  // shard 1 of l1.weight again
+  gk::InMemorySource dup(ck);
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(dup), gk::WeightError,
+                              "weight 'l1.weight' shard 1 was delivered twice");
+
+  auto partial = rig.model->checkpoint(5, 2);
+  partial.erase(partial.begin() + 1);  // drop shard 1
+  gk::InMemorySource part(partial);
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(part), gk::WeightError,
+                              "'l1.weight' (partial: shards [1] of 2 missing)");
+  // every failure left the old weights in place (l1 never completed)
+  CHECK(equal_bits(rig.replay().slice(0, 0, 1), rig.replay().slice(0, 0, 1)));
+}
+
+TEST_CASE("incomplete or bad weight sets are rejected with their names, and the model stays usable") {
+  for (auto mode : {gk::ReloadMode::transactional, gk::ReloadMode::streaming}) {
+    CAPTURE(static_cast<int>(mode));
+    gk::ReloadOptions opts;
+    opts.mode = mode;
+    Rig<> rig(opts);
+    const at::Tensor old = rig.replay();
+    {
+      gk::InMemorySource src(without(rig.model->checkpoint(1), "l2.weight"));
+      GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(src), gk::WeightError, "1 checkpoint tensor(s) missing: 'l2.weight'");
+    }
+    if (mode == gk::ReloadMode::transactional) {
+      CHECK(rig.engine->state() == gk::EngineState::ready);
+      CHECK(equal_bits(rig.replay(), old));
+    } else {
+      // l1 and norm were committed before the source ran dry
+      CHECK(rig.engine->state() == gk::EngineState::inconsistent);
+      GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->check_replay_allowed(), gk::StateError, "inconsistent");
+      rig.reload(1);  // a good reload recovers
+      CHECK(equal_bits(rig.replay(), fresh_output(1, rig.input)));
+    }
+    {
+      auto ck = rig.model->checkpoint(2);
+      ck.push_back({"l9.weight", at::zeros({1}), 0});
+      gk::InMemorySource src(ck);
+      GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(src), gk::WeightError,
+                                  "has weight 'l9.weight', which the model does not expect");
+    }
+    {
+      auto ck = rig.model->checkpoint(2);
+      ck[0].value = at::zeros({16, 9});
+      gk::InMemorySource src(ck);
+      GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(src), gk::WeightError,
+                                  "weight 'l1.weight' has shape [16, 9] but the model expects [16, 8]");
+    }
+    {
+      auto ck = rig.model->checkpoint(2);
+      ck[0].value = ck[0].value.to(at::kDouble);
+      gk::InMemorySource src(ck);
+      GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(src), gk::WeightError,
+                                  "weight 'l1.weight' has dtype Double but the model expects Float");
+    }
+    // after all the rejected sets, a good reload works and addresses never moved
+    rig.reload(6);
+    CHECK(gk::lint_drift(rig.engine->plan()).empty());
+    CHECK(equal_bits(rig.replay(), fresh_output(6, rig.input)));
+  }
+}
+
+TEST_CASE("an exception inside PWAL: transactional keeps the old weights, streaming marks the model inconsistent") {
+  {
+    gk::ReloadOptions opts;
+    opts.mode = gk::ReloadMode::transactional;
+    Rig<> rig(opts);
+    const at::Tensor old = rig.replay();
+    rig.model->l2->faults.throw_in_pwal = true;
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1), std::runtime_error, "injected PWAL failure");
+    CHECK(rig.engine->state() == gk::EngineState::ready);
+    CHECK(gk::lint_drift(rig.engine->plan()).empty());
+    CHECK(equal_bits(rig.replay(), old));
+    CHECK(rig.engine->verify().ok());
+    rig.model->l2->faults.throw_in_pwal = false;
+    rig.reload(1);
+    CHECK(equal_bits(rig.replay(), fresh_output(1, rig.input)));
+  }
+  {
+    Rig<> rig;  // streaming
+    rig.model->l2->faults.throw_in_pwal = true;
+    CHECK_THROWS_AS(rig.reload(1), std::runtime_error);
+    CHECK(rig.engine->state() == gk::EngineState::inconsistent);
+    CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::StateError);
+    // still no captured address was freed or moved
+    CHECK(gk::lint_drift(rig.engine->plan()).empty());
+    CHECK(rig.engine->verify().ok());
+    rig.model->l2->faults.throw_in_pwal = false;
+    rig.reload(2);
+    CHECK(rig.engine->state() == gk::EngineState::ready);
+    CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
+  }
+  {
+    Rig<> rig;  // streaming, failing in the first layer: nothing committed
+    const at::Tensor old = rig.replay();
+    rig.model->l1->faults.throw_in_pwal = true;
+    CHECK_THROWS_AS(rig.reload(1), std::runtime_error);
+    CHECK(rig.engine->state() == gk::EngineState::ready);
+    CHECK(equal_bits(rig.replay(), old));
+  }
+}
+
+TEST_CASE("a PWAL that changes a slot's layout fails closed, or reports needs_recapture") {
+  {
+    gk::ReloadOptions opts;
+    opts.mode = gk::ReloadMode::transactional;
+    Rig<> rig(opts);
+    const at::Tensor old = rig.replay();
+    rig.model->l1->faults.pad_on_pwal = 2;
+    try {
+      rig.reload(1);
+      FAIL("expected a MismatchError");
+    } catch (const gk::MismatchError& e) {
+      CHECK(std::string(e.what()).find("l1.kernel_.q_: shape [16, 8] -> [18, 8]") != std::string::npos);
+      CHECK(e.paths() == std::vector<std::string>{"l1.kernel_.q_"});
+    }
+    CHECK(rig.engine->state() == gk::EngineState::ready);
+    CHECK(equal_bits(rig.replay(), old));
+  }
+  {
+    gk::ReloadOptions opts;
+    opts.on_mismatch = gk::MismatchPolicy::needs_recapture;
+    Rig<> rig(opts);
+    rig.model->l1->faults.pad_on_pwal = 2;
+    const gk::ReloadReport r = rig.reload(1);
+    CHECK(r.needs_recapture);
+    CHECK(r.mismatched == std::vector<std::string>{"l1.kernel_.q_"});
+    CHECK(rig.engine->state() == gk::EngineState::needs_recapture);
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->check_replay_allowed(), gk::StateError, "recapture");
+    // recapture and prepare again: replay is allowed and correct
+    rig.model->l1->faults.pad_on_pwal = 0;
+    rig.reload(1);  // PWAL without padding: still a mismatch against the stale plan
+    rig.engine->prepare();
+    rig.graph.capture([&] { rig.output = rig.model->forward(rig.input); });
+    rig.engine->track(rig.graph);
+    CHECK(equal_bits(rig.replay(), fresh_output(1, rig.input)));
+  }
+  {
+    Rig<> rig;
+    rig.model->l2->faults.change_config = true;
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1), gk::MismatchError, "l2.changed_: configuration value changed 0 -> 1");
+  }
+}
+
+TEST_CASE("faults injected at every stage leave no captured address uncovered") {
+  for (auto mode : {gk::ReloadMode::transactional, gk::ReloadMode::streaming}) {
+    for (std::string stage : {"detach", "load", "pwal", "check", "copy", "commit"}) {
+      for (std::string layer : {"l1", "norm", "l2"}) {
+        CAPTURE(stage);
+        CAPTURE(layer);
+        CAPTURE(static_cast<int>(mode));
+        gk::ReloadOptions opts;
+        opts.mode = mode;
+        opts.fault_hook = [&](std::string_view s, const std::string& l) {
+          if (s == stage && l == layer) throw std::runtime_error("injected fault at " + stage);
+        };
+        Rig<> rig(opts);
+        const at::Tensor old = rig.replay();
+        bool threw = false;
+        try {
+          rig.reload(1);
+        } catch (const std::runtime_error&) {
+          threw = true;
+        }
+        if (stage == "commit" && mode == gk::ReloadMode::streaming) {
+          CHECK_FALSE(threw);  // streaming has no separate commit stage
+          continue;
+        }
+        CHECK(threw);
+        CHECK(gk::lint_drift(rig.engine->plan()).empty());
+        CHECK(rig.engine->verify().ok());
+        if (mode == gk::ReloadMode::transactional) {
+          CHECK(rig.engine->state() == gk::EngineState::ready);
+          CHECK(equal_bits(rig.replay(), old));
+        } else if (rig.engine->state() == gk::EngineState::ready) {
+          CHECK(equal_bits(rig.replay(), old));  // nothing was committed
+        } else {
+          CHECK(rig.engine->state() == gk::EngineState::inconsistent);
+          CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::StateError);
+        }
+        // recovery
+        rig.engine->reload(*std::make_unique<gk::InMemorySource>(rig.model->checkpoint(2)), [&] {
+          gk::ReloadOptions o = opts;
+          o.fault_hook = nullptr;
+          return o;
+        }());
+        CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
+      }
+    }
+  }
+}
+
+TEST_CASE("the manifest classifies every captured address, and catches a tensor hidden from the registry") {
+  {
+    Rig<> rig;
+    const gk::CaptureManifest* m = rig.engine->manifest(rig.graph);
+    REQUIRE(m != nullptr);
+    CHECK(m->count(gk::AddressClass::unknown) == 0);
+    CHECK(m->count(gk::AddressClass::slot) > 0);
+    CHECK(m->count(gk::AddressClass::static_io) == 1);  // the input of l1's kernel
+    CHECK(m->count(gk::AddressClass::pool) > 0);        // intermediates and the output
+    CHECK(m->entries().size() == m->count(gk::AddressClass::slot) + m->count(gk::AddressClass::static_io) +
+                                     m->count(gk::AddressClass::pool));
+  }
+  {
+    using Hidden = toy::ToyModelT<toy::RowScaleKernelT<true>>;
+    Rig<Hidden> rig;
+    const gk::CaptureManifest* m = rig.engine->manifest(rig.graph);
+    REQUIRE(m != nullptr);
+    CHECK(m->count(gk::AddressClass::unknown) == 2);  // the locks of l1 and l2
+    const auto undeclared = m->undeclared();
+    REQUIRE(undeclared.size() == 2);
+    CHECK(undeclared[0].find("l1.kernel_.locks_ (role not_graph_visible: test: hidden from the registry)") !=
+          std::string::npos);
+    // After the reload PWAL's new kernel holds new locks; the captured ones are freed.
+    try {
+      rig.reload(1);
+      FAIL("expected DriftError");
+    } catch (const gk::DriftError& e) {
+      const std::string msg = e.what();
+      CHECK(msg.find("expired") != std::string::npos);
+      CHECK(msg.find("l1.kernel_.locks_") != std::string::npos);
+    }
+    const gk::VerifyResult v = rig.engine->verify();
+    CHECK(v.count(gk::VerifyIssue::Kind::expired) == 2);
+    CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::DriftError);
+  }
+}
+
+TEST_CASE("the collector reports every reachable tensor and flags what the plan does not cover") {
+  using Hidden = toy::ToyModelT<toy::RowScaleKernelT<true>>;
+  Rig<Hidden> rig;
+  gk::CollectorReport r = gk::collect_tensors(*rig.model, &rig.engine->plan());
+  CHECK(r.tensors.size() == 3 + 2 * 5);  // weight, gamma, weight + per layer weight_ alias and 4 kernel tensors
+  CHECK(r.count(gk::CollectedTensor::Coverage::not_graph_visible) == 2);
+  CHECK(r.uncovered() == 0);
+  // a tensor registered on a module after prepare() is uncovered
+  rig.model->norm->register_buffer("late", at::zeros({4}));
+  r = gk::collect_tensors(*rig.model, &rig.engine->plan());
+  CHECK(r.uncovered() == 1);
+  bool flagged = false;
+  for (const auto& f : r.flags) flagged = flagged || f.find("uncovered: norm.late") != std::string::npos;
+  CHECK(flagged);
+}
+
+TEST_CASE("reload() before prepare() and prepare() on bad declarations are clear errors") {
+  auto m = std::make_shared<toy::ToyModel>();
+  gk::ReloadEngine engine(*m);
+  gk::InMemorySource src(m->checkpoint(0));
+  GK_CHECK_THROWS_WITH_SUBSTR(engine.reload(src), gk::StateError, "before prepare()");
+  GK_CHECK_THROWS_WITH_SUBSTR(engine.check_replay_allowed(), gk::StateError, "prepare() has not run");
+}
