@@ -404,6 +404,7 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
   GK_CHECK(StateError, state != EngineState::unprepared,
            "graphkeep: ReloadEngine::reload() before prepare(): call prepare() after the first load and PWAL, "
            "before capturing graphs");
+  GK_CHECK(StateError, state != EngineState::needs_recapture, "graphkeep: reload refused: ", reason);
   at::NoGradGuard no_grad;
   const auto t0 = Clock::now();
   ReloadReport rep;

@@ -98,7 +98,7 @@ struct Registry<TypeList<Ts...>> {
   static constexpr auto table() {
     constexpr std::size_t total = (slot_table<Ts>().size() + ... + 0);
     std::array<TableEntry, total> out{};
-    std::size_t pos = 0;
+    [[maybe_unused]] std::size_t pos = 0;
     (
         [&] {
           for (const TableEntry& e : slot_table<Ts>()) out[pos++] = e;
