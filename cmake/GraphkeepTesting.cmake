@@ -5,13 +5,24 @@ include_guard(GLOBAL)
 # A doctest binary, run as one ctest test. It fails when doctest's summary
 # counts no assertion (see Note [doctest vs glog CHECK] in gk_test.h) and is
 # "skipped" when it exits with 77 (a gpu binary on a machine without a GPU).
+#
+# GPU_SUITES: the binary also holds doctest suites named gpu*; they are left
+# out of the test above and registered as <name>_gpu (label gpu), run with
+# --gk-gpu so they skip without a CUDA device.
 function(gk_add_doctest name)
-  cmake_parse_arguments(T "" "" "LABELS;SOURCES;LIBS;ARGS" ${ARGN})
+  cmake_parse_arguments(T "GPU_SUITES" "" "LABELS;SOURCES;LIBS;ARGS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE gk_test_main ${T_LIBS})
   target_precompile_headers(${name} REUSE_FROM gk_test_main)
   graphkeep_warnings(${name})
-  add_test(NAME ${name} COMMAND ${name} ${T_ARGS})
+  set(_args ${T_ARGS})
+  if(T_GPU_SUITES)
+    list(APPEND _args "-tse=gpu*")
+    add_test(NAME ${name}_gpu COMMAND ${name} --gk-gpu "-ts=gpu*")
+    set_tests_properties(${name}_gpu PROPERTIES LABELS gpu
+      FAIL_REGULAR_EXPRESSION "assertions: +0 +\\|" SKIP_RETURN_CODE 77)
+  endif()
+  add_test(NAME ${name} COMMAND ${name} ${_args})
   set_tests_properties(${name} PROPERTIES
     LABELS "${T_LABELS}"
     FAIL_REGULAR_EXPRESSION "assertions: +0 +\\|"

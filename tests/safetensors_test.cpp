@@ -419,21 +419,21 @@ TEST_CASE("a tensor whose data is not aligned to its element size is copied") {
 TEST_CASE("the source names the file in its errors") {
   TempDir dir;
   const std::string missing = dir.file("missing.safetensors");
-  GK_CHECK_THROWS_WITH_SUBSTR(gk::SafetensorsSource{missing}, gk::WeightError,
-                              "safetensors file '" + missing + "': cannot open it: No such file");
+  const std::string missing_msg = "safetensors file '" + missing + "': cannot open it: No such file";
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::SafetensorsSource{missing}, gk::WeightError, missing_msg);
   GK_CHECK_THROWS_WITH_SUBSTR(gk::SafetensorsSource{dir.path}, gk::WeightError,
                               "not a regular file");
   const std::string empty = dir.file("empty.safetensors");
   std::ofstream(empty).close();
-  GK_CHECK_THROWS_WITH_SUBSTR(gk::SafetensorsSource{empty}, gk::WeightError,
-                              "safetensors file '" + empty + "': the file is 0 bytes, shorter");
+  const std::string empty_msg = "safetensors file '" + empty + "': the file is 0 bytes, shorter";
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::SafetensorsSource{empty}, gk::WeightError, empty_msg);
   const std::string bad = dir.file("bad.safetensors");
   {
     const auto bytes = file_of("{\"w\":" + entry("F32", "[2]", 0, 8) + "}", 4);
     std::ofstream(bad, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   }
-  GK_CHECK_THROWS_WITH_SUBSTR(gk::SafetensorsSource{bad}, gk::WeightError,
-                              "safetensors file '" + bad + "': tensor 'w': data_offsets [0, 8] lie outside");
+  const std::string bad_msg = "safetensors file '" + bad + "': tensor 'w': data_offsets [0, 8] lie outside";
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::SafetensorsSource{bad}, gk::WeightError, bad_msg);
 }
 
 TEST_CASE("write_safetensors rejects what the format cannot hold") {

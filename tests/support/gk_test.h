@@ -45,6 +45,20 @@ namespace gk::testing {
 // True when a CUDA device is usable in this process.
 bool cuda_available();
 
+// Child scenarios: code that must run in a separate process of the same test
+// binary (an expected illegal memory access, a crash that must not take the
+// test runner down). Define with GK_TEST_CHILD(name) { ...; return code; }.
+struct ChildRegistrar {
+  ChildRegistrar(const char* name, int (*fn)());
+};
+struct ChildResult {
+  bool exited = false, signaled = false;
+  int exit_code = -1;
+  std::string output;
+};
+// Runs this binary with --gk-child=name and collects its output.
+ChildResult run_child(const std::string& name);
+
 // The message of the exception `f` throws, or "" if it throws none.
 template <class E, class F>
 std::string message_of(F&& f) {
@@ -62,6 +76,11 @@ std::string message_of(F&& f) {
 // binary reports "skipped" to ctest instead of running.
 #define GK_TEST_REQUIRES_GPU() \
   extern "C" int gk_test_requires_gpu() { return 1; }
+
+#define GK_TEST_CHILD(name)                                                     \
+  static int gk_child_##name();                                                 \
+  static const ::gk::testing::ChildRegistrar gk_child_reg_##name(#name, &gk_child_##name); \
+  static int gk_child_##name()
 
 // Checks that `expr` throws `E` and that its message contains `needle`.
 #define GK_CHECK_THROWS_WITH_SUBSTR(expr, E, needle)                                   \

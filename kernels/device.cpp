@@ -1,0 +1,39 @@
+#include <graphkeep/check.h>
+#include <graphkeep/hostrt/host_stream.h>
+#include <graphkeep/kernels/device.h>
+
+#include <ATen/ops/empty.h>
+
+#ifdef GRAPHKEEP_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace gk::kernels {
+
+bool built_with_cuda() noexcept {
+#ifdef GRAPHKEEP_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+void no_cuda(const at::Tensor& t, std::string_view kernel) {
+  throw StateError(detail::concat("graphkeep: kernel ", kernel, " was called on ", t.device(),
+                                  " but this build has no CUDA support (configure with GRAPHKEEP_CUDA=ON)"));
+}
+
+void* cuda_stream(const at::Tensor& t, std::string_view kernel) {
+#ifdef GRAPHKEEP_WITH_CUDA
+  return static_cast<void*>(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
+#else
+  no_cuda(t, kernel);
+#endif
+}
+
+at::Tensor empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  if (options.device().is_cpu()) return hostrt::empty(sizes, options);
+  return at::empty(sizes, options);
+}
+
+}  // namespace gk::kernels

@@ -1,0 +1,213 @@
+// tests/support/site_harness.h
+//
+// The shared harness of the failure-site tests (issue: the 13 known sites).
+// A site is a one-layer model of the pattern:
+//
+//   struct MySiteModel : torch::nn::Module {
+//     explicit MySiteModel(c10::Device device);               // weights uninitialized
+//     std::vector<gk::NamedTensor> checkpoint(int step) const; // deterministic, CPU tensors
+//     at::Tensor example_input(c10::Device device) const;      // the static input
+//     at::Tensor forward(const at::Tensor& x);                 // hostrt on CPU, CUDA kernels on CUDA
+//   };
+//
+// and the checks, the same on the CPU replay backend and on real CUDA graphs:
+//
+//   sites::positive<MySiteModel>(device);            // capture, reload twice, replay == fresh model
+//   sites::negative_unprotected<MySiteModel>(device, "layer.kernel_.workspace_");
+//   sites::negative_undeclared<MySiteModelUndeclared>(device, "kernel_.workspace_");
+//
+// negative_unprotected disables copy-back of one slot: the manifest must find
+// the drift, and the replay (reading the captured storage, which keeps the
+// old values) must differ from a fresh model. negative_undeclared uses a
+// variant whose tensor is declared not graph-visible: the manifest must flag
+// it unknown at capture and expired or moved after the reload.
+#pragma once
+
+#include "gk_test.h"
+
+#include <graphkeep/reload/collector.h>
+#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/manifest.h>
+#include <graphkeep/reload/replay.h>
+
+#include <memory>
+#include <string>
+
+namespace sites {
+
+inline c10::Device cpu() { return c10::Device(c10::kCPU); }
+inline c10::Device gpu() { return c10::Device(c10::kCUDA, 0); }
+
+// Synchronizes `device` (a no-op on CPU), so host reads see finished work.
+void sync(c10::Device device);
+
+// x.narrow(dim, start, len) as a contiguous tensor, computed in a way a
+// capture records: a hostrt launch into the capture pool on CPU, an ATen copy
+// (captured by the CUDA graph) on CUDA. An eager copy during a host capture
+// would leave the graph reading a freed temporary, which the manifest flags.
+at::Tensor slice(const at::Tensor& x, int64_t dim, int64_t start, int64_t len);
+
+template <class Model>
+struct Rig {
+  c10::Device device;
+  std::shared_ptr<Model> model;
+  at::Tensor input, output;
+  std::unique_ptr<gk::ReplayBackend> graph;
+  std::unique_ptr<gk::ReloadEngine> engine;
+
+  explicit Rig(c10::Device dev, gk::ReloadOptions opts = {}) : device(dev), model(std::make_shared<Model>(dev)) {
+    gk::InMemorySource src(model->checkpoint(0));
+    gk::load_weights(*model, src);
+    engine = std::make_unique<gk::ReloadEngine>(*model, opts);
+    engine->prepare();
+    input = model->example_input(dev);
+    engine->add_static_io("input", input);
+    // warm up outside the capture (library handles, lazy allocations)
+    (void)model->forward(input);
+    sync(dev);
+    graph = gk::make_replay(dev, "site");
+    graph->capture([&] { output = model->forward(input); });
+    engine->track(*graph);
+  }
+
+  // Replays (refused if the engine says so) and returns the output on CPU.
+  at::Tensor replay() {
+    engine->check_replay_allowed();
+    return replay_unchecked();
+  }
+  // Replays without asking the engine: what an engine without graphkeep does.
+  at::Tensor replay_unchecked() {
+    graph->replay();
+    sync(device);
+    return output.to(at::kCPU).clone();
+  }
+  gk::ReloadReport reload(int step) {
+    gk::InMemorySource src(model->checkpoint(step));
+    return engine->reload(src);
+  }
+};
+
+// The output of a freshly built model with step's weights, run eagerly.
+template <class Model>
+at::Tensor fresh_output(c10::Device dev, int step, const at::Tensor& input) {
+  auto m = std::make_shared<Model>(dev);
+  gk::InMemorySource src(m->checkpoint(step));
+  gk::load_weights(*m, src);
+  at::Tensor y = m->forward(input);
+  sync(dev);
+  return y.to(at::kCPU).clone();
+}
+
+inline bool same(const at::Tensor& a, const at::Tensor& b, bool bitwise) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  if (bitwise) return at::equal(a, b);
+  return at::allclose(a.to(at::kFloat), b.to(at::kFloat), 1e-3, 1e-3);
+}
+
+// Capture, reload twice, replay: equal to a fresh model each time, with every
+// captured address unchanged and no drift.
+template <class Model>
+void positive(c10::Device dev, bool bitwise = true) {
+  Rig<Model> rig(dev);
+  std::vector<std::uintptr_t> addresses;
+  for (const auto& l : rig.engine->plan().layers())
+    for (const auto& s : l.slots) addresses.push_back(s.storage_begin());
+  const gk::CaptureManifest* m = rig.engine->manifest(*rig.graph);
+  REQUIRE(m != nullptr);
+  INFO("undeclared at capture: " << (m->undeclared().empty() ? "" : m->undeclared().front()));
+  CHECK(m->count(gk::AddressClass::unknown) == 0);
+  CHECK(m->count(gk::AddressClass::slot) > 0);
+  const at::Tensor y0 = rig.replay();
+  CHECK(same(y0, fresh_output<Model>(dev, 0, rig.input), bitwise));
+  for (int step = 1; step <= 2; ++step) {
+    CAPTURE(step);
+    const gk::ReloadReport r = rig.reload(step);
+    CHECK(r.drift == 0);
+    CHECK(r.addresses_verified > 0);
+    CHECK(gk::lint_drift(rig.engine->plan()).empty());
+    std::vector<std::uintptr_t> now;
+    for (const auto& l : rig.engine->plan().layers())
+      for (const auto& s : l.slots) now.push_back(s.storage_begin());
+    CHECK(now == addresses);
+    const at::Tensor y = rig.replay();
+    CHECK(same(y, fresh_output<Model>(dev, step, rig.input), bitwise));
+    CHECK_FALSE(same(y, y0, true));  // the weights really changed the output
+  }
+}
+
+// Copy-back of `slot` disabled: the manifest finds the drift and refuses
+// replay; replaying anyway reads the stale captured values.
+template <class Model>
+void negative_unprotected(c10::Device dev, const std::string& slot, bool bitwise = true) {
+  gk::ReloadOptions opts;
+  opts.unprotected_slots = {slot};
+  Rig<Model> rig(dev, opts);
+  bool found = false;
+  for (const auto& l : rig.engine->plan().layers())
+    for (const auto& s : l.slots) found = found || s.name == slot;
+  REQUIRE_MESSAGE(found, "no planned slot named " << slot);
+  try {
+    rig.reload(1);
+    FAIL("expected a DriftError for " << slot);
+  } catch (const gk::DriftError& e) {
+    CHECK(std::string(e.what()).find(slot) != std::string::npos);
+    CHECK(std::string(e.what()).find("moved") != std::string::npos);
+  }
+  CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::DriftError);
+  CHECK_FALSE(gk::lint_drift(rig.engine->plan()).empty());
+  const at::Tensor stale = rig.replay_unchecked();
+  CHECK_FALSE(same(stale, fresh_output<Model>(dev, 1, rig.input), bitwise));
+}
+
+// A variant with `member` hidden from the registry (declared not graph-
+// visible): unknown at capture, expired or moved after the reload. Replay is
+// refused; the test never replays freed memory in this process.
+template <class Model>
+void negative_undeclared(c10::Device dev, const std::string& member) {
+  Rig<Model> rig(dev);
+  const gk::CaptureManifest* m = rig.engine->manifest(*rig.graph);
+  REQUIRE(m != nullptr);
+  CHECK(m->count(gk::AddressClass::unknown) > 0);
+  bool named = false;
+  for (const auto& u : m->undeclared()) named = named || u.find(member) != std::string::npos;
+  CHECK_MESSAGE(named, "the manifest should name " << member);
+  CHECK_THROWS_AS(rig.reload(1), gk::DriftError);
+  const gk::VerifyResult v = rig.engine->verify();
+  CHECK(v.count(gk::VerifyIssue::Kind::expired) + v.count(gk::VerifyIssue::Kind::moved) > 0);
+  CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::DriftError);
+}
+
+// For GPU child scenarios: reload a variant with a hidden tensor, then replay
+// anyway (as an engine without graphkeep would) and print what happened:
+//   "REPLAY maxdiff=<x> nan=<n>" or a CUDA error. Returns 0.
+template <class Model>
+int replay_after_hidden_reload_child() {
+  try {
+    gk::ReloadOptions opts;
+    opts.verify = false;
+    Rig<Model> rig(gpu(), opts);
+    rig.reload(1);
+    // churn the allocator so freed blocks are reused by other data
+    std::vector<at::Tensor> churn;
+    for (int i = 0; i < 64; ++i) churn.push_back(at::full({1 << 12}, 1e9f, at::TensorOptions().device(gpu())));
+    const at::Tensor y = rig.replay_unchecked();
+    const at::Tensor want = fresh_output<Model>(gpu(), 1, rig.input);
+    const double maxdiff = (y.to(at::kDouble) - want.to(at::kDouble)).abs().nan_to_num(1e30).max().item<double>();
+    std::printf("REPLAY maxdiff=%g nan=%lld\n", maxdiff, static_cast<long long>(at::isnan(y).sum().item<int64_t>()));
+  } catch (const std::exception& e) {
+    std::printf("CUDA_ERROR %s\n", e.what());
+  }
+  return 0;
+}
+
+// Parent side: the child's replay went wrong in one of the ways a missed
+// slot shows (wrong result, NaNs from a lock timeout, an illegal access).
+inline void check_child_shows_failure(const gk::testing::ChildResult& r) {
+  INFO("child output: " << r.output);
+  const bool wrong = r.output.find("REPLAY maxdiff=0 nan=0") == std::string::npos &&
+                     r.output.find("REPLAY ") != std::string::npos;
+  const bool error = r.output.find("CUDA_ERROR") != std::string::npos || r.signaled || r.exit_code != 0;
+  CHECK((wrong || error));
+}
+
+}  // namespace sites
