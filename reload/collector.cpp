@@ -54,23 +54,21 @@ struct ModelWalk {
   void run(torch::nn::Module& model) {
     std::vector<std::pair<std::string, torch::nn::Module*>> modules{{"", &model}};
     for (const auto& item : model.named_modules("", false)) modules.emplace_back(item.key(), item.value().get());
-    for (auto& [prefix, m] : modules) {
+    for (auto& entry : modules) {
+      const std::string& prefix = entry.first;  // (not a structured binding: lambdas capture it)
+      torch::nn::Module* m = entry.second;
       auto join = [&](const std::string& n) { return prefix.empty() ? n : prefix + "." + n; };
       for (const auto& p : m->named_parameters(false)) {
         torch::nn::Module* mod = m;
         std::string name = p.key();
-        on_tensor(join(name), gk::parameter, p.value(), [mod, name]() -> at::Tensor {
-          at::Tensor* t = mod->named_parameters(false).find(name);
-          return t != nullptr ? *t : at::Tensor();
-        });
+        on_tensor(join(name), gk::parameter, p.value(),
+                  [mod, name]() -> at::Tensor { return detail::module_parameter(*mod, name); });
       }
       for (const auto& b : m->named_buffers(false)) {
         torch::nn::Module* mod = m;
         std::string name = b.key();
-        on_tensor(join(name), gk::parameter, b.value(), [mod, name]() -> at::Tensor {
-          at::Tensor* t = mod->named_buffers(false).find(name);
-          return t != nullptr ? *t : at::Tensor();
-        });
+        on_tensor(join(name), gk::parameter, b.value(),
+                  [mod, name]() -> at::Tensor { return detail::module_buffer(*mod, name); });
       }
       if (auto* layer = dynamic_cast<ReloadableLayer*>(m)) {
         ObjectRef root = layer->registered_members();
@@ -157,9 +155,8 @@ std::vector<std::string> lint_drift(const SlotPlan& plan) {
         return !t.defined() || !t.has_storage() || t.storage().unsafeGetStorageImpl() != captured;
       };
       if (s.kind != PlannedSlot::Kind::declared) {
-        at::Tensor* t = s.kind == PlannedSlot::Kind::parameter ? lp.module->named_parameters(false).find(s.local)
-                                                                : lp.module->named_buffers(false).find(s.local);
-        if (t == nullptr || differs(*t)) out.push_back(concat(s.name, ": the module's tensor no longer uses the captured storage"));
+        const at::Tensor t = detail::module_tensor(*lp.module, s);
+        if (differs(t)) out.push_back(concat(s.name, ": the module's tensor no longer uses the captured storage"));
       }
       for (const SlotPath& p : s.paths) {
         at::Tensor* f = p.resolve_tensor(lp.root.ptr);

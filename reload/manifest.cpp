@@ -143,9 +143,8 @@ VerifyResult CaptureManifest::verify(const SlotPlan& plan) const {
           return t == nullptr || !t->defined() || !t->has_storage() || t->storage().unsafeGetStorageImpl() != captured;
         };
         if (s.kind != PlannedSlot::Kind::declared) {
-          at::Tensor* t = s.kind == PlannedSlot::Kind::parameter ? lp.module->named_parameters(false).find(s.local)
-                                                                  : lp.module->named_buffers(false).find(s.local);
-          if (points_elsewhere(t)) {
+          const at::Tensor t = detail::module_tensor(*lp.module, s);
+          if (points_elsewhere(&t)) {
             issue(VerifyIssue::Kind::moved, e, "the module's tensor now uses other storage; the graph still reads the captured one");
             break;
           }

@@ -34,10 +34,14 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-struct Timer {
-  double& acc;
-  Clock::time_point t0 = Clock::now();
-  ~Timer() { acc += ms_since(t0); }
+class Timer {
+ public:
+  explicit Timer(double& acc) : acc_(acc) {}
+  ~Timer() { acc_ += ms_since(t0_); }
+
+ private:
+  double& acc_;
+  Clock::time_point t0_ = Clock::now();
 };
 
 // The expected checkpoint tensors, indexed by full name.
@@ -55,14 +59,7 @@ bool same_storage_and_offset(const at::Tensor& a, const at::Tensor& b) {
          a.storage_offset() == b.storage_offset();
 }
 
-at::Tensor find_module_tensor(torch::nn::Module& m, const PlannedSlot& s) {
-  if (s.kind == PlannedSlot::Kind::parameter) {
-    if (at::Tensor* t = m.named_parameters(false).find(s.local)) return *t;
-  } else if (s.kind == PlannedSlot::Kind::buffer) {
-    if (at::Tensor* t = m.named_buffers(false).find(s.local)) return *t;
-  }
-  return {};
-}
+at::Tensor find_module_tensor(torch::nn::Module& m, const PlannedSlot& s) { return detail::module_tensor(m, s); }
 
 }  // namespace
 
@@ -161,10 +158,10 @@ struct ReloadEngine::Impl {
   }
 
   static at::Tensor find_param_or_buffer(torch::nn::Module& m, const std::string& name) {
-    if (at::Tensor* t = m.named_parameters(false).find(name)) return *t;
-    if (at::Tensor* t = m.named_buffers(false).find(name)) return *t;
-    GK_INTERNAL_ASSERT(false, "no parameter or buffer '", name, "'");
-    return {};
+    at::Tensor t = detail::module_parameter(m, name);
+    if (!t.defined()) t = detail::module_buffer(m, name);
+    GK_INTERNAL_ASSERT(t.defined(), "no parameter or buffer '", name, "'");
+    return t;
   }
 
   void process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
@@ -495,6 +492,7 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
 
     if (o.mode == ReloadMode::transactional) {
       for (std::size_t li = 0; li < runs.size(); ++li) fault(o, "commit", plan.layers()[li].prefix);
+      if (o.before_commit) o.before_commit();
       for (std::size_t li = 0; li < runs.size(); ++li) commit(plan.layers()[li], runs[li], o, rep);
     }
   } catch (...) {

@@ -5,6 +5,10 @@
 
 #include <ATen/ATen.h>
 
+namespace torch::nn {
+class Module;
+}
+
 #include <string>
 #include <vector>
 
@@ -22,6 +26,14 @@ at::Tensor storage_view(const at::Tensor& t);
 
 // Records t's layout and captured storage into s.
 void record_layout(PlannedSlot& s, const at::Tensor& t);
+
+// The module's own parameter (or buffer) `name` as a handle sharing its
+// TensorImpl; undefined when the module has none of that name. (Note: the
+// OrderedDicts libtorch returns are temporaries; never keep a pointer into one.)
+at::Tensor module_parameter(torch::nn::Module& m, const std::string& name);
+at::Tensor module_buffer(torch::nn::Module& m, const std::string& name);
+// The module tensor a parameter or buffer slot names.
+at::Tensor module_tensor(torch::nn::Module& m, const PlannedSlot& s);
 
 // What differs between the captured layout of s and t ("shape [4] -> [8]").
 std::vector<std::string> layout_differences(const PlannedSlot& s, const at::Tensor& t);

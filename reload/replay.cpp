@@ -33,7 +33,7 @@ bool HostReplay::in_private_pool(std::uintptr_t address) const {
 
 #ifndef GRAPHKEEP_WITH_CUDA
 std::unique_ptr<ReplayBackend> make_cuda_replay(std::string name) {
-  throw StateError(concat("graphkeep: cannot create CUDA graph '", name,
+  throw StateError(detail::concat("graphkeep: cannot create CUDA graph '", name,
                        "': this build has no CUDA support (configure with GRAPHKEEP_CUDA=ON)"));
 }
 #endif

@@ -87,6 +87,24 @@ void record_layout(PlannedSlot& s, const at::Tensor& t) {
   s.storage_nbytes = t.storage().nbytes();
 }
 
+at::Tensor module_parameter(torch::nn::Module& m, const std::string& name) {
+  const auto dict = m.named_parameters(/*recurse=*/false);
+  const at::Tensor* t = dict.find(name);
+  return t != nullptr ? *t : at::Tensor();
+}
+
+at::Tensor module_buffer(torch::nn::Module& m, const std::string& name) {
+  const auto dict = m.named_buffers(/*recurse=*/false);
+  const at::Tensor* t = dict.find(name);
+  return t != nullptr ? *t : at::Tensor();
+}
+
+at::Tensor module_tensor(torch::nn::Module& m, const PlannedSlot& s) {
+  if (s.kind == PlannedSlot::Kind::parameter) return module_parameter(m, s.local);
+  if (s.kind == PlannedSlot::Kind::buffer) return module_buffer(m, s.local);
+  return {};
+}
+
 std::vector<std::string> layout_differences(const PlannedSlot& s, const at::Tensor& t) {
   std::vector<std::string> d;
   if (s.defined() != t.defined()) {

@@ -40,11 +40,10 @@ struct described_reflection {
   static_assert(boost::mp11::mp_size<descriptors>::value == size);
 
   template <std::size_t I>
-  static constexpr auto pointer = boost::mp11::mp_at_c<descriptors, I>::pointer;
+  static auto& get(T& obj) noexcept { return obj.*(boost::mp11::mp_at_c<descriptors, I>::pointer); }
   template <std::size_t I>
-  static auto& get(T& obj) noexcept { return obj.*pointer<I>; }
-  template <std::size_t I>
-  using member_type = std::remove_cvref_t<decltype(std::declval<T&>().*pointer<I>)>;
+  using member_type =
+      std::remove_cvref_t<decltype(std::declval<T&>().*(boost::mp11::mp_at_c<descriptors, I>::pointer))>;
 
   template <class D>
   using base_of = typename D::type;

@@ -66,6 +66,13 @@ struct ReloadOptions {
   // Called at each stage with (stage, layer prefix); throwing from it injects
   // a fault there. Stages: "detach", "load", "pwal", "check", "copy", "commit".
   std::function<void(std::string_view stage, const std::string& layer)> fault_hook;
+  // Transactional mode only: called once after every layer is loaded, PWAL'd
+  // and checked and the completion gate passed, right before the first
+  // commit. Throwing from it aborts the reload with a full rollback (every
+  // layer keeps its old weights), like a fault at the "commit" stage; the
+  // exception propagates out of reload(). The distributed reload votes here
+  // (include/graphkeep/reload/distributed.h). Not called in streaming mode.
+  std::function<void()> before_commit;
 };
 
 enum class EngineState {
