@@ -29,20 +29,40 @@ function(gk_add_doctest name)
     SKIP_RETURN_CODE 77)
 endfunction()
 
+# The flags that compile a test source against graphkeep's headers directly
+# (for tests that run the compiler). Boost's CONFIG package reports
+# /usr/include; passed as -isystem it would reorder the compiler's own search
+# path and break libstdc++'s #include_next <stdlib.h>, so implicit
+# directories are left out.
+function(_gk_compiler_flags out)
+  set(_flags -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_SOURCE_DIR})
+  set(_dirs ${TORCH_INCLUDE_DIRS} ${Boost_INCLUDE_DIRS})
+  if(CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES)
+    list(REMOVE_ITEM _dirs ${CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES})
+  endif()
+  foreach(_dir ${_dirs})
+    list(APPEND _flags -isystem ${_dir})
+  endforeach()
+  set(${out} ${_flags} PARENT_SCOPE)
+endfunction()
+
+# gk_add_compile_check(<test name> <source path> <regex> [compiler flags...])
+# A test that compiles <source path> with the extra flags and passes only if
+# the compiler's output matches <regex> (label compile-fail).
+function(gk_add_compile_check name source regex)
+  _gk_compiler_flags(_flags)
+  add_test(NAME ${name} COMMAND ${CMAKE_CXX_COMPILER} ${_flags} ${ARGN} ${source})
+  set_tests_properties(${name} PROPERTIES LABELS compile-fail PASS_REGULAR_EXPRESSION "${regex}")
+endfunction()
+
 # gk_add_compile_fail(<name> <source> <regex>)
 # Two tests: compile_fail.<name> compiles <source> with -DGK_BREAK and passes
 # only if the diagnostic matches <regex>; compile_ok.<name> compiles it
 # without GK_BREAK and must succeed, so the failure is the intended one.
 function(gk_add_compile_fail name source regex)
   set(_src ${CMAKE_CURRENT_SOURCE_DIR}/${source})
-  set(_flags -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include)
-  foreach(_dir ${TORCH_INCLUDE_DIRS} ${Boost_INCLUDE_DIRS})
-    list(APPEND _flags -isystem ${_dir})
-  endforeach()
-  add_test(NAME compile_fail.${name}
-           COMMAND ${CMAKE_CXX_COMPILER} ${_flags} -DGK_BREAK ${_src})
-  set_tests_properties(compile_fail.${name} PROPERTIES
-    LABELS compile-fail PASS_REGULAR_EXPRESSION "${regex}")
+  gk_add_compile_check(compile_fail.${name} ${_src} "${regex}" -DGK_BREAK)
+  _gk_compiler_flags(_flags)
   add_test(NAME compile_ok.${name} COMMAND ${CMAKE_CXX_COMPILER} ${_flags} ${_src})
   set_tests_properties(compile_ok.${name} PROPERTIES LABELS compile-fail)
 endfunction()

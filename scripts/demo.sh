@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-"${GK_BUILD_DIR:-build}"/tools/gk-slots
+"${GK_BUILD_DIR:-build}"/examples/gk-rl-demo "$@"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds graphkeep's CPU parts and unit tests under AddressSanitizer and
+# UndefinedBehaviorSanitizer and runs them (.ci/run calls this after the main
+# test run; scripts/setup.sh must have run). libtorch itself is not
+# instrumented: leak reports and ODR checks against it are switched off.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${GK_ASAN_BUILD_DIR:-build-asan}
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+  -DGRAPHKEEP_CUDA=OFF -DGRAPHKEEP_SANITIZE=address,undefined \
+  -DGRAPHKEEP_BUILD_EXAMPLES=OFF -DGRAPHKEEP_BUILD_BENCH=OFF -DPython3_EXECUTABLE="$(command -v python3)"
+cmake --build "$BUILD" -j"$(nproc)"
+export ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+ctest --test-dir "$BUILD" -L unit --output-on-failure -j"$(nproc)"
