@@ -30,13 +30,17 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <set>
 #include <sstream>
+#include <typeinfo>
 
 namespace gk {
 
@@ -91,6 +95,14 @@ std::string_view kind_name(ErrorKind k) {
   return "Error";
 }
 
+std::string type_name(const std::type_info& t) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string out = status == 0 && d != nullptr ? d : t.name();
+  std::free(d);
+  return out;
+}
+
 std::string describe_exception(const std::exception_ptr& e) {
   if (!e) return {};
   try {
@@ -100,7 +112,7 @@ std::string describe_exception(const std::exception_ptr& e) {
   } catch (const c10::Error& x) {
     return concat("c10::Error: ", x.what_without_backtrace());
   } catch (const std::exception& x) {
-    return concat("exception: ", x.what());
+    return concat(type_name(typeid(x)), ": ", x.what());
   } catch (...) {
     return "unknown exception";
   }
@@ -156,10 +168,15 @@ std::string format_failures(const std::vector<RankVote>& votes) {
   return out;
 }
 
+// The ranks where it failed first: not those that failed because of a peer,
+// unless every failure is of that kind.
 std::vector<RankVote> failures_of(const std::vector<RankVote>& votes) {
   std::vector<RankVote> out;
   for (const RankVote& v : votes)
-    if (!v.ok) out.push_back(v);
+    if (!v.ok && !v.peer) out.push_back(v);
+  if (out.empty())
+    for (const RankVote& v : votes)
+      if (!v.ok) out.push_back(v);
   return out;
 }
 
@@ -367,7 +384,7 @@ ShardRule ShardRules::operator()(const std::string& name) const {
 // Votes
 
 std::vector<RankVote> gather_votes(const Collective& group, c10::Device device, const RankVote& mine) {
-  std::string text = concat(mine.ok ? '1' : '0', '\x1f', mine.role, '\x1f', mine.reason);
+  std::string text = concat(mine.ok ? '1' : mine.peer ? 'p' : '0', '\x1f', mine.role, '\x1f', mine.reason);
   text = truncate(std::move(text), kVoteBytes - 1);
   const std::vector<at::Tensor> all = group.allgather(bytes_tensor(text, kVoteBytes, device));
   std::vector<RankVote> out;
@@ -379,6 +396,7 @@ std::vector<RankVote> gather_votes(const Collective& group, c10::Device device, 
     const std::size_t a = s.find('\x1f');
     const std::size_t b = a == std::string::npos ? a : s.find('\x1f', a + 1);
     v.ok = !s.empty() && s[0] == '1';
+    v.peer = !s.empty() && s[0] == 'p';
     if (b != std::string::npos) {
       v.role = s.substr(a + 1, b - a - 1);
       v.reason = s.substr(b + 1);
@@ -507,8 +525,9 @@ struct BroadcastSource::Impl {
       layout_error = concat("tp_size is ", tp_size, " but only ", present.size(), " distinct tp rank(s) take part");
     if (!layout_error.empty()) {
       stage = Stage::done;
-      throw WeightError(concat("graphkeep: the weight broadcast from rank ", config.trainer_rank,
-                               " cannot start: inconsistent tensor-parallel layout: ", layout_error));
+      throw ReloadAbortedError(concat("graphkeep: the weight broadcast from rank ", config.trainer_rank,
+                                      " cannot start: inconsistent tensor-parallel layout: ", layout_error),
+                               {});
     }
     // 3. this rank's verdict: same manifest, every tensor shardable
     std::string reason;
@@ -525,11 +544,12 @@ struct BroadcastSource::Impl {
     if (reason.empty()) reason = make_plans();
     if (reason.empty() && trainer() && full == nullptr)
       reason = "this is the trainer rank but it was given no source of full weights";
-    const auto votes = gather_votes(group, dev, {group.rank(), reason.empty(), role(), reason});
+    const auto votes = gather_votes(group, dev, {group.rank(), reason.empty(), role(), reason, false});
     if (!all_ok(votes)) {
       stage = Stage::done;
-      throw WeightError(concat("graphkeep: the weight broadcast from rank ", config.trainer_rank,
-                               " cannot start: ", format_failures(votes)));
+      throw ReloadAbortedError(concat("graphkeep: the weight broadcast from rank ", config.trainer_rank,
+                                      " cannot start: ", format_failures(votes)),
+                               failures_of(votes));
     }
     sent.assign(manifest.size(), false);
     stage = Stage::streaming;
@@ -650,7 +670,9 @@ struct BroadcastSource::Impl {
       stage = Stage::done;
       std::string m(reinterpret_cast<const char*>(h.data() + kHeaderFixed + 3 * kMaxEntries), kMessageBytes);
       m = m.substr(0, m.find('\0'));
-      throw WeightError(concat("graphkeep: the trainer (rank ", config.trainer_rank, ") aborted the weight broadcast: ", m));
+      throw ReloadAbortedError(
+          concat("graphkeep: the trainer (rank ", config.trainer_rank, ") aborted the weight broadcast: ", m),
+          {RankVote{config.trainer_rank, false, "trainer", m, false}});
     }
     if (h[2] == kEnd) {
       stage = Stage::done;
@@ -808,27 +830,32 @@ DistributedReport DistributedReload::reload(WeightSource& source) {
 
   bool voted = false;
   std::vector<RankVote> votes;
+  std::exception_ptr local;
+  bool peer = false;  // local is a ReloadAbortedError: it failed everywhere, first elsewhere
   auto vote = [&](bool ok, std::string reason) {
     voted = true;
     Timer t(rep.vote_ms);
-    votes = gather_votes(m.group, dev, {m.group.rank(), ok, role, std::move(reason)});
+    votes = gather_votes(m.group, dev, {m.group.rank(), ok, role, std::move(reason), !ok && peer});
   };
-  auto aborted = [&] {
+  auto throw_aborted = [&] {
     if (bsrc) rep.broadcast = bsrc->stats();
-    return ReloadAbortedError(
-        concat("graphkeep: distributed reload aborted on every rank, each keeps its old weights: ",
-               format_failures(votes)),
-        failures_of(votes));
+    // Every rank failed through the same group-wide error (the handshake):
+    // it names the ranks already.
+    const bool all_peer = std::all_of(votes.begin(), votes.end(), [](const RankVote& v) { return !v.ok && v.peer; });
+    if (all_peer && local && peer) std::rethrow_exception(local);
+    const std::vector<RankVote> failed = failures_of(votes);
+    throw ReloadAbortedError(concat("graphkeep: distributed reload aborted on every rank, each keeps its old weights: ",
+                                    format_failures(failed)),
+                             failed);
   };
   // Phase 1 ends here on a rank whose load, PWAL and checks all passed.
   const std::function<void()> user_hook = o.before_commit;
   o.before_commit = [&] {
     if (user_hook) user_hook();
     vote(true, {});
-    if (!all_ok(votes)) throw aborted();
+    if (!all_ok(votes)) throw_aborted();
   };
 
-  std::exception_ptr local;
   try {
     if (m.engine != nullptr) {
       rep.reload = m.engine->reload(source, o);
@@ -838,6 +865,9 @@ DistributedReport DistributedReload::reload(WeightSource& source) {
       while (source.next()) {
       }
     }
+  } catch (const ReloadAbortedError&) {
+    local = std::current_exception();
+    peer = true;
   } catch (...) {
     local = std::current_exception();
   }
@@ -852,16 +882,16 @@ DistributedReport DistributedReload::reload(WeightSource& source) {
       }
     }
     vote(local == nullptr, describe_exception(local));
-    if (!all_ok(votes)) throw aborted();
+    if (!all_ok(votes)) throw_aborted();
   } else if (!all_ok(votes)) {
-    throw aborted();  // this rank voted yes; the engine rolled back in before_commit
+    throw_aborted();  // this rank voted yes; the engine rolled back in before_commit
   }
 
   // Every rank voted yes and committed: did every commit (and verify) work?
   std::vector<RankVote> outcome;
   {
     Timer t(rep.vote_ms);
-    outcome = gather_votes(m.group, dev, {m.group.rank(), local == nullptr, role, describe_exception(local)});
+    outcome = gather_votes(m.group, dev, {m.group.rank(), local == nullptr, role, describe_exception(local), false});
   }
   if (bsrc) rep.broadcast = bsrc->stats();
   if (!all_ok(outcome)) {

@@ -7,7 +7,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdio>
 
 namespace gk::quant::cuda {
 namespace {

@@ -163,6 +163,23 @@ GK_HD std::uint8_t mxfp4_scale_for(float amax) {
 }
 
 // ---------------------------------------------------------------------------
+// Quantized weight matrices [R, n] (site 7): element (r, i), dequantized.
+//   fmt 0 (fp8 e4m3, per-row float scale):  codes [R, n] bytes, scales float [R]
+//   fmt 1 (mxfp4, e8m0 per 32-block scale): codes [R, n/2] nibbles, scales uint8 [R, n/32]
+// ---------------------------------------------------------------------------
+inline constexpr int kFmtFp8RowScaled = 0;
+inline constexpr int kFmtMxfp4 = 1;
+inline constexpr std::int64_t kMxBlock = 32;
+
+GK_HD float dequant_element(int fmt, const std::uint8_t* codes, const void* scales, std::int64_t r, std::int64_t i,
+                            std::int64_t n) {
+  if (fmt == kFmtFp8RowScaled)
+    return fmul(fp8_e4m3_decode(codes[r * n + i]), static_cast<const float*>(scales)[r]);
+  return fmul(fp4_e2m1_decode(fp4_nibble(codes + r * (n / 2), i)),
+              e8m0_decode(static_cast<const std::uint8_t*>(scales)[r * (n / kMxBlock) + i / kMxBlock]));
+}
+
+// ---------------------------------------------------------------------------
 // NVFP4: 16-element blocks, e4m3 block scales
 // ---------------------------------------------------------------------------
 inline constexpr std::int64_t kNvfp4Block = 16;

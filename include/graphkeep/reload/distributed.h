@@ -27,7 +27,8 @@
 // one bucket and the shards not yet taken by the engine. Before the first
 // bucket the trainer broadcasts its manifest; a rank whose manifest differs,
 // or that cannot shard a tensor by its rules, makes every rank fail with a
-// gk::WeightError naming the rank and the difference.
+// gk::ReloadAbortedError (a gk::WeightError) naming the rank and the
+// difference.
 //
 // DistributedReload: each inference rank runs gk::ReloadEngine::reload in
 // transactional mode (load, PWAL, checks: phase 1); in ReloadOptions::
@@ -198,8 +199,10 @@ class BroadcastSource final : public WeightSource {
   ~BroadcastSource() override;
 
   // This rank's next shard. The first call runs the manifest handshake.
-  // Errors (a manifest difference, a tensor the rules cannot shard, a bad
-  // tensor in the trainer's source) raise gk::WeightError on every rank.
+  // Errors raise on every rank: a manifest difference or a tensor the rules
+  // cannot shard (gk::ReloadAbortedError naming the ranks), a bad tensor in
+  // the trainer's source (gk::WeightError on the trainer,
+  // gk::ReloadAbortedError naming the trainer elsewhere).
   std::optional<NamedTensor> next() override;
   std::string describe() const override;
 
@@ -227,10 +230,15 @@ struct RankVote {
   bool ok = true;
   std::string role;    // "tp 1/2", "trainer", ...
   std::string reason;  // "" when ok; "WeightError: graphkeep: ..." otherwise (truncated)
+  // Failed only because another rank did (the trainer aborted the broadcast,
+  // the handshake refused to start): such votes are not listed as failures.
+  bool peer = false;
 };
 
-// A distributed reload aborted on every rank: each keeps its old weights.
-// failures() lists the ranks that voted no, with their reasons.
+// A distributed reload (or the weight broadcast) aborted on every rank: each
+// keeps its old weights. failures() lists the ranks where it failed first,
+// with their reasons (empty for a group-wide error such as an inconsistent
+// tensor-parallel layout).
 class ReloadAbortedError : public WeightError {
  public:
   ReloadAbortedError(std::string message, std::vector<RankVote> failures)

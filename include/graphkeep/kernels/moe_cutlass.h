@@ -1,0 +1,50 @@
+// graphkeep/kernels/moe_cutlass.h
+//
+// Failure site 4: a CUTLASS-style grouped MoE GEMM whose experts object owns
+// per-expert stride arrays in device memory (ab_strides1 aliased as
+// c_strides2, ab_strides2, c_strides1; see moe_experts.h). PWAL rebuilds the
+// experts object, as vLLM's compressed-tensors FP8 MoE does on every reload
+// (#41670), so without graphkeep a captured graph reads the strides of a
+// destroyed object: freed memory, an illegal access once it is reused.
+//
+//   gk::kernels::CutlassMoe moe(/*experts=*/4, /*hidden=*/16, /*inter=*/8, /*topk=*/2, at::kCPU);
+//   at::Tensor y = moe.forward(x, logits);   // x: [T, K], logits: [T, E] -> y: [T, K]
+#pragma once
+
+#include <graphkeep/kernels/moe_experts.h>
+#include <graphkeep/registry.h>
+#include <graphkeep/reload/layer.h>
+
+#include <torch/nn/module.h>
+
+#include <memory>
+
+namespace gk::kernels {
+
+template <bool HideAbStrides2 = false>
+class CutlassMoeT : public torch::nn::Module, public ReloadableLayer {
+ public:
+  CutlassMoeT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
+
+  std::vector<CheckpointParam> checkpoint_params() const override;
+  void process_weights_after_loading() override;
+  ObjectRef registered_members() override { return ObjectRef::of(*this); }
+
+  // x: [T, K], logits: [T, E] (float32, on the layer's device) -> [T, K]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& logits);
+
+  const MoeExperts& experts() const { return *experts_; }
+
+ private:
+  at::Tensor w13_weight_;  // [E, 2N, K], checkpoint format = kernel format
+  at::Tensor w2_weight_;   // [E, K, N]
+  std::unique_ptr<MoeExperts> experts_;  // a CutlassExpertsT<HideAbStrides2>, rebuilt by every PWAL
+  int64_t num_experts_, hidden_, inter_, topk_;
+
+  using CutlassMoe = CutlassMoeT;  // the registry's name for every specialization
+  GRAPHKEEP_DESCRIBE_DERIVED(CutlassMoe, (torch::nn::Module, ReloadableLayer), (w13_weight_, parameter),
+                             (w2_weight_, parameter), experts_, num_experts_, hidden_, inter_, topk_)
+};
+using CutlassMoe = CutlassMoeT<false>;
+
+}  // namespace gk::kernels

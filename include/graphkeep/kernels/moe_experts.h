@@ -1,0 +1,130 @@
+// graphkeep/kernels/moe_experts.h
+//
+// Polymorphic MoE experts objects, as vLLM's FusedMoEPermuteExpertsUnpermute:
+// a layer's PWAL *rebuilds* the experts object (a fresh
+// std::unique_ptr<MoeExperts> of a concrete type picked at run time), and the
+// object owns per-expert stride arrays that its grouped GEMMs read from
+// device memory. Without graphkeep, a captured graph keeps reading the
+// strides of the experts object that the reload destroyed (vLLM #41670: an
+// illegal memory access on H200).
+//
+//   Failure site 4, CutlassExperts (CUTLASS FP8 MoE, here in fp32): per
+//   expert e, int64 [E]
+//     ab_strides1 = K   A and B of GEMM1 [M,K] x w13[e]:[2N,K]^T -> [M,2N]
+//     c_strides1  = 2N  C of GEMM1
+//     ab_strides2 = N   A and B of GEMM2 [M,N] x w2[e]:[K,N]^T -> [M,K]
+//     c_strides2  = K   C of GEMM2: the *same tensor* as ab_strides1 (one
+//                       slot, two paths), exactly as vLLM allocates it
+//
+//   Failure site 10, CutlassW4A8Experts (CUTLASS W4A8 MoE): int4 weights packed
+//   8 per int32 word with per-group scales (dequantized in the kernel), int8
+//   activations with per-row scales; per expert e, int64 [E]
+//     a_strides1 = K, c_strides1 = 2N, s_strides1 = 2N   (GEMM1)
+//     a_strides2 = N, c_strides2 = K,  s_strides2 = K    (GEMM2)
+//   (s_strides: the row stride of the group-scale matrices [K/G, 2N] and
+//   [N/G, K] that PWAL transposes the checkpoint scales into).
+//
+// The pipeline of both (kernels/cuda/moe_grouped.cu, CPU twins in
+// kernels/moe_experts.cpp): route top-k and group the rows by expert ->
+// gather (site 10: quantize to int8) -> grouped GEMM1 -> softsign-gated
+// activation (site 10: + quantize) -> grouped GEMM2 -> unpermute and reduce.
+// The per-call temporaries come from the capture pool, as in vLLM.
+//
+// The template parameter exists for the negative tests only: <true> declares
+// one stride array gk::not_graph_visible, a lie the capture manifest catches.
+#pragma once
+
+#include <graphkeep/registry.h>
+
+#include <ATen/core/Tensor.h>
+
+namespace gk::kernels {
+
+// The per-call arguments of an experts object: not stored.
+struct MoeCall {
+  at::Tensor x;        // [T, K] float32
+  at::Tensor logits;   // [T, E] float32 router logits
+  at::Tensor w13, w2;  // kernel-format weights (see each experts type)
+  at::Tensor w13_scales, w2_scales;  // W4A8 group scales; undefined otherwise
+};
+
+class MoeExperts {
+ public:
+  MoeExperts() = default;
+  MoeExperts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk)
+      : num_experts_(num_experts), hidden_(hidden), inter_(inter), topk_(topk) {}
+  virtual ~MoeExperts() = default;
+
+  // y [T, K] = sum over each token's top-k experts of gate * expert MLP.
+  virtual at::Tensor apply(const MoeCall& call) const = 0;
+
+  int64_t num_experts() const { return num_experts_; }
+  int64_t hidden() const { return hidden_; }
+  int64_t inter() const { return inter_; }
+  int64_t topk() const { return topk_; }
+
+ protected:
+  int64_t num_experts_ = 0, hidden_ = 0, inter_ = 0, topk_ = 0;
+
+  GRAPHKEEP_DESCRIBE(MoeExperts, num_experts_, hidden_, inter_, topk_)
+};
+
+// Site 4. w13: float [E, 2N, K] (rows: w1 then w3), w2: float [E, K, N].
+template <bool HideAbStrides2 = false>
+class CutlassExpertsT final : public MoeExperts {
+ public:
+  CutlassExpertsT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
+
+  at::Tensor apply(const MoeCall& call) const override;
+
+  const at::Tensor& ab_strides1() const { return ab_strides1_; }
+  const at::Tensor& ab_strides2() const { return ab_strides2_; }
+  const at::Tensor& c_strides1() const { return c_strides1_; }
+  const at::Tensor& c_strides2() const { return c_strides2_; }
+
+ private:
+  at::Tensor ab_strides1_;  // int64 [E] = K
+  at::Tensor ab_strides2_;  // int64 [E] = N
+  at::Tensor c_strides1_;   // int64 [E] = 2N
+  at::Tensor c_strides2_;   // int64 [E] = K, aliases ab_strides1_
+
+  static constexpr RoleSpec kAbStrides2Role =
+      HideAbStrides2 ? RoleSpec(not_graph_visible("test: stride array hidden from the registry")) : metadata;
+  using CutlassExperts = CutlassExpertsT;  // the registry's name for every specialization
+  GRAPHKEEP_DESCRIBE_DERIVED(CutlassExperts, (MoeExperts), (ab_strides1_, metadata), (ab_strides2_, kAbStrides2Role),
+                             (c_strides1_, metadata), (c_strides2_, metadata))
+};
+using CutlassExperts = CutlassExpertsT<false>;
+
+// Site 10. w13: int32 [E, 2N, K/8] packed int4 (moe_common.h int4_at),
+// w2: int32 [E, K, N/8]; w13_scales: float [E, K/G, 2N], w2_scales: [E, N/G, K].
+template <bool HideSStrides1 = false>
+class CutlassW4A8ExpertsT final : public MoeExperts {
+ public:
+  CutlassW4A8ExpertsT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group,
+                      c10::Device device);
+
+  at::Tensor apply(const MoeCall& call) const override;
+
+  const at::Tensor& s_strides1() const { return s_strides1_; }
+  int64_t group() const { return group_; }
+
+ private:
+  at::Tensor a_strides1_;  // int64 [E] = K
+  at::Tensor a_strides2_;  // int64 [E] = N
+  at::Tensor c_strides1_;  // int64 [E] = 2N
+  at::Tensor c_strides2_;  // int64 [E] = K
+  at::Tensor s_strides1_;  // int64 [E] = 2N
+  at::Tensor s_strides2_;  // int64 [E] = K
+  int64_t group_ = 0;      // quantization group size along the reduction dim
+
+  static constexpr RoleSpec kSStrides1Role =
+      HideSStrides1 ? RoleSpec(not_graph_visible("test: stride array hidden from the registry")) : metadata;
+  using CutlassW4A8Experts = CutlassW4A8ExpertsT;
+  GRAPHKEEP_DESCRIBE_DERIVED(CutlassW4A8Experts, (MoeExperts), (a_strides1_, metadata), (a_strides2_, metadata),
+                             (c_strides1_, metadata), (c_strides2_, metadata), (s_strides1_, kSStrides1Role),
+                             (s_strides2_, metadata), group_)
+};
+using CutlassW4A8Experts = CutlassW4A8ExpertsT<false>;
+
+}  // namespace gk::kernels

@@ -1,0 +1,395 @@
+// The Marlin family (sites 5 and 6): PWAL (repacking, sort indices, lock
+// workspaces) and the CPU twins of quant/cuda/marlin.cu.
+#include <graphkeep/check.h>
+#include <graphkeep/hostrt/host_stream.h>
+#include <graphkeep/kernels/device.h>
+#include <graphkeep/quant/marlin.h>
+
+#include "quant/cuda/marlin_launch.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+namespace gk::quant {
+namespace {
+
+namespace m = marlin;
+
+// The CPU twin of marlin_splitk_kernel: the blocks of a unit run in slice
+// order, so the bounded spin of the GPU is decided at once. When slice s runs
+// and its unit's lock does not hold s, no other block will ever set it to s
+// (only slice s - 1 does, and it has run): that is the timeout, reported the
+// same way as on the GPU (NaN outputs, lock left alone).
+template <class V>
+void splitk_cpu(const V& v, const m::SplitK& c) {
+  const int64_t k_per = c.k / c.slices;
+  for (int64_t g = 0; g < c.groups; ++g)
+    for (int64_t t = 0; t < c.tiles; ++t) {
+      int32_t* lock = c.locks + g * c.tiles + t;
+      for (int64_t s = 0; s < c.slices; ++s) {
+        const bool turn = *lock == s;
+        const int64_t k0 = s * k_per, k1 = k0 + k_per;
+        for (int64_t row = 0; row < c.m; ++row) {
+          if (!v.active(g, row)) continue;
+          for (int64_t col = t * c.tile_n; col < std::min((t + 1) * c.tile_n, c.n); ++col) {
+            float* o = v.output(row, col);
+            if (!turn) {
+              *o = m::quiet_nan();
+              continue;
+            }
+            const float p = v.partial(g, row, col, k0, k1);
+            *o = s == 0 ? p : m::add_rn(*o, p);
+          }
+        }
+        if (turn) *lock = s + 1 == c.slices ? 0 : static_cast<int32_t>(s + 1);
+      }
+    }
+}
+
+// The split-K description of a launch; checks the workspace is large enough
+// (Marlin checks workspace.numel() against its grid the same way).
+m::SplitK make_split(const at::Tensor& workspace, const MarlinSplitK& split, int64_t m_rows, int64_t n, int64_t k,
+                     int64_t groups, std::string_view kernel) {
+  m::SplitK c;
+  c.m = m_rows;
+  c.n = n;
+  c.k = k;
+  c.groups = groups;
+  c.tile_n = split.tile_n;
+  c.slices = split.slices;
+  c.tiles = (n + split.tile_n - 1) / split.tile_n;
+  GK_CHECK(StateError, workspace.defined() && workspace.numel() >= c.groups * c.tiles, "graphkeep: ", kernel,
+           ": the lock workspace holds ", workspace.defined() ? workspace.numel() : 0, " counters but the grid needs ",
+           c.groups * c.tiles);
+  GK_CHECK(WeightError, m_rows * (split.tile_n + 1) * 4 <= 48 * 1024, "graphkeep: ", kernel, ": ", m_rows,
+           " rows do not fit one block's shared memory (tile_n ", split.tile_n, ")");
+  c.locks = workspace.data_ptr<int32_t>();
+  return c;
+}
+
+void check_split(const MarlinSplitK& split, int64_t k, int64_t k_align, std::string_view kernel) {
+  GK_CHECK(WeightError, split.tile_n > 0 && split.slices > 0 && k % (split.slices * k_align) == 0, "graphkeep: ",
+           kernel, ": K = ", k, " must split into ", split.slices, " slices of a multiple of ", k_align,
+           " channels (tile_n ", split.tile_n, ")");
+}
+
+void check_input(const at::Tensor& x, int64_t k, const at::Tensor& like, std::string_view kernel) {
+  GK_CHECK(WeightError,
+           x.dim() == 2 && x.size(1) == k && x.scalar_type() == at::kFloat && x.is_contiguous() &&
+               x.device() == like.device(),
+           "graphkeep: ", kernel, ": x must be a contiguous float32 [M, ", k, "] tensor on ", like.device(), ", got ",
+           x.sizes(), " ", x.scalar_type(), " on ", x.device());
+}
+
+}  // namespace
+
+at::Tensor pack_int_rows(const at::Tensor& vals, int64_t per_word, int64_t bits) {
+  const int64_t rows = vals.size(0), n = vals.size(1);
+  const at::Tensor v = vals.to(at::kLong).reshape({rows / per_word, per_word, n});
+  const at::Tensor shifts = (at::arange(per_word, v.options()) * bits).view({1, per_word, 1});
+  at::Tensor words = at::bitwise_left_shift(v, shifts).sum(1);  // disjoint bits: sum == or
+  words = at::where(words >= (int64_t{1} << 31), words - (int64_t{1} << 32), words);
+  return words.to(at::kInt).contiguous();
+}
+
+at::Tensor unpack_int_rows(const at::Tensor& words, int64_t per_word, int64_t bits) {
+  const at::Tensor w = at::bitwise_and(words.to(at::kLong), int64_t{0xFFFFFFFF}).unsqueeze(1);
+  const at::Tensor shifts = (at::arange(per_word, w.options()) * bits).view({1, per_word, 1});
+  return at::bitwise_and(at::bitwise_right_shift(w, shifts), (int64_t{1} << bits) - 1)
+      .reshape({words.size(0) * per_word, words.size(1)});
+}
+
+at::Tensor marlin_make_workspace(int64_t locks, c10::Device device) {
+  return at::zeros({std::max(locks, kMarlinMinLocks)}, at::TensorOptions().dtype(at::kInt).device(device));
+}
+
+// ---------------------------------------------------------------------------
+// Site 5
+// ---------------------------------------------------------------------------
+template <bool H>
+MarlinW4A16KernelT<H>::MarlinW4A16KernelT(const at::Tensor& qweight, const at::Tensor& g_idx, MarlinSplitK split)
+    : size_k_(g_idx.size(0)), size_n_(qweight.size(1)), split_(split) {
+  GK_CHECK(WeightError, qweight.dim() == 2 && qweight.size(0) * 8 == size_k_ && g_idx.scalar_type() == at::kInt,
+           "graphkeep: MarlinW4A16Kernel: qweight must be [K/8, N] for g_idx [K] int32, got ", qweight.sizes(), " and ",
+           g_idx.sizes());
+  check_split(split, size_k_, 1, "marlin_w4a16");
+  const at::Tensor perm = at::argsort(g_idx, /*stable=*/true);
+  g_idx_sort_indices_ = perm.to(at::kInt).contiguous();
+  qweight_ = pack_int_rows(unpack_int_rows(qweight, 8, 4).index_select(0, perm), 8, 4);
+  workspace_ = marlin_make_workspace((size_n_ + split.tile_n - 1) / split.tile_n, qweight.device());
+}
+
+template <bool H>
+at::Tensor MarlinW4A16KernelT<H>::apply(const at::Tensor& x, const at::Tensor& scales, const at::Tensor& g_idx) const {
+  check_input(x, size_k_, qweight_, "marlin_w4a16");
+  const int64_t rows = x.size(0);
+  at::Tensor y = kernels::empty({rows, size_n_}, x.options());
+  m::W4A16Args a;
+  a.x = x.data_ptr<float>();
+  a.qweight = qweight_.data_ptr<int32_t>();
+  a.scales = scales.data_ptr<float>();
+  a.g_idx = g_idx.data_ptr<int32_t>();
+  a.perm = g_idx_sort_indices_.data_ptr<int32_t>();
+  a.out = y.data_ptr<float>();
+  a.m = rows;
+  a.n = size_n_;
+  a.k = size_k_;
+  const m::SplitK c = make_split(workspace_, split_, rows, size_n_, size_k_, 1, "marlin_w4a16");
+  if (x.is_cuda()) {
+    GK_LAUNCH_CUDA("marlin_w4a16", x, cuda::launch_marlin_w4a16(a, c, kernels::cuda_stream(x, "marlin_w4a16")));
+  } else {
+    hostrt::launch("marlin_w4a16",
+                   {hostrt::reads(x), hostrt::reads(qweight_), hostrt::reads(scales), hostrt::reads(g_idx),
+                    hostrt::reads(g_idx_sort_indices_), hostrt::writes(workspace_), hostrt::writes(y)},
+                   [a, c] { splitk_cpu(a, c); });
+  }
+  return y;
+}
+
+template <bool H>
+MarlinW4A16LinearT<H>::MarlinW4A16LinearT(int64_t in, int64_t out, int64_t group_size, c10::Device device,
+                                          MarlinSplitK split)
+    : in_(in), out_(out), group_size_(group_size), split_(split) {
+  GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
+           "graphkeep: MarlinW4A16Linear: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
+  const auto opts = at::TensorOptions().device(device);
+  qweight_ = this->register_parameter("qweight", at::zeros({in / 8, out}, opts.dtype(at::kInt)), false);
+  scales_ = this->register_parameter("scales", at::zeros({in / group_size, out}, opts.dtype(at::kFloat)), false);
+  g_idx_ = this->register_parameter("g_idx", at::zeros({in}, opts.dtype(at::kInt)), false);
+}
+
+template <bool H>
+std::vector<CheckpointParam> MarlinW4A16LinearT<H>::checkpoint_params() const {
+  return {{"qweight", {{"qweight", {in_ / 8, out_}, at::kInt}}},
+          {"scales", {{"scales", {in_ / group_size_, out_}, at::kFloat}}},
+          {"g_idx", {{"g_idx", {in_}, at::kInt}}}};
+}
+
+template <bool H>
+void MarlinW4A16LinearT<H>::process_weights_after_loading() {
+  kernel_ = std::make_unique<MarlinW4A16KernelT<H>>(qweight_, g_idx_, split_);
+}
+
+template <bool H>
+at::Tensor MarlinW4A16LinearT<H>::forward(const at::Tensor& x) {
+  return kernel_->apply(x, scales_, g_idx_);
+}
+
+template class MarlinW4A16KernelT<false>;
+template class MarlinW4A16KernelT<true>;
+template class MarlinW4A16LinearT<false>;
+template class MarlinW4A16LinearT<true>;
+
+// ---------------------------------------------------------------------------
+// Site 6: FP8
+// ---------------------------------------------------------------------------
+MarlinFp8Kernel::MarlinFp8Kernel(const at::Tensor& weight, const at::Tensor& weight_scale, MarlinSplitK split)
+    : size_k_(weight.size(1)), size_n_(weight.size(0)), split_(split) {
+  GK_CHECK(WeightError, weight.scalar_type() == at::kFloat8_e4m3fn && weight_scale.numel() == size_n_,
+           "graphkeep: MarlinFp8Kernel: weight must be float8_e4m3fn [N, K] with weight_scale [N], got ",
+           weight.scalar_type(), " ", weight.sizes(), " and ", weight_scale.sizes());
+  check_split(split, size_k_, 4, "marlin_fp8");
+  qweight_ = pack_int_rows(weight.view(at::kByte).t(), 4, 8);
+  scales_ = weight_scale.to(at::kFloat).reshape({size_n_}).clone();
+  workspace_ = marlin_make_workspace((size_n_ + split.tile_n - 1) / split.tile_n, weight.device());
+}
+
+at::Tensor MarlinFp8Kernel::apply(const at::Tensor& x) const {
+  check_input(x, size_k_, qweight_, "marlin_fp8");
+  const int64_t rows = x.size(0);
+  at::Tensor y = kernels::empty({rows, size_n_}, x.options());
+  m::Fp8Args a;
+  a.x = x.data_ptr<float>();
+  a.qweight = qweight_.data_ptr<int32_t>();
+  a.scales = scales_.data_ptr<float>();
+  a.out = y.data_ptr<float>();
+  a.m = rows;
+  a.n = size_n_;
+  a.k = size_k_;
+  const m::SplitK c = make_split(workspace_, split_, rows, size_n_, size_k_, 1, "marlin_fp8");
+  if (x.is_cuda()) {
+    GK_LAUNCH_CUDA("marlin_fp8", x, cuda::launch_marlin_fp8(a, c, kernels::cuda_stream(x, "marlin_fp8")));
+  } else {
+    hostrt::launch("marlin_fp8",
+                   {hostrt::reads(x), hostrt::reads(qweight_), hostrt::reads(scales_), hostrt::writes(workspace_),
+                    hostrt::writes(y)},
+                   [a, c] { splitk_cpu(a, c); });
+  }
+  return y;
+}
+
+MarlinFp8Linear::MarlinFp8Linear(int64_t in, int64_t out, c10::Device device, MarlinSplitK split)
+    : in_(in), out_(out), split_(split) {
+  const auto opts = at::TensorOptions().device(device);
+  weight_ = register_parameter("weight", at::zeros({out, in}, opts.dtype(at::kFloat8_e4m3fn)), false);
+  weight_scale_ = register_parameter("weight_scale", at::zeros({out}, opts.dtype(at::kFloat)), false);
+}
+
+std::vector<CheckpointParam> MarlinFp8Linear::checkpoint_params() const {
+  return {{"weight", {{"weight", {out_, in_}, at::kFloat8_e4m3fn}}},
+          {"weight_scale", {{"weight_scale", {out_}, at::kFloat}}}};
+}
+
+void MarlinFp8Linear::process_weights_after_loading() {
+  kernel_ = std::make_unique<MarlinFp8Kernel>(weight_, weight_scale_, split_);
+}
+
+at::Tensor MarlinFp8Linear::forward(const at::Tensor& x) { return kernel_->apply(x); }
+
+// ---------------------------------------------------------------------------
+// Site 6: FP4
+// ---------------------------------------------------------------------------
+MarlinFp4Kernel::MarlinFp4Kernel(const at::Tensor& weight, const at::Tensor& weight_scale,
+                                 const at::Tensor& weight_scale_2, MarlinSplitK split)
+    : size_k_(weight.size(1) * 2), size_n_(weight.size(0)), split_(split) {
+  GK_CHECK(WeightError,
+           weight.scalar_type() == at::kByte && weight_scale.scalar_type() == at::kFloat8_e4m3fn &&
+               weight_scale.dim() == 2 && weight_scale.size(0) == size_n_ && weight_scale.size(1) * kBlock == size_k_ &&
+               weight_scale_2.numel() == 1,
+           "graphkeep: MarlinFp4Kernel: weight must be uint8 [N, K/2], weight_scale float8_e4m3fn [N, K/16] and "
+           "weight_scale_2 [1], got ",
+           weight.sizes(), ", ", weight_scale.sizes(), " and ", weight_scale_2.sizes());
+  check_split(split, size_k_, 8, "marlin_fp4");
+  const at::Tensor b = weight.to(at::kLong);
+  const at::Tensor nibbles =
+      at::stack({at::bitwise_and(b, 15), at::bitwise_right_shift(b, 4)}, 2).reshape({size_n_, size_k_});
+  qweight_ = pack_int_rows(nibbles.t(), 8, 4);
+  block_scales_ = weight_scale.to(at::kFloat).t().contiguous();
+  global_scale_ = weight_scale_2.to(at::kFloat).reshape({1}).clone();
+  workspace_ = marlin_make_workspace((size_n_ + split.tile_n - 1) / split.tile_n, weight.device());
+}
+
+at::Tensor MarlinFp4Kernel::apply(const at::Tensor& x) const {
+  check_input(x, size_k_, qweight_, "marlin_fp4");
+  const int64_t rows = x.size(0);
+  at::Tensor y = kernels::empty({rows, size_n_}, x.options());
+  m::Fp4Args a;
+  a.x = x.data_ptr<float>();
+  a.qweight = qweight_.data_ptr<int32_t>();
+  a.block_scales = block_scales_.data_ptr<float>();
+  a.global_scale = global_scale_.data_ptr<float>();
+  a.out = y.data_ptr<float>();
+  a.m = rows;
+  a.n = size_n_;
+  a.k = size_k_;
+  const m::SplitK c = make_split(workspace_, split_, rows, size_n_, size_k_, 1, "marlin_fp4");
+  if (x.is_cuda()) {
+    GK_LAUNCH_CUDA("marlin_fp4", x, cuda::launch_marlin_fp4(a, c, kernels::cuda_stream(x, "marlin_fp4")));
+  } else {
+    hostrt::launch("marlin_fp4",
+                   {hostrt::reads(x), hostrt::reads(qweight_), hostrt::reads(block_scales_),
+                    hostrt::reads(global_scale_), hostrt::writes(workspace_), hostrt::writes(y)},
+                   [a, c] { splitk_cpu(a, c); });
+  }
+  return y;
+}
+
+MarlinFp4Linear::MarlinFp4Linear(int64_t in, int64_t out, c10::Device device, MarlinSplitK split)
+    : in_(in), out_(out), split_(split) {
+  GK_CHECK(WeightError, in % MarlinFp4Kernel::kBlock == 0, "graphkeep: MarlinFp4Linear: in = ", in,
+           " must be a multiple of ", MarlinFp4Kernel::kBlock);
+  const auto opts = at::TensorOptions().device(device);
+  weight_ = register_parameter("weight", at::zeros({out, in / 2}, opts.dtype(at::kByte)), false);
+  weight_scale_ = register_parameter(
+      "weight_scale", at::zeros({out, in / MarlinFp4Kernel::kBlock}, opts.dtype(at::kFloat8_e4m3fn)), false);
+  weight_scale_2_ = register_parameter("weight_scale_2", at::zeros({1}, opts.dtype(at::kFloat)), false);
+}
+
+std::vector<CheckpointParam> MarlinFp4Linear::checkpoint_params() const {
+  return {{"weight", {{"weight", {out_, in_ / 2}, at::kByte}}},
+          {"weight_scale", {{"weight_scale", {out_, in_ / MarlinFp4Kernel::kBlock}, at::kFloat8_e4m3fn}}},
+          {"weight_scale_2", {{"weight_scale_2", {1}, at::kFloat}}}};
+}
+
+void MarlinFp4Linear::process_weights_after_loading() {
+  kernel_ = std::make_unique<MarlinFp4Kernel>(weight_, weight_scale_, weight_scale_2_, split_);
+}
+
+at::Tensor MarlinFp4Linear::forward(const at::Tensor& x) { return kernel_->apply(x); }
+
+// ---------------------------------------------------------------------------
+// Site 6: MoE
+// ---------------------------------------------------------------------------
+MarlinMoeKernel::MarlinMoeKernel(const at::Tensor& w, const at::Tensor& scales, int64_t group_size,
+                                 MarlinSplitK split)
+    : experts_(w.size(0)), size_k_(w.size(1) * 8), size_n_(w.size(2)), group_size_(group_size), split_(split) {
+  GK_CHECK(WeightError,
+           w.dim() == 3 && scales.dim() == 3 && scales.size(0) == experts_ && scales.size(1) * group_size == size_k_ &&
+               scales.size(2) == size_n_,
+           "graphkeep: MarlinMoeKernel: w must be [E, K/8, N] and scales [E, K/", group_size, ", N], got ", w.sizes(),
+           " and ", scales.sizes());
+  check_split(split, size_k_, 1, "marlin_moe");
+  qweight_ = w.transpose(1, 2).clone(at::MemoryFormat::Contiguous);  // [E, N, K/8]
+  scales_ = scales.clone(at::MemoryFormat::Contiguous);
+  workspace_ = marlin_make_workspace(experts_ * ((size_n_ + split.tile_n - 1) / split.tile_n), w.device());
+}
+
+at::Tensor MarlinMoeKernel::apply(const at::Tensor& x, const at::Tensor& expert_ids) const {
+  check_input(x, size_k_, qweight_, "marlin_moe");
+  const int64_t rows = x.size(0);
+  GK_CHECK(WeightError, expert_ids.scalar_type() == at::kInt && expert_ids.numel() == rows,
+           "graphkeep: marlin_moe: expert_ids must be int32 [", rows, "]");
+  at::Tensor y = kernels::empty({rows, size_n_}, x.options());
+  m::MoeArgs a;
+  a.x = x.data_ptr<float>();
+  a.expert_ids = expert_ids.data_ptr<int32_t>();
+  a.qweight = qweight_.data_ptr<int32_t>();
+  a.scales = scales_.data_ptr<float>();
+  a.out = y.data_ptr<float>();
+  a.m = rows;
+  a.n = size_n_;
+  a.k = size_k_;
+  a.group_size = group_size_;
+  const m::SplitK c = make_split(workspace_, split_, rows, size_n_, size_k_, experts_, "marlin_moe");
+  if (x.is_cuda()) {
+    GK_LAUNCH_CUDA("marlin_moe", x, cuda::launch_marlin_moe(a, c, kernels::cuda_stream(x, "marlin_moe")));
+  } else {
+    hostrt::launch("marlin_moe",
+                   {hostrt::reads(x), hostrt::reads(expert_ids), hostrt::reads(qweight_), hostrt::reads(scales_),
+                    hostrt::writes(workspace_), hostrt::writes(y)},
+                   [a, c] { splitk_cpu(a, c); });
+  }
+  return y;
+}
+
+MarlinMoeLayer::MarlinMoeLayer(int64_t experts, int64_t in, int64_t out, int64_t group_size, c10::Device device,
+                               MarlinSplitK split)
+    : experts_(experts), in_(in), out_(out), group_size_(group_size), split_(split) {
+  GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
+           "graphkeep: MarlinMoeLayer: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
+  const auto opts = at::TensorOptions().device(device);
+  gate_ = register_parameter("gate", at::zeros({experts, in}, opts.dtype(at::kFloat)), false);
+  w_ = register_parameter("w", at::zeros({experts, in / 8, out}, opts.dtype(at::kInt)), false);
+  scales_ = register_parameter("scales", at::zeros({experts, in / group_size, out}, opts.dtype(at::kFloat)), false);
+}
+
+std::vector<CheckpointParam> MarlinMoeLayer::checkpoint_params() const {
+  return {{"gate", {{"gate", {experts_, in_}, at::kFloat}}},
+          {"w", {{"w", {experts_, in_ / 8, out_}, at::kInt}}},
+          {"scales", {{"scales", {experts_, in_ / group_size_, out_}, at::kFloat}}}};
+}
+
+void MarlinMoeLayer::process_weights_after_loading() {
+  kernel_ = std::make_unique<MarlinMoeKernel>(w_, scales_, group_size_, split_);
+}
+
+at::Tensor MarlinMoeLayer::forward(const at::Tensor& x) {
+  check_input(x, in_, gate_, "marlin_moe_route");
+  const int64_t rows = x.size(0), experts = experts_, k = in_;
+  at::Tensor ids = kernels::empty({rows}, x.options().dtype(at::kInt));
+  const float* xp = x.data_ptr<float>();
+  const float* gp = gate_.data_ptr<float>();
+  int32_t* ip = ids.data_ptr<int32_t>();
+  if (x.is_cuda()) {
+    GK_LAUNCH_CUDA("marlin_moe_route", x,
+                   cuda::launch_marlin_moe_route(xp, gp, ip, rows, experts, k, kernels::cuda_stream(x)));
+  } else {
+    hostrt::launch("marlin_moe_route", {hostrt::reads(x), hostrt::reads(gate_), hostrt::writes(ids)}, [=] {
+      for (int64_t r = 0; r < rows; ++r) ip[r] = m::route_row(xp, gp, r, experts, k);
+    });
+  }
+  return kernel_->apply(x, ids);
+}
+
+}  // namespace gk::quant
