@@ -6,6 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <cmath>
 #include <functional>
 
 namespace demo {
@@ -39,13 +40,19 @@ at::Tensor make_tensor(const gk::CheckpointTensor& t, uint64_t seed, int64_t ste
     at::Tensor mask = at::randint(0, 1 << 16, t.shape, gs, at::kLong).to(at::kInt);
     return at::bitwise_xor(q, at::bitwise_and(mask.mul(0x10001), 0x11111111));
   }
+  // Magnitudes keep activations of order one through the layers (a weight
+  // of fan-in n has a standard deviation near 1/sqrt(n); int4 codes have one
+  // near 4.6), so that every layer, attention included, moves the logits and
+  // a stale derived tensor shows in the output.
   at::Tensor w;
+  const double fan_in = static_cast<double>(t.shape.back());
   if (ends_with(t.name, "scales")) {
-    w = 0.002 + 0.004 * at::rand(t.shape, g0);
-    if (step > 0) w = w * (1.0 + 0.1 * at::rand(t.shape, gs));
+    w = (0.5 + at::rand(t.shape, g0)) * (1.0 / (4.6 * std::sqrt(static_cast<double>(t.shape.front() * group_size))));
+    if (step > 0) w = w * (1.0 + 0.2 * at::rand(t.shape, gs));
   } else {
-    w = 0.08 * at::randn(t.shape, g0);
-    if (step > 0) w = w + 0.02 * at::randn(t.shape, gs);
+    const double sd = ends_with(t.name, "embed.weight") ? 1.0 : 1.0 / std::sqrt(fan_in);
+    w = sd * at::randn(t.shape, g0);
+    if (step > 0) w = w + 0.3 * sd * at::randn(t.shape, gs);
   }
   return w.to(t.dtype);
 }
