@@ -19,8 +19,19 @@
 // Reported per benchmark: time per scan (the benchmark time), s_per_node
 // (time per graph node, all node kinds), items_per_second (nodes per second),
 // and the graph's nodes / kernel_nodes / words.
+//
+// verify/elementwise/N: gk::ReloadEngine::verify() after a reload, i.e. the
+// check of a tracked graph's whole manifest against the slot plan, for the
+// elementwise graph of N ops whose 64 operands are the parameters of a
+// module the engine has prepared (s_per_node: per graph node).
+//
 // Without a CUDA device it prints a message and exits 0.
 #include <graphkeep/reload/cuda_graph_addresses.h>
+#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/manifest.h>
+#include <graphkeep/reload/replay.h>
+
+#include <torch/nn/module.h>
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
@@ -139,6 +150,53 @@ void BM_ScanGraph(benchmark::State& state, Family family, Filter filter) {
       nodes, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
+// The manifest check after a reload: a module whose 64 parameters are the
+// ring operands, prepared by an engine that tracks a captured graph of N adds.
+struct Verified {
+  struct Ring : torch::nn::Module {
+    std::vector<at::Tensor> w;
+    Ring() {
+      for (int i = 0; i < 64; ++i)
+        w.push_back(register_parameter("w" + std::to_string(i), at::randn({256}, at::TensorOptions().device(at::kCUDA)),
+                                       /*requires_grad=*/false));
+    }
+  };
+  std::shared_ptr<Ring> model = std::make_shared<Ring>();
+  std::unique_ptr<gk::ReloadEngine> engine;
+  std::unique_ptr<gk::ReplayBackend> graph = gk::make_cuda_replay("ring");
+  std::size_t nodes = 0;
+
+  explicit Verified(int ops) {
+    engine = std::make_unique<gk::ReloadEngine>(*model);
+    engine->prepare();
+    const auto n = static_cast<int>(model->w.size());
+    graph->capture([&] {
+      for (int i = 0; i < ops; ++i) at::add_out(model->w[(i + 2) % n], model->w[i % n], model->w[(i + 1) % n]);
+    });
+    engine->track(*graph);
+    nodes = static_cast<std::size_t>(ops);
+  }
+  ~Verified() { engine->untrack(*graph); }
+};
+
+void BM_Verify(benchmark::State& state) {
+  Verified v(static_cast<int>(state.range(0)));
+  const gk::CaptureManifest* m = v.engine->manifest(*v.graph);
+  if (m == nullptr || !v.engine->verify().ok()) {
+    state.SkipWithError("the manifest does not verify before any reload");
+    return;
+  }
+  for (auto _ : state) {
+    gk::VerifyResult r = v.engine->verify();
+    benchmark::DoNotOptimize(r.issues.data());
+  }
+  state.counters["nodes"] = static_cast<double>(v.nodes);
+  state.counters["entries"] = static_cast<double>(m->entries().size());
+  state.counters["s_per_node"] = benchmark::Counter(static_cast<double>(v.nodes),
+                                                    benchmark::Counter::kIsIterationInvariantRate |
+                                                        benchmark::Counter::kInvert);
+}
+
 bool cuda_device_present() {
   try {
     return c10::cuda::device_count() > 0;
@@ -181,6 +239,12 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMicrosecond);
     }
   }
+
+  benchmark::RegisterBenchmark("verify/elementwise", BM_Verify)
+      ->Arg(100)
+      ->Arg(1000)
+      ->Arg(10000)
+      ->Unit(benchmark::kMicrosecond);
 
   benchmark::Initialize(&count, args.data());
   if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;

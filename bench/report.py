@@ -29,11 +29,12 @@ def reload_table(j):
 
 
 def copy_table(j):
-    rows = ["| slots | MiB | per-slot copy_ (GB/s) | batched _foreach_copy_ (GB/s) | plain copy, same bytes (GB/s) | per-slot / ceiling | batched / ceiling |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| slots | MiB | per-slot copy_ (GB/s) | _foreach_copy_ (GB/s) | gk::copy_slots (GB/s) | plain copy, same bytes (GB/s) | per-slot / ceiling | _foreach_copy_ / ceiling | gk::copy_slots / ceiling |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for c in j["copy_back"]:
-        rows.append(f'| {c["slots"]} | {mib(c["bytes"]):.2f} | {c["naive_GBps"]:.1f} | {c["batched_GBps"]:.1f} | '
-                    f'{c["ceiling_GBps"]:.1f} | {c["naive_vs_ceiling"]:.2f} | {c["batched_vs_ceiling"]:.2f} |')
+        rows.append(f'| {c["slots"]} | {mib(c["bytes"]):.2f} | {c["naive_GBps"]:.1f} | {c.get("foreach_GBps", float("nan")):.1f} | '
+                    f'{c["batched_GBps"]:.1f} | {c["ceiling_GBps"]:.1f} | {c["naive_vs_ceiling"]:.2f} | '
+                    f'{c.get("foreach_vs_ceiling", float("nan")):.2f} | {c["batched_vs_ceiling"]:.2f} |')
     return "\n".join(rows)
 
 

@@ -6,7 +6,10 @@
 
 #include <torch/nn/module.h>
 
+#include <map>
 #include <sstream>
+#include <string>
+#include <utility>
 
 namespace gk {
 
@@ -130,34 +133,45 @@ VerifyResult CaptureManifest::verify(const SlotPlan& plan) const {
   auto issue = [&](VerifyIssue::Kind k, const ManifestEntry& e, std::string detail) {
     r.issues.push_back(VerifyIssue{k, graph_, e.use.node_name, e.use.node, e.owner, e.use.address, std::move(detail)});
   };
+  // Note [Verify once per slot]: a graph reads one slot from many nodes (a
+  // weight from every batch size's GEMM, a ring buffer from every op). The
+  // slot's fields are resolved once per verify(); every entry of the slot
+  // shares that verdict ("" when it still points at the captured storage).
+  std::map<std::pair<std::size_t, std::size_t>, std::string> slot_verdicts;
+  auto slot_verdict = [&](std::size_t layer, std::size_t slot) -> const std::string& {
+    auto [it, fresh] = slot_verdicts.try_emplace({layer, slot});
+    if (!fresh) return it->second;
+    const LayerPlan& lp = plan.layers()[layer];
+    const PlannedSlot& s = lp.slots[slot];
+    const void* captured = s.captured.storage().unsafeGetStorageImpl();
+    auto points_elsewhere = [&](const at::Tensor* t) {
+      return t == nullptr || !t->defined() || !t->has_storage() || t->storage().unsafeGetStorageImpl() != captured;
+    };
+    if (s.kind != PlannedSlot::Kind::declared) {
+      const at::Tensor t = detail::module_tensor(*lp.module, s);
+      if (points_elsewhere(&t)) {
+        it->second = "the module's tensor now uses other storage; the graph still reads the captured one";
+        return it->second;
+      }
+    }
+    for (const SlotPath& p : s.paths) {
+      at::Tensor* f = p.resolve_tensor(lp.root.ptr);
+      if (points_elsewhere(f)) {
+        it->second = concat(lp.full_name(p.str()), f == nullptr ? " no longer resolves" : " now points at other storage",
+                            "; the graph still reads the captured storage (stale values)");
+        break;
+      }
+    }
+    return it->second;
+  };
   for (const ManifestEntry& e : entries_) {
     ++r.checked;
     switch (e.cls) {
       case AddressClass::slot: {
         GK_INTERNAL_ASSERT(e.layer < plan.layers().size() && e.slot < plan.layers()[e.layer].slots.size(),
                            "manifest of graph ", graph_, " refers to a slot the plan no longer has");
-        const LayerPlan& lp = plan.layers()[e.layer];
-        const PlannedSlot& s = lp.slots[e.slot];
-        const void* captured = s.captured.storage().unsafeGetStorageImpl();
-        auto points_elsewhere = [&](const at::Tensor* t) {
-          return t == nullptr || !t->defined() || !t->has_storage() || t->storage().unsafeGetStorageImpl() != captured;
-        };
-        if (s.kind != PlannedSlot::Kind::declared) {
-          const at::Tensor t = detail::module_tensor(*lp.module, s);
-          if (points_elsewhere(&t)) {
-            issue(VerifyIssue::Kind::moved, e, "the module's tensor now uses other storage; the graph still reads the captured one");
-            break;
-          }
-        }
-        for (const SlotPath& p : s.paths) {
-          at::Tensor* f = p.resolve_tensor(lp.root.ptr);
-          if (points_elsewhere(f)) {
-            issue(VerifyIssue::Kind::moved, e,
-                  concat(lp.full_name(p.str()), f == nullptr ? " no longer resolves" : " now points at other storage",
-                      "; the graph still reads the captured storage (stale values)"));
-            break;
-          }
-        }
+        const std::string& verdict = slot_verdict(e.layer, e.slot);
+        if (!verdict.empty()) issue(VerifyIssue::Kind::moved, e, verdict);
         break;
       }
       case AddressClass::pool:

@@ -1,6 +1,7 @@
 // The reload pipeline (see engine.h and docs/reload.md).
 #include <graphkeep/check.h>
 #include <graphkeep/reload/collector.h>
+#include <graphkeep/reload/copy_slots.h>
 #include <graphkeep/reload/engine.h>
 #include <graphkeep/reload/manifest.h>
 #include <graphkeep/reload/replay.h>
@@ -337,27 +338,12 @@ struct ReloadEngine::Impl {
       }
       repoint(lp, s);
     }
-    if (!dst.empty()) batched_copy(dst, src);
+    if (!dst.empty()) copy_slots(dst, src);  // one launch for the CUDA slots
     run.current.clear();
     run.backup.clear();
     run.phase = LayerRun::Phase::committed;
   }
 
-  // One multi-tensor launch for same-device, same-dtype groups on CUDA;
-  // per-slot copies otherwise.
-  static void batched_copy(std::vector<at::Tensor>& dst, std::vector<at::Tensor>& src) {
-    if (dst.front().is_cuda()) {
-      bool uniform = true;
-      for (std::size_t i = 0; i < dst.size() && uniform; ++i)
-        uniform = dst[i].device() == dst.front().device() && src[i].device() == dst[i].device() &&
-                  src[i].scalar_type() == dst[i].scalar_type();
-      if (uniform) {
-        at::_foreach_copy_(dst, src);
-        return;
-      }
-    }
-    for (std::size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
-  }
 
   // Returns false when something could not be restored (the model is then inconsistent).
   bool rollback(LayerPlan& lp, LayerRun& run) {

@@ -31,5 +31,5 @@ for mod_pkg in "safetensors:safetensors" "numpy:numpy"; do
   "$PY" -c "import $mod" 2>/dev/null || "$PY" -m pip install --quiet --disable-pip-version-check "$pkg" || true
 done
 
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$(command -v "$PY")" "$@"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${GK_BUILD_TYPE:-RelWithDebInfo}" -DPython3_EXECUTABLE="$(command -v "$PY")" "$@"
 cmake --build "$BUILD_DIR" -j"$(nproc)"

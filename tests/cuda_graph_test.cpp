@@ -4,6 +4,7 @@
 #include "gk_test.h"
 
 #include <graphkeep/reload/collector.h>
+#include <graphkeep/reload/copy_slots.h>
 #include <graphkeep/reload/engine.h>
 #include <graphkeep/reload/manifest.h>
 #include <graphkeep/reload/replay.h>
@@ -96,4 +97,37 @@ TEST_CASE("the manifest classifies cuBLAS and ATen kernel pointers as parameters
     c10::cuda::device_synchronize();
     CHECK(at::allclose(out.cpu(), want.cpu(), 1e-5, 1e-5));
   }
+}
+
+TEST_CASE("gk::copy_slots: one launch for contiguous CUDA pairs, copy_ semantics for every other pair") {
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  std::vector<at::Tensor> dst, src;
+  // contiguous pairs: small, several 64 KiB chunks with a tail, odd byte counts
+  for (int64_t n : {1, 17, 4096, 3 * 16384 + 5}) {
+    dst.push_back(at::zeros({n}, cuda));
+    src.push_back(at::randn({n}, cuda));
+  }
+  at::Tensor bytes_dst = at::zeros({200001}, cuda.dtype(at::kByte));
+  at::Tensor bytes_src = at::randint(0, 255, {200001}, cuda.dtype(at::kByte));
+  // unaligned views (1-byte offset): the kernel's byte path
+  dst.push_back(bytes_dst.narrow(0, 1, 100000));
+  src.push_back(bytes_src.narrow(0, 3, 100000));
+  // a strided view and a dtype cast: copy_ handles them
+  at::Tensor strided = at::zeros({64, 32}, cuda);
+  dst.push_back(strided.t());
+  src.push_back(at::randn({32, 64}, cuda));
+  dst.push_back(at::zeros({100}, cuda.dtype(at::kDouble)));
+  src.push_back(at::randn({100}, cuda));
+  // a CPU pair
+  dst.push_back(at::zeros({10}));
+  src.push_back(at::randn({10}));
+  gk::copy_slots(dst, src);
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    CAPTURE(i);
+    CHECK(at::equal(dst[i], src[i].to(dst[i].scalar_type())));
+  }
+  CHECK(bytes_dst[0].item<int>() == 0);  // nothing written outside the view
+  CHECK(at::equal(bytes_dst.narrow(0, 100001, 100000), at::zeros({100000}, cuda.dtype(at::kByte))));
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::copy_slots(std::vector<at::Tensor>{dst[0]}, std::vector<at::Tensor>{}), gk::StateError,
+                              "1 destinations but 0 sources");
 }

@@ -398,6 +398,7 @@ TEST_SUITE("gpu") {
     const gk::testing::ChildResult r = gk::testing::run_child("moe_site11_freed_scratch");
     INFO("child output: " << r.output);
     CHECK(r.output.find("REUSED") != std::string::npos);
+    MESSAGE("child: " << sites::child_summary(r));
     // The kernel writes its scratch before reading it, so its own output
     // stays right; the damage is to the tensor that now owns the block.
     const bool corrupted = r.output.find("VICTIM_CORRUPTED") != std::string::npos;

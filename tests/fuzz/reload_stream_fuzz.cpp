@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 
 namespace {
@@ -87,7 +88,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (op % 8) {
       case 0: case 1: case 2: break;                                  // as is (maybe repeated)
       case 3: t.name += static_cast<char>('a' + in.next() % 26); break;  // unknown name
-      case 4: t.shard = static_cast<int64_t>(in.next() % 4) - 1; break;  // shard out of range
+      // shard out of range. (An in-range relabel, shard 0's values sent as
+      // shard 1, is wrong data the engine cannot see: it would make this
+      // harness's oracle, a fresh model, wrong rather than find a bug.)
+      case 4: t.shard = (in.next() & 1) ? -1 : 2 + in.next() % 2; break;
       case 5: t.value = at::zeros({1 + in.next() % 9, 8}); break;     // wrong shape
       case 6: t.value = t.value.to(at::kDouble); break;               // wrong dtype
       case 7: t.value = at::Tensor(); break;                          // undefined
@@ -96,15 +100,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (in.next() & 1) std::reverse(stream.begin(), stream.end());
 
+  // GK_FUZZ_VERBOSE=1: print each input's stream and outcome (to replay a crash).
+  static const bool verbose = std::getenv("GK_FUZZ_VERBOSE") != nullptr;
+  if (verbose) {
+    std::fprintf(stderr, "step %d, %s%s:", step, opts.mode == gk::ReloadMode::streaming ? "streaming" : "transactional",
+                 fail_pwal ? ", PWAL throws" : "");
+    for (const auto& t : stream)
+      std::fprintf(stderr, " %s[%lld]%s", t.name.c_str(), static_cast<long long>(t.shard),
+                   t.value.defined() ? "" : "(undefined)");
+    std::fprintf(stderr, "\n");
+  }
   bool ok = false;
   try {
     gk::InMemorySource src(stream, "fuzz stream");
     s->engine->reload(src, opts);
     ok = true;
-  } catch (const gk::Error&) {
+  } catch (const gk::Error& e) {
+    if (verbose) std::fprintf(stderr, "  -> %s\n", e.what());
   } catch (const std::runtime_error& e) {
     if (!fail_pwal) bug(e.what());
   }
+  if (verbose) std::fprintf(stderr, "  state %d\n", static_cast<int>(s->engine->state()));
   s->model->l2->faults.throw_in_pwal = false;
 
   if (!gk::lint_drift(s->engine->plan()).empty()) bug("a slot no longer points at its captured storage");
@@ -115,7 +131,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (s->engine->state() == gk::EngineState::ready) {
     s->graph.replay();
-    if (!at::equal(s->output, s->expected)) bug("replay differs from the last committed weights");
+    if (!at::equal(s->output, s->expected)) {
+      if (verbose) std::cerr << "replay:\n" << s->output << "\nexpected:\n" << s->expected << "\n";
+      bug("replay differs from the last committed weights");
+    }
   } else if (s->engine->state() == gk::EngineState::inconsistent) {
     if (opts.mode == gk::ReloadMode::transactional) bug("a transactional reload left the model inconsistent");
     // recover, as an RL loop would, so the next input starts from a known state

@@ -202,7 +202,29 @@ int replay_after_hidden_reload_child() {
 
 // Parent side: the child's replay went wrong in one of the ways a missed
 // slot shows (wrong result, NaNs from a lock timeout, an illegal access).
+// The lines of a child's output that say what its replay did (printed with
+// every GPU run, so the log records how each site fails without graphkeep).
+inline std::string child_summary(const gk::testing::ChildResult& r) {
+  std::string out;
+  std::size_t begin = 0;
+  while (begin < r.output.size()) {
+    std::size_t end = r.output.find('\n', begin);
+    if (end == std::string::npos) end = r.output.size();
+    const std::string line = r.output.substr(begin, end - begin);
+    for (const char* key : {"REPLAY", "CUDA_ERROR", "REUSED", "VICTIM", "TIMEOUT", "timed out"})
+      if (line.find(key) != std::string::npos) {
+        out += (out.empty() ? "" : " | ") + line.substr(0, 200);
+        break;
+      }
+    begin = end + 1;
+  }
+  if (r.signaled) out += " | killed by a signal";
+  if (r.exit_code != 0) out += " | exit code " + std::to_string(r.exit_code);
+  return out;
+}
+
 inline void check_child_shows_failure(const gk::testing::ChildResult& r) {
+  MESSAGE("child: " << child_summary(r));
   INFO("child output: " << r.output);
   const bool wrong = r.output.find("REPLAY maxdiff=0 nan=0") == std::string::npos &&
                      r.output.find("REPLAY ") != std::string::npos;
