@@ -39,7 +39,7 @@ void splitk_cpu(const V& v, const m::SplitK& c) {
               continue;
             }
             const float p = v.partial(g, row, col, k0, k1);
-            *o = s == 0 ? p : m::add_rn(*o, p);
+            *o = s == 0 ? p : m::fadd(*o, p);
           }
         }
         if (turn) *lock = s + 1 == c.slices ? 0 : static_cast<int32_t>(s + 1);

@@ -11,7 +11,7 @@
 //   site 13  W8A8Int8Linear: the scales CompressedTensorsW8A8Int8 clones in PWAL
 #include "site_harness.h"
 
-#include <graphkeep/kernels/catalog.h>
+#include <graphkeep/quant/catalog.h>
 #include <graphkeep/quant/act_order.h>
 #include <graphkeep/quant/marlin.h>
 #include <graphkeep/quant/w8a8.h>
@@ -32,7 +32,7 @@ static_assert(kActPermTable[1].path_equals("act_perm_.act_perm_") &&
               kActPermTable[1].role.role == gk::Role::permutation);
 constexpr auto kW8A8Table = gk::slot_table<CompressedTensorsW8A8Int8>();
 static_assert(kW8A8Table[0].path_equals("input_scale_") && kW8A8Table[0].role.role == gk::Role::scale);
-static_assert(gk::Registry<gk::kernels::MarlinTypes>::table().size() > 0);
+static_assert(gk::Registry<gk::quant::MarlinTypes>::table().size() > 0);
 
 // Site 12, the closure as a std::function (the compile-fail note).
 //

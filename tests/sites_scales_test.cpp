@@ -3,7 +3,7 @@
 // and on real CUDA graphs (suite gpu, ctest label gpu).
 #include "site_harness.h"
 
-#include <graphkeep/kernels/catalog_scales.h>
+#include <graphkeep/quant/catalog.h>
 #include <graphkeep/kernels/padded_moe.h>
 #include <graphkeep/quant/fp8_mla_attention.h>
 #include <graphkeep/quant/moe_scales_b12x.h>
@@ -11,7 +11,7 @@
 
 // The number formats the kernels decode (host side here: the checkpoint
 // quantizer and the codec checks).
-#include "../quant/cuda/nvfp4_codec.h"
+#include "quant/cuda/nvfp4_codec.h"
 
 #include <c10/util/Float8_e4m3fn.h>
 
@@ -305,7 +305,7 @@ TEST_SUITE("cpu") {
   }
 
   TEST_CASE("the scales catalog lists the site classes") {
-    using R = gk::Registry<gk::kernels::ScalesTypes>;
+    using R = gk::Registry<gk::concat_t<gk::TypeList<gk::kernels::PaddedMoe>, gk::quant::ScalesTypes>>;
     static_assert(R::size == 4);
     CHECK(R::names[0] == "PaddedMoe");
     CHECK(R::table().size() > 4 * 4);

@@ -11,6 +11,8 @@
 // No Torch, no Boost: this header is included by .cu files.
 #pragma once
 
+#include "numerics/exact_math.h"
+
 #include <cstdint>
 #include <cstring>
 
@@ -22,34 +24,11 @@
 
 namespace gk::kernels::moe {
 
-GK_MOE_HD float fmul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-GK_MOE_HD float fadd(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-GK_MOE_HD float fsub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-GK_MOE_HD float fdiv(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+using numerics::fadd;
+using numerics::fdiv;
+using numerics::fmul;
+using numerics::fsub;
+
 // acc + a * b, rounded twice (never fused).
 GK_MOE_HD float mac(float acc, float a, float b) { return fadd(acc, fmul(a, b)); }
 GK_MOE_HD float fabs_(float a) { return a < 0.f ? -a : a; }

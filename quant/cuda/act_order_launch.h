@@ -23,8 +23,8 @@ GK_HD float machete_dot(const float* xp, const std::int32_t* qweight, const floa
   for (std::int64_t i = 0; i < k; ++i) {
     const std::uint32_t word = static_cast<std::uint32_t>(qweight[(i >> 3) * n + col]);
     const int q = static_cast<int>((word >> (4 * (i & 7))) & 0xFu) - 8;
-    const float w = marlin::mul_rn(static_cast<float>(q), scales[(i / group_size) * n + col]);
-    acc = marlin::add_rn(acc, marlin::mul_rn(xp[row * k + i], w));
+    const float w = marlin::fmul(static_cast<float>(q), scales[(i / group_size) * n + col]);
+    acc = marlin::fadd(acc, marlin::fmul(xp[row * k + i], w));
   }
   return acc;
 }

@@ -68,7 +68,7 @@ __global__ void marlin_splitk_kernel(V v, SplitK c) {
     if (!got_turn)
       *o = marlin::quiet_nan();
     else
-      *o = slice == 0 ? part[i] : marlin::add_rn(__ldcg(o), part[i]);
+      *o = slice == 0 ? part[i] : marlin::fadd(__ldcg(o), part[i]);
   }
   // 4. pass the turn on (got_turn is uniform over the block)
   if (got_turn) {

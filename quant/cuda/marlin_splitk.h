@@ -4,7 +4,7 @@
 //
 // Plain C++17 with __host__ __device__ markers: no Torch, no Boost, so nvcc
 // compiles it in the .cu and g++ in the .cpp. Every float operation goes
-// through mul_rn/add_rn (__fmul_rn/__fadd_rn on the device: no FMA
+// through fmul/fadd (numerics/exact_math.h: __fmul_rn/__fadd_rn on the device, no FMA
 // contraction), and a variant's partial sum visits k in the same order on
 // both sides, so CPU and GPU results are bitwise equal.
 //
@@ -21,64 +21,19 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define GK_HD __host__ __device__ __forceinline__
-#else
-#define GK_HD inline
-#endif
+#include "numerics/exact_math.h"
+#include "quant/cuda/nvfp4_codec.h"
 
 namespace gk::quant::marlin {
 
-// --- exact arithmetic helpers -------------------------------------------------
-GK_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-GK_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-GK_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-GK_HD float bits_to_float(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-GK_HD float quiet_nan() { return bits_to_float(0x7FC00000u); }
+using numerics::fadd;
+using numerics::fdiv;
+using numerics::fmul;
+using numerics::quiet_nan;
 
-// fp8 e4m3fn (bias 7, no infinities, S.1111.111 is NaN) to float, exactly.
-GK_HD float e4m3_to_float(std::uint32_t byte) {
-  const std::uint32_t sign = (byte >> 7) & 1u, exp = (byte >> 3) & 0xFu, man = byte & 7u;
-  if (exp == 0xFu && man == 7u) return quiet_nan();
-  if (exp == 0u) {  // subnormal: man * 2^-9
-    const float v = mul_rn(static_cast<float>(man), 0.001953125f);
-    return sign ? -v : v;
-  }
-  return bits_to_float((sign << 31) | ((exp + 120u) << 23) | (man << 20));
-}
-
-// fp4 e2m1 (values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) to float.
-GK_HD float e2m1_to_float(std::uint32_t nib) {
-  const std::uint32_t sign = (nib >> 3) & 1u, exp = (nib >> 1) & 3u, man = nib & 1u;
-  float v;
-  if (exp == 0u)
-    v = man ? 0.5f : 0.f;
-  else
-    v = static_cast<float>((2u + man) << (exp - 1u)) * 0.5f;  // (1 + man/2) * 2^(exp-1)
-  return sign ? -v : v;
-}
+// fp8 e4m3fn and fp4 e2m1 codes to float, exactly (the codec's decoders).
+GK_HD float e4m3_to_float(std::uint32_t byte) { return codec::fp8_e4m3_decode(static_cast<std::uint8_t>(byte)); }
+GK_HD float e2m1_to_float(std::uint32_t nib) { return codec::fp4_e2m1_decode(static_cast<std::uint8_t>(nib)); }
 
 // --- the split-K problem ------------------------------------------------------
 // The output is cut into `groups` x `tiles` units (groups: 1, or the experts
@@ -115,8 +70,8 @@ struct W4A16Args {
       const std::int32_t src = perm[i];
       const std::uint32_t word = static_cast<std::uint32_t>(qweight[(i >> 3) * n + col]);
       const int q = static_cast<int>((word >> (4 * (i & 7))) & 0xFu) - 8;
-      const float w = mul_rn(static_cast<float>(q), scales[static_cast<std::int64_t>(g_idx[src]) * n + col]);
-      acc = add_rn(acc, mul_rn(x[row * k + src], w));
+      const float w = fmul(static_cast<float>(q), scales[static_cast<std::int64_t>(g_idx[src]) * n + col]);
+      acc = fadd(acc, fmul(x[row * k + src], w));
     }
     return acc;
   }
@@ -137,8 +92,8 @@ struct Fp8Args {
     float acc = 0.f;
     for (std::int64_t i = k0; i < k1; ++i) {
       const std::uint32_t word = static_cast<std::uint32_t>(qweight[(i >> 2) * n + col]);
-      const float w = mul_rn(e4m3_to_float((word >> (8 * (i & 3))) & 0xFFu), s);
-      acc = add_rn(acc, mul_rn(x[row * k + i], w));
+      const float w = fmul(e4m3_to_float((word >> (8 * (i & 3))) & 0xFFu), s);
+      acc = fadd(acc, fmul(x[row * k + i], w));
     }
     return acc;
   }
@@ -162,8 +117,8 @@ struct Fp4Args {
     float acc = 0.f;
     for (std::int64_t i = k0; i < k1; ++i) {
       const std::uint32_t word = static_cast<std::uint32_t>(qweight[(i >> 3) * n + col]);
-      const float w = mul_rn(mul_rn(e2m1_to_float((word >> (4 * (i & 7))) & 0xFu), block_scales[(i / kBlock) * n + col]), gs);
-      acc = add_rn(acc, mul_rn(x[row * k + i], w));
+      const float w = fmul(fmul(e2m1_to_float((word >> (4 * (i & 7))) & 0xFu), block_scales[(i / kBlock) * n + col]), gs);
+      acc = fadd(acc, fmul(x[row * k + i], w));
     }
     return acc;
   }
@@ -189,8 +144,8 @@ struct MoeArgs {
     for (std::int64_t i = k0; i < k1; ++i) {
       const std::uint32_t word = static_cast<std::uint32_t>(w_col[i >> 3]);
       const int q = static_cast<int>((word >> (4 * (i & 7))) & 0xFu) - 8;
-      const float w = mul_rn(static_cast<float>(q), s_e[(i / group_size) * n + col]);
-      acc = add_rn(acc, mul_rn(x[row * k + i], w));
+      const float w = fmul(static_cast<float>(q), s_e[(i / group_size) * n + col]);
+      acc = fadd(acc, fmul(x[row * k + i], w));
     }
     return acc;
   }
@@ -204,7 +159,7 @@ GK_HD std::int32_t route_row(const float* x, const float* gate, std::int64_t row
   float best_logit = 0.f;
   for (std::int64_t e = 0; e < experts; ++e) {
     float acc = 0.f;
-    for (std::int64_t i = 0; i < k; ++i) acc = add_rn(acc, mul_rn(x[row * k + i], gate[e * k + i]));
+    for (std::int64_t i = 0; i < k; ++i) acc = fadd(acc, fmul(x[row * k + i], gate[e * k + i]));
     if (e == 0 || acc > best_logit) {
       best = static_cast<std::int32_t>(e);
       best_logit = acc;

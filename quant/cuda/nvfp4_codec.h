@@ -23,53 +23,16 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define GK_HD __host__ __device__ __forceinline__
-#else
-#define GK_HD inline
-#endif
+#include "numerics/exact_math.h"
 
 namespace gk::quant::codec {
 
-GK_HD float fadd(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-GK_HD float fmul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-GK_HD float fdiv(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-GK_HD std::uint32_t bits_of(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
-}
-GK_HD float float_of(std::uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-#endif
-}
+using numerics::bits_of;
+using numerics::fadd;
+using numerics::fdiv;
+using numerics::float_of;
+using numerics::fmul;
+
 GK_HD float fabs_(float x) { return float_of(bits_of(x) & 0x7FFFFFFFu); }
 GK_HD float relu(float x) { return x > 0.f ? x : 0.f; }
 

@@ -12,7 +12,7 @@ namespace gk::quant::w8a8 {
 
 // clamp(round_half_even(v / scale), -128, 127)
 GK_HD std::int8_t quantize(float v, float scale) {
-  float q = rintf(marlin::div_rn(v, scale));
+  float q = rintf(marlin::fdiv(v, scale));
   q = q < -128.f ? -128.f : (q > 127.f ? 127.f : q);
   return static_cast<std::int8_t>(q);
 }
@@ -22,7 +22,7 @@ GK_HD float dequant_dot(const std::int8_t* xq, const std::int8_t* w, float input
                         std::int64_t row, std::int64_t col, std::int64_t k) {
   std::int32_t acc = 0;
   for (std::int64_t i = 0; i < k; ++i) acc += std::int32_t{xq[row * k + i]} * std::int32_t{w[col * k + i]};
-  return marlin::mul_rn(marlin::mul_rn(static_cast<float>(acc), input_scale), weight_scale[col]);
+  return marlin::fmul(marlin::fmul(static_cast<float>(acc), input_scale), weight_scale[col]);
 }
 
 }  // namespace gk::quant::w8a8
