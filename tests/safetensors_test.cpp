@@ -37,7 +37,7 @@ std::vector<std::byte> file_of(std::string_view header, std::size_t data_size = 
 
 std::vector<std::byte> raw(std::string_view s) {
   std::vector<std::byte> out(s.size());
-  std::memcpy(out.data(), s.data(), s.size());
+  if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());  // memcpy from nullptr is UB even for 0 bytes
   return out;
 }
 
