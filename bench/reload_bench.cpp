@@ -9,7 +9,8 @@
 //                                        launch) vs one plain copy of the same
 //                                        bytes (the ceiling)
 //   3. overhead within a reload          the whole reload vs the floor: loading
-//                                        the new weights' bytes once
+//                                        the new weights' bytes once; and vs
+//                                        load + PWAL without graphkeep
 //   4. peak device memory (CUDA)         during a streaming reload, above the model
 //
 //   bench_reload [--device cpu|cuda] [--json out.json] [--reps N]
@@ -18,6 +19,7 @@
 // synchronized regions. The JSON carries the machine, date and raw numbers;
 // bench/report.py turns it into docs/performance.md tables and a plot.
 #include "engine/graph_runner.h"
+#include "engine/ops.h"
 #include "engine/tiny_lm.h"
 
 #include <graphkeep/check.h>
@@ -45,13 +47,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void sync(c10::Device d) {
-#ifdef GRAPHKEEP_WITH_CUDA
-  if (d.is_cuda()) c10::cuda::device_synchronize();
-#else
-  (void)d;
-#endif
-}
+using demo::ops::sync;
 
 // Wall time of f in ms, device synchronized before and after.
 template <class F>
@@ -122,6 +118,7 @@ nlohmann::json bench_size(const Size& s, c10::Device dev, int reps, const std::v
   // 1 + 3: reload with graphkeep
   std::vector<double> reload, floor_ms, recapture;
   std::size_t peak_extra = 0, copied = 0;
+  std::vector<gk::PhaseTimes> phases;  // host-side time per phase (GPU work lands where the host waits)
   for (int r = 0; r < reps; ++r) {
 #ifdef GRAPHKEEP_WITH_CUDA
     std::size_t base = 0;
@@ -136,6 +133,7 @@ nlohmann::json bench_size(const Size& s, c10::Device dev, int reps, const std::v
     gk::ReloadReport rep;
     reload.push_back(time_ms(dev, [&] { rep = engine.reload(src); }));
     copied = rep.bytes_copied;
+    phases.push_back(rep.times);
 #ifdef GRAPHKEEP_WITH_CUDA
     if (dev.is_cuda()) {
       const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
@@ -151,6 +149,30 @@ nlohmann::json bench_size(const Size& s, c10::Device dev, int reps, const std::v
     for (int r = 0; r < reps; ++r)
       floor_ms.push_back(time_ms(dev, [&] {
         for (std::size_t i = 0; i < dst.size(); ++i) dst[i].copy_(ckpt[r][i].value);
+      }));
+  }
+  // Baseline without graphkeep: the same bytes copied into the model's
+  // parameters in place, then every layer's PWAL (what an engine pays for a
+  // reload with nothing to protect; its graphs are then stale).
+  std::vector<double> load_pwal;
+  {
+    auto plain = std::make_shared<demo::TinyLM>(cfg, dev);
+    gk::InMemorySource src0(ckpt[0]);
+    gk::load_weights(*plain, src0);
+    std::vector<at::Tensor> params;
+    const auto named = plain->named_parameters(/*recurse=*/true);
+    for (const auto& t : ckpt.front()) {
+      const at::Tensor* p = named.find(t.name);
+      GK_CHECK(gk::InternalError, p != nullptr, "bench_reload: checkpoint tensor ", t.name, " is no parameter");
+      params.push_back(*p);
+    }
+    std::vector<gk::ReloadableLayer*> layers;
+    for (const auto& m : plain->modules(/*include_self=*/true))
+      if (auto* l = dynamic_cast<gk::ReloadableLayer*>(m.get())) layers.push_back(l);
+    for (int r = 0; r < reps; ++r)
+      load_pwal.push_back(time_ms(dev, [&] {
+        for (std::size_t i = 0; i < params.size(); ++i) params[i].copy_(ckpt[r][i].value);
+        for (auto* l : layers) l->process_weights_after_loading();
       }));
   }
   // Alternative: reload without copy-back (PWAL rebinds), then recapture every graph.
@@ -191,9 +213,19 @@ nlohmann::json bench_size(const Size& s, c10::Device dev, int reps, const std::v
   j["reload_ms"] = median(reload);
   j["floor_ms"] = median(floor_ms);
   j["reload_recapture_ms"] = median(recapture);
+  j["load_pwal_ms"] = median(load_pwal);
+  j["overhead_vs_load_pwal"] = median(reload) / std::max(1e-9, median(load_pwal));
   j["overhead_vs_floor"] = median(reload) / std::max(1e-9, median(floor_ms));
   j["speedup_vs_recapture"] = median(recapture) / std::max(1e-9, median(reload));
   j["graphs"] = batch_sizes.size();
+  auto phase = [&](double gk::PhaseTimes::*m) {
+    std::vector<double> v;
+    for (const auto& p : phases) v.push_back(p.*m);
+    return median(v);
+  };
+  j["phases_ms"] = {{"detach", phase(&gk::PhaseTimes::detach_ms)}, {"load", phase(&gk::PhaseTimes::load_ms)},
+                    {"pwal", phase(&gk::PhaseTimes::pwal_ms)},     {"check", phase(&gk::PhaseTimes::check_ms)},
+                    {"copy", phase(&gk::PhaseTimes::copy_ms)},     {"verify", phase(&gk::PhaseTimes::verify_ms)}};
   if (dev.is_cuda()) j["peak_extra_bytes"] = peak_extra;
   std::printf("layers %3lld dim %4lld: slots %5zu, model %8.2f MiB | reload %8.2f ms, floor %8.2f ms (x%.2f), "
               "reload+recapture %8.2f ms (graphkeep x%.1f faster)%s\n",
@@ -201,6 +233,8 @@ nlohmann::json bench_size(const Size& s, c10::Device dev, int reps, const std::v
               model_bytes / 1048576.0, median(reload), median(floor_ms), j["overhead_vs_floor"].get<double>(),
               median(recapture), j["speedup_vs_recapture"].get<double>(),
               dev.is_cuda() ? (", peak +" + std::to_string(peak_extra / 1048576.0) + " MiB").c_str() : "");
+  std::printf("    load + PWAL without graphkeep %8.2f ms (reload x%.2f); phases (host ms): %s\n", median(load_pwal),
+              j["overhead_vs_load_pwal"].get<double>(), j["phases_ms"].dump().c_str());
   std::fflush(stdout);
   return j;
 }
@@ -278,10 +312,7 @@ int main(int argc, char** argv) {
       return a == "--help" ? 0 : 2;
     }
   }
-  bool cuda = false;
-#ifdef GRAPHKEEP_WITH_CUDA
-  cuda = device != "cpu" && c10::cuda::device_count() > 0;
-#endif
+  const bool cuda = device != "cpu" && demo::ops::cuda_available();
   if (device == "cuda" && !cuda) {
     std::puts("bench_reload: no CUDA device");
     return 0;

@@ -10,6 +10,7 @@
 //                                    replaying anyway shows what an engine without graphkeep serves
 //   gk-rl-demo --help
 #include "engine/graph_runner.h"
+#include "engine/ops.h"
 #include "engine/tiny_lm.h"
 
 #include <graphkeep/reload/collector.h>
@@ -17,10 +18,6 @@
 #include <graphkeep/reload/manifest.h>
 
 #include <ATen/ATen.h>
-
-#ifdef GRAPHKEEP_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
 
 #include <chrono>
 #include <cstdio>
@@ -103,18 +100,6 @@ bool parse(int argc, char** argv, Args& a) {
   return true;
 }
 
-bool cuda_present() {
-#ifdef GRAPHKEEP_WITH_CUDA
-  try {
-    return c10::cuda::device_count() > 0;
-  } catch (...) {
-    return false;
-  }
-#else
-  return false;
-#endif
-}
-
 struct Compare {
   int64_t tokens_differ = 0, tokens_total = 0;
   double max_logit_diff = 0;
@@ -141,8 +126,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gk-rl-demo: %s\n", e.what());
     return 2;
   }
-  c10::Device device = args.device == "cuda" || (args.device == "auto" && cuda_present()) ? c10::Device(c10::kCUDA, 0)
-                                                                                            : c10::Device(c10::kCPU);
+  const bool cuda = args.device == "cuda" || (args.device == "auto" && demo::ops::cuda_available());
+  c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   at::manual_seed(0);
   at::NoGradGuard no_grad;
   demo::TinyLMConfig cfg;

@@ -131,3 +131,41 @@ TEST_CASE("gk::copy_slots: one launch for contiguous CUDA pairs, copy_ semantics
   GK_CHECK_THROWS_WITH_SUBSTR(gk::copy_slots(std::vector<at::Tensor>{dst[0]}, std::vector<at::Tensor>{}), gk::StateError,
                               "1 destinations but 0 sources");
 }
+
+TEST_CASE("gk::copy_slots: several launches when the tasks overflow one batch; capturable in a CUDA graph") {
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  std::vector<at::Tensor> dst, src;
+  // 2,000 small slots, then one slot of 1,600 chunks of 64 KiB that starts in
+  // the middle of a batch: three launches, a slot split across two of them.
+  for (int i = 0; i < 2000; ++i) {
+    dst.push_back(at::zeros({64 + i % 7}, cuda));
+    src.push_back(at::randn({64 + i % 7}, cuda));
+  }
+  dst.push_back(at::zeros({1600 * 16384 + 3}, cuda));
+  src.push_back(at::randn({1600 * 16384 + 3}, cuda));
+  SUBCASE("eager") {
+    gk::copy_slots(dst, src);
+    for (std::size_t i = 0; i < dst.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(at::equal(dst[i], src[i]));
+    }
+  }
+  SUBCASE("captured, then replayed after the sources change") {
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+    at::cuda::CUDAGraph graph;
+    {
+      c10::cuda::CUDAStreamGuard on_side(side);
+      graph.capture_begin();
+      gk::copy_slots(dst, src);
+      graph.capture_end();
+    }
+    CHECK_FALSE(at::equal(dst.back(), src.back()));  // capture ran nothing
+    for (auto& s : src) s.add_(1.0f);
+    graph.replay();
+    c10::cuda::device_synchronize();
+    for (std::size_t i = 0; i < dst.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(at::equal(dst[i], src[i]));
+    }
+  }
+}

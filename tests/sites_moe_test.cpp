@@ -125,29 +125,6 @@ struct Wna16ModelT : torch::nn::Module {
 using Wna16Model = Wna16ModelT<false>;
 using Wna16ModelHidden = Wna16ModelT<true>;  // rdna3_w1_buf_ not graph-visible
 
-// Copy-back of `slot` disabled, for a tensor whose *values* every PWAL
-// recomputes identically (stride arrays, scratch): the manifest still finds
-// the drift and the engine refuses replay. Replaying anyway reads the old
-// storage, which the slot plan keeps alive with the same values, so the
-// output equals a fresh model's: only the address moved. (What breaks vLLM is
-// the *freed* storage: see the undeclared tests and the GPU child scenarios.)
-template <class Model>
-void unprotected_drift_detected(c10::Device dev, const std::string& slot) {
-  gk::ReloadOptions opts;
-  opts.unprotected_slots = {slot};
-  sites::Rig<Model> rig(dev, opts);
-  try {
-    rig.reload(1);
-    FAIL("expected a DriftError for " << slot);
-  } catch (const gk::DriftError& e) {
-    CHECK(std::string(e.what()).find(slot) != std::string::npos);
-    CHECK(std::string(e.what()).find("moved") != std::string::npos);
-  }
-  CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::DriftError);
-  CHECK_FALSE(gk::lint_drift(rig.engine->plan()).empty());
-  CHECK(sites::same(rig.replay_unchecked(), sites::fresh_output<Model>(dev, 1, rig.input), true));
-}
-
 const gk::PlannedSlot* find_slot(const gk::SlotPlan& plan, const std::string& name) {
   for (const auto& l : plan.layers())
     for (const auto& s : l.slots)
@@ -310,8 +287,8 @@ TEST_SUITE("cpu") {
     }
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides: negative (copy-back disabled: drift found, values unchanged)") {
-    unprotected_drift_detected<CutlassModel>(sites::cpu(), "moe.experts_.ab_strides1_");
-    unprotected_drift_detected<CutlassModel>(sites::cpu(), "moe.experts_.c_strides1_");
+    sites::unprotected_drift_detected<CutlassModel>(sites::cpu(), "moe.experts_.ab_strides1_");
+    sites::unprotected_drift_detected<CutlassModel>(sites::cpu(), "moe.experts_.c_strides1_");
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides: negative (undeclared)") {
     sites::negative_undeclared<CutlassModelHidden>(sites::cpu(), "ab_strides2_");
@@ -322,7 +299,7 @@ TEST_SUITE("cpu") {
   TEST_CASE("site 10 W4A8 grouped-GEMM a/c/s strides: negative (copy-back disabled)") {
     sites::negative_unprotected<W4A8Model>(sites::cpu(), "moe.w13_packed_");
     sites::negative_unprotected<W4A8Model>(sites::cpu(), "moe.w2_scales_t_");
-    unprotected_drift_detected<W4A8Model>(sites::cpu(), "moe.experts_.s_strides1_");
+    sites::unprotected_drift_detected<W4A8Model>(sites::cpu(), "moe.experts_.s_strides1_");
   }
   TEST_CASE("site 10 W4A8 grouped-GEMM a/c/s strides: negative (undeclared)") {
     sites::negative_undeclared<W4A8ModelHidden>(sites::cpu(), "s_strides1_");
@@ -331,7 +308,7 @@ TEST_SUITE("cpu") {
   // Site 11
   TEST_CASE("site 11 RDNA3 WNA16 scratch: positive") { sites::positive<Wna16Model>(sites::cpu()); }
   TEST_CASE("site 11 RDNA3 WNA16 scratch: negative (copy-back disabled: drift found, output unchanged)") {
-    unprotected_drift_detected<Wna16Model>(sites::cpu(), "moe.kernel_.rdna3_w1_buf_");
+    sites::unprotected_drift_detected<Wna16Model>(sites::cpu(), "moe.kernel_.rdna3_w1_buf_");
   }
   TEST_CASE("site 11 RDNA3 WNA16 scratch: negative (undeclared)") {
     sites::negative_undeclared<Wna16ModelHidden>(sites::cpu(), "rdna3_w1_buf_");
@@ -356,7 +333,7 @@ TEST_SUITE("gpu") {
     sites::positive<CutlassModel>(sites::gpu());
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides on CUDA graphs: negative (copy-back disabled)") {
-    unprotected_drift_detected<CutlassModel>(sites::gpu(), "moe.experts_.ab_strides1_");
+    sites::unprotected_drift_detected<CutlassModel>(sites::gpu(), "moe.experts_.ab_strides1_");
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides on CUDA graphs: negative (undeclared)") {
     sites::negative_undeclared<CutlassModelHidden>(sites::gpu(), "ab_strides2_");
@@ -374,7 +351,7 @@ TEST_SUITE("gpu") {
   }
   TEST_CASE("site 10 W4A8 grouped-GEMM a/c/s strides on CUDA graphs: negative (copy-back disabled)") {
     sites::negative_unprotected<W4A8Model>(sites::gpu(), "moe.w13_packed_");
-    unprotected_drift_detected<W4A8Model>(sites::gpu(), "moe.experts_.s_strides1_");
+    sites::unprotected_drift_detected<W4A8Model>(sites::gpu(), "moe.experts_.s_strides1_");
   }
   TEST_CASE("site 10 W4A8 grouped-GEMM a/c/s strides on CUDA graphs: negative (undeclared)") {
     sites::negative_undeclared<W4A8ModelHidden>(sites::gpu(), "s_strides1_");
@@ -389,7 +366,7 @@ TEST_SUITE("gpu") {
   // Site 11
   TEST_CASE("site 11 RDNA3 WNA16 scratch on CUDA graphs: positive") { sites::positive<Wna16Model>(sites::gpu()); }
   TEST_CASE("site 11 RDNA3 WNA16 scratch on CUDA graphs: negative (copy-back disabled: drift found)") {
-    unprotected_drift_detected<Wna16Model>(sites::gpu(), "moe.kernel_.rdna3_w1_buf_");
+    sites::unprotected_drift_detected<Wna16Model>(sites::gpu(), "moe.kernel_.rdna3_w1_buf_");
   }
   TEST_CASE("site 11 RDNA3 WNA16 scratch on CUDA graphs: negative (undeclared)") {
     sites::negative_undeclared<Wna16ModelHidden>(sites::gpu(), "rdna3_w1_buf_");

@@ -6,26 +6,10 @@
 
 #include <ATen/ATen.h>
 
-#ifdef GRAPHKEEP_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
 #include <algorithm>
 #include <chrono>
 
 namespace demo {
-namespace {
-
-void sync(c10::Device d) {
-#ifdef GRAPHKEEP_WITH_CUDA
-  if (d.is_cuda()) c10::cuda::device_synchronize();
-#else
-  (void)d;
-#endif
-}
-
-}  // namespace
-
 GraphRunner::GraphRunner(TinyLM& model, gk::ReloadEngine& engine, std::vector<int64_t> batch_sizes)
     : model_(model), engine_(engine), batch_sizes_(std::move(batch_sizes)) {
   GK_CHECK(gk::StateError, !batch_sizes_.empty(), "GraphRunner: no batch sizes");
@@ -37,7 +21,7 @@ void GraphRunner::capture() {
   const auto t0 = std::chrono::steady_clock::now();
   engine_.add_static_io("input_ids", ids_);
   (void)model_.forward(ids_);  // warm-up outside any capture
-  sync(model_.device());
+  ops::sync(model_.device());
   graphs_.clear();
   for (int64_t b : batch_sizes_) {
     Graph g{b, gk::make_replay(model_.device(), "decode_bs" + std::to_string(b)), {}};
@@ -46,7 +30,7 @@ void GraphRunner::capture() {
     engine_.track(*g.graph);
     graphs_.push_back(std::move(g));
   }
-  sync(model_.device());
+  ops::sync(model_.device());
   capture_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -59,7 +43,7 @@ at::Tensor GraphRunner::step(const at::Tensor& ids, bool checked) {
   ids_.zero_();
   ids_.narrow(0, 0, n).copy_(ids);
   it->graph->replay();
-  sync(model_.device());
+  ops::sync(model_.device());
   return it->logits.narrow(0, 0, n).to(at::kCPU).clone();
 }
 
@@ -80,7 +64,7 @@ std::pair<at::Tensor, at::Tensor> generate_eager(TinyLM& model, const at::Tensor
   std::vector<at::Tensor> toks, logits;
   for (int64_t t = 0; t < tokens; ++t) {
     at::Tensor l = model.forward(cur);
-    sync(model.device());
+    ops::sync(model.device());
     l = l.to(at::kCPU).clone();
     logits.push_back(l);
     cur = l.argmax(-1);

@@ -1,5 +1,8 @@
 // The multi-slot copy kernel behind gk::copy_slots: one block per task of at
-// most 64 KiB, 16-byte vector loads and stores where both ends are aligned.
+// most 64 KiB, the task list passed by value as the kernel's parameter (Note
+// [Copy tasks travel as kernel parameters] in batched_copy.h), 16-byte
+// vector loads and stores where both ends are aligned, four in flight per
+// thread.
 #include "reload/cuda/batched_copy.h"
 
 #include <cuda_runtime.h>
@@ -7,25 +10,37 @@
 namespace gk::cuda {
 namespace {
 
-__global__ void batched_copy_kernel(const CopyTask* __restrict__ tasks) {
-  const CopyTask t = tasks[blockIdx.x];
-  std::uint64_t done = 0;
-  const auto ends = reinterpret_cast<std::uintptr_t>(t.src) | reinterpret_cast<std::uintptr_t>(t.dst);
-  if ((ends & 15u) == 0) {
-    const std::uint64_t n16 = t.bytes / 16;
-    const uint4* s = reinterpret_cast<const uint4*>(t.src);
-    uint4* d = reinterpret_cast<uint4*>(t.dst);
-    for (std::uint64_t i = threadIdx.x; i < n16; i += blockDim.x) d[i] = s[i];
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+
+__global__ void __launch_bounds__(kThreads) batched_copy_kernel(const __grid_constant__ CopyBatch batch) {
+  const unsigned char* src = batch.src[blockIdx.x];
+  unsigned char* dst = batch.dst[blockIdx.x];
+  const std::uint32_t bytes = batch.bytes[blockIdx.x];
+  std::uint32_t done = 0;
+  if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15u) == 0) {
+    const std::uint32_t n16 = bytes / 16;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    std::uint32_t i = threadIdx.x;
+    for (; i + (kUnroll - 1) * kThreads < n16; i += kUnroll * kThreads) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = s[i + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) d[i + u * kThreads] = v[u];
+    }
+    for (; i < n16; i += kThreads) d[i] = s[i];
     done = n16 * 16;
   }
-  for (std::uint64_t i = done + threadIdx.x; i < t.bytes; i += blockDim.x) t.dst[i] = t.src[i];
+  for (std::uint32_t i = done + threadIdx.x; i < bytes; i += kThreads) dst[i] = src[i];
 }
 
 }  // namespace
 
-int launch_batched_copy(const CopyTask* tasks, std::int64_t count, void* stream) {
-  if (count <= 0) return 0;
-  batched_copy_kernel<<<static_cast<unsigned>(count), 256, 0, static_cast<cudaStream_t>(stream)>>>(tasks);
+int launch_batched_copy(const CopyBatch& batch, void* stream) {
+  if (batch.count <= 0) return 0;
+  batched_copy_kernel<<<static_cast<unsigned>(batch.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(batch);
   return static_cast<int>(cudaGetLastError());
 }
 

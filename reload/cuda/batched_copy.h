@@ -1,23 +1,47 @@
 // reload/cuda/batched_copy.h: the plain CUDA launcher behind gk::copy_slots
 // (no Torch in the .cu). Internal to the reload layer.
+//
+// Note [Copy tasks travel as kernel parameters]
+// A reload copies back tens of slots per layer, each a few KiB to a few MiB.
+// The first version of gk::copy_slots uploaded a task list per call (a pinned
+// allocation, a host-to-device copy, then the kernel): for small layers that
+// upload cost more than the copy itself. Since CUDA 12.1 a kernel takes up to
+// 32,764 bytes of parameters (Volta and newer; graphkeep builds for sm_75+),
+// so a CopyBatch of kMaxTasks tasks is passed by value: one launch per batch,
+// nothing allocated, nothing to keep alive until the stream has run, and the
+// launch can be captured into a CUDA graph like any other.
 #pragma once
 
 #include <cstdint>
 
 namespace gk::cuda {
 
-// One contiguous byte range to copy. Tasks are at most kCopyChunk bytes, so
-// that one block per task balances large and small slots.
-struct CopyTask {
-  const unsigned char* src;
-  unsigned char* dst;
-  std::uint64_t bytes;
-};
+// Bytes one block copies at most; larger slots are split into tasks of this
+// size so that one block per task balances large and small slots.
 inline constexpr std::uint64_t kCopyChunk = 64 * 1024;
 
-// Copies every task (an array of `count` tasks in device memory) in one
-// launch on `stream` (a cudaStream_t). Returns the launch's cudaError_t as an
-// int (0 on success).
-int launch_batched_copy(const CopyTask* tasks, std::int64_t count, void* stream);
+// Tasks per launch: 20 bytes each, within the 32,764-byte parameter limit.
+inline constexpr int kMaxTasks = 1536;
+
+struct CopyBatch {
+  const unsigned char* src[kMaxTasks];
+  unsigned char* dst[kMaxTasks];
+  std::uint32_t bytes[kMaxTasks];
+  int count = 0;
+
+  bool full() const noexcept { return count == kMaxTasks; }
+  void add(const unsigned char* s, unsigned char* d, std::uint32_t n) noexcept {
+    src[count] = s;
+    dst[count] = d;
+    bytes[count] = n;
+    ++count;
+  }
+};
+static_assert(sizeof(CopyBatch) <= 32764, "CopyBatch must fit CUDA's kernel parameter limit (32,764 bytes)");
+
+// Copies every task of `batch` in one launch on `stream` (a cudaStream_t of
+// the current device). Returns the launch's cudaError_t as an int (0 on
+// success). An empty batch launches nothing.
+int launch_batched_copy(const CopyBatch& batch, void* stream);
 
 }  // namespace gk::cuda
