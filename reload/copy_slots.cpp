@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #if defined(GRAPHKEEP_WITH_CUDA)
 #include <c10/cuda/CUDAGuard.h>
@@ -18,14 +19,43 @@ namespace gk {
 namespace {
 
 #if defined(GRAPHKEEP_WITH_CUDA)
+// Why a CUDA pair cannot go through the batched kernel; empty when it can.
+std::string unbatchable(const at::Tensor& d, const at::Tensor& s) {
+  if (!d.defined() || !s.defined()) return "an undefined tensor";
+  if (d.device() != s.device()) return detail::concat("devices differ (", d.device(), " <- ", s.device(), ")");
+  if (d.scalar_type() != s.scalar_type()) return detail::concat("dtypes differ (", d.scalar_type(), " <- ", s.scalar_type(), ")");
+  if (d.numel() != s.numel()) return detail::concat("sizes differ (", d.sizes(), " <- ", s.sizes(), ")");
+  if (!d.is_contiguous() || !s.is_contiguous()) return "a tensor is not contiguous";
+  if (d.is_same(s)) return "the pair is one tensor";
+  return {};
+}
+
 bool batchable(const at::Tensor& d, const at::Tensor& s) {
   return d.is_cuda() && d.device() == s.device() && d.scalar_type() == s.scalar_type() && d.numel() == s.numel() &&
          d.is_contiguous() && s.is_contiguous() && !d.is_same(s);
 }
 
-// Collects the batchable pairs of one device into CopyBatch launches on that
-// device's current stream (Note [Copy tasks travel as kernel parameters]).
-class Launcher {
+// Splits one batchable pair into tasks of at most kCopyChunk bytes, each
+// added to `open()`: a batch with room for one more task.
+template <class Open>
+void add_tasks(const at::Tensor& d, const at::Tensor& s, Open&& open) {
+  const auto* from = static_cast<const unsigned char*>(s.const_data_ptr());
+  auto* to = static_cast<unsigned char*>(d.mutable_data_ptr());
+  const auto total = static_cast<std::uint64_t>(d.nbytes());
+  for (std::uint64_t o = 0; o < total; o += cuda::kCopyChunk)
+    open().add(from + o, to + o, static_cast<std::uint32_t>(std::min(cuda::kCopyChunk, total - o)));
+}
+
+void launch(const cuda::CopyBatch& batch, c10::Device device, void* stream) {
+  const int err = cuda::launch_batched_copy(batch, stream);
+  GK_CHECK(StateError, err == 0, "graphkeep: the batched slot copy failed to launch on ", device, " (cudaError ", err,
+           ")");
+}
+
+// gk::copy_slots' launcher: one CopyBatch at a time, launched when full, when
+// the device changes, and at the end (Note [Copy tasks travel as kernel
+// parameters] in reload/cuda/batched_copy.h).
+class StreamingLauncher {
  public:
   void add(const at::Tensor& d, const at::Tensor& s) {
     if (d.device() != device_) {
@@ -34,21 +64,16 @@ class Launcher {
       guard_.set_device(device_);
       stream_ = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
     }
-    const auto* from = static_cast<const unsigned char*>(s.const_data_ptr());
-    auto* to = static_cast<unsigned char*>(d.mutable_data_ptr());
-    const auto total = static_cast<std::uint64_t>(d.nbytes());
-    for (std::uint64_t o = 0; o < total; o += cuda::kCopyChunk) {
+    add_tasks(d, s, [&]() -> cuda::CopyBatch& {
       if (batch_.full()) flush();
-      batch_.add(from + o, to + o, static_cast<std::uint32_t>(std::min(cuda::kCopyChunk, total - o)));
-    }
+      return batch_;
+    });
   }
 
   void flush() {
     if (batch_.count == 0) return;
-    const int err = cuda::launch_batched_copy(batch_, stream_);
+    launch(batch_, device_, stream_);
     batch_.count = 0;
-    GK_CHECK(StateError, err == 0, "graphkeep: the batched slot copy failed to launch on ", device_,
-             " (cudaError ", err, ")");
   }
 
  private:
@@ -65,7 +90,7 @@ void copy_slots(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor
   GK_CHECK(StateError, dst.size() == src.size(), "gk::copy_slots: ", dst.size(), " destinations but ", src.size(),
            " sources");
 #if defined(GRAPHKEEP_WITH_CUDA)
-  Launcher launcher;
+  StreamingLauncher launcher;
   for (std::size_t i = 0; i < dst.size(); ++i) {
     if (batchable(dst[i], src[i])) {
       launcher.add(dst[i], src[i]);
@@ -77,6 +102,77 @@ void copy_slots(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor
   launcher.flush();
 #else
   for (std::size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+#endif
+}
+
+// ---------------------------------------------------------------------------
+struct SlotCopyPlan::Impl {
+  std::vector<c10::Storage> keep;              // every pair's storage, alive as long as the plan
+  std::vector<at::Tensor> host_dst, host_src;  // pairs copied with copy_ (CPU, or a build without CUDA)
+  std::size_t pairs = 0, bytes = 0;
+#if defined(GRAPHKEEP_WITH_CUDA)
+  std::vector<cuda::CopyBatch> batches;
+  c10::Device device{c10::kCUDA, -1};
+#endif
+};
+
+SlotCopyPlan::SlotCopyPlan(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src)
+    : impl_(std::make_unique<Impl>()) {
+  GK_CHECK(StateError, dst.size() == src.size(), "gk::SlotCopyPlan: ", dst.size(), " destinations but ", src.size(),
+           " sources");
+  Impl& p = *impl_;
+  p.pairs = dst.size();
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    const at::Tensor& d = dst[i];
+    const at::Tensor& s = src[i];
+    GK_CHECK(StateError, d.defined() && s.defined() && d.has_storage() && s.has_storage(), "gk::SlotCopyPlan: pair ",
+             i, " has an undefined tensor or one without storage");
+    p.keep.push_back(d.storage());
+    p.keep.push_back(s.storage());
+    p.bytes += d.nbytes();
+#if defined(GRAPHKEEP_WITH_CUDA)
+    if (d.is_cuda() || s.is_cuda()) {
+      const std::string why = unbatchable(d, s);
+      GK_CHECK(StateError, why.empty(), "gk::SlotCopyPlan: pair ", i, " cannot be batched: ", why,
+               " (copy such pairs with gk::copy_slots)");
+      GK_CHECK(StateError, p.device.index() < 0 || d.device() == p.device, "gk::SlotCopyPlan: pair ", i, " is on ",
+               d.device(), " but earlier pairs are on ", p.device, "; make one plan per device");
+      p.device = d.device();
+      add_tasks(d, s, [&]() -> cuda::CopyBatch& {
+        if (p.batches.empty() || p.batches.back().full()) p.batches.emplace_back();
+        return p.batches.back();
+      });
+      continue;
+    }
+#endif
+    p.host_dst.push_back(d);
+    p.host_src.push_back(s);
+  }
+}
+
+SlotCopyPlan::~SlotCopyPlan() = default;
+SlotCopyPlan::SlotCopyPlan(SlotCopyPlan&&) noexcept = default;
+SlotCopyPlan& SlotCopyPlan::operator=(SlotCopyPlan&&) noexcept = default;
+
+void SlotCopyPlan::run() const {
+  const Impl& p = *impl_;
+#if defined(GRAPHKEEP_WITH_CUDA)
+  if (!p.batches.empty()) {
+    c10::cuda::CUDAGuard guard(p.device);
+    void* stream = c10::cuda::getCurrentCUDAStream(p.device.index()).stream();
+    for (const cuda::CopyBatch& b : p.batches) launch(b, p.device, stream);
+  }
+#endif
+  for (std::size_t i = 0; i < p.host_dst.size(); ++i) p.host_dst[i].copy_(p.host_src[i]);
+}
+
+std::size_t SlotCopyPlan::pairs() const noexcept { return impl_->pairs; }
+std::size_t SlotCopyPlan::bytes() const noexcept { return impl_->bytes; }
+std::size_t SlotCopyPlan::launches() const noexcept {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  return impl_->batches.size();
+#else
+  return 0;
 #endif
 }
 

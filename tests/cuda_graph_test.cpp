@@ -168,4 +168,25 @@ TEST_CASE("gk::copy_slots: several launches when the tasks overflow one batch; c
       REQUIRE(at::equal(dst[i], src[i]));
     }
   }
+  SUBCASE("prepared once as a gk::SlotCopyPlan, run twice") {
+    const gk::SlotCopyPlan plan(dst, src);
+    CHECK(plan.pairs() == dst.size());
+    CHECK(plan.launches() == 3);  // 2,000 + 1,601 tasks in batches of 1,536
+    for (int step = 0; step < 2; ++step) {
+      for (auto& s : src) s.add_(1.0f);
+      plan.run();
+      c10::cuda::device_synchronize();
+      for (std::size_t i = 0; i < dst.size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(at::equal(dst[i], src[i]));
+      }
+    }
+  }
+  SUBCASE("a pair the batched kernel cannot copy is named when the plan is built") {
+    std::vector<at::Tensor> d{dst[0], at::zeros({8, 4}, cuda).t()}, s{src[0], at::randn({4, 8}, cuda)};
+    GK_CHECK_THROWS_WITH_SUBSTR(gk::SlotCopyPlan(d, s), gk::StateError, "pair 1 cannot be batched: a tensor is not contiguous");
+    d[1] = at::zeros({32}, cuda.dtype(at::kDouble));
+    s[1] = at::randn({32}, cuda);
+    GK_CHECK_THROWS_WITH_SUBSTR(gk::SlotCopyPlan(d, s), gk::StateError, "pair 1 cannot be batched: dtypes differ");
+  }
 }

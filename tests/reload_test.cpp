@@ -452,6 +452,25 @@ TEST_CASE("gk::copy_slots on CPU tensors has copy_'s semantics and rejects lists
                               "3 destinations but 0 sources");
 }
 
+TEST_CASE("gk::SlotCopyPlan on CPU tensors copies the current values at every run") {
+  std::vector<at::Tensor> dst{at::zeros({5}), at::zeros({3, 2}).t(), at::zeros({4}, at::kDouble)};
+  std::vector<at::Tensor> src{at::randn({5}), at::randn({2, 3}), at::randn({4})};
+  const gk::SlotCopyPlan plan(dst, src);
+  CHECK(plan.pairs() == 3);
+  CHECK(plan.bytes() == 5 * 4 + 6 * 4 + 4 * 8);
+  CHECK(plan.launches() == 0);  // CPU pairs go through copy_
+  CHECK_FALSE(at::equal(dst[0], src[0]));  // building the plan copies nothing
+  for (int step = 0; step < 2; ++step) {
+    for (auto& t : src) t.add_(1.0);
+    plan.run();
+    for (std::size_t i = 0; i < dst.size(); ++i) CHECK(at::equal(dst[i], src[i].to(dst[i].scalar_type())));
+  }
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::SlotCopyPlan(dst, std::vector<at::Tensor>{}), gk::StateError,
+                              "3 destinations but 0 sources");
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::SlotCopyPlan({dst[0], dst[1]}, {src[0], at::Tensor()}), gk::StateError,
+                              "pair 1 has an undefined tensor");
+}
+
 TEST_CASE("a reload whose weights arrive last to first equals a fresh model loaded in order") {
   // The reload fuzzer's scenario (tests/fuzz/reload_stream_fuzz.cpp).
   for (gk::ReloadMode mode : {gk::ReloadMode::streaming, gk::ReloadMode::transactional}) {
