@@ -18,23 +18,41 @@ def mib(b):
 
 
 def reload_table(j):
-    rows = ["| layers | dim | slots | model (MiB) | reload (ms) | floor (ms) | reload / floor | reload + recapture (ms) | recapture / reload | peak above model (MiB) | largest layer (MiB) |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| layers | dim | slots | model (MiB) | reload (ms) | floor (ms) | reload / floor | load + PWAL, no graphkeep (ms) | reload / (load + PWAL) | reload + recapture (ms) | recapture / reload | peak above model (MiB) | largest layer (MiB) |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for m in j["models"]:
         peak = f'{mib(m["peak_extra_bytes"]):.2f}' if "peak_extra_bytes" in m else "-"
+        lp = f'{m["load_pwal_ms"]:.2f} | {m["overhead_vs_load_pwal"]:.2f}' if "load_pwal_ms" in m else "- | -"
         rows.append(f'| {m["layers"]} | {m["dim"]} | {m["slots"]} | {mib(m["model_bytes"]):.2f} | {m["reload_ms"]:.2f} | '
-                    f'{m["floor_ms"]:.2f} | {m["overhead_vs_floor"]:.2f} | {m["reload_recapture_ms"]:.2f} | '
+                    f'{m["floor_ms"]:.2f} | {m["overhead_vs_floor"]:.2f} | {lp} | {m["reload_recapture_ms"]:.2f} | '
                     f'{m["speedup_vs_recapture"]:.1f} | {peak} | {mib(m["largest_layer_bytes"]):.2f} |')
     return "\n".join(rows)
 
 
+PHASES = ["detach", "load", "pwal", "check", "copy", "verify"]
+
+
+def phase_table(j):
+    rows = ["| layers | dim | " + " | ".join(PHASES) + " | graphkeep's own steps (detach + check + copy + verify) |",
+            "| ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " | ---: |"]
+    for m in j["models"]:
+        if "phases_ms" not in m:
+            continue
+        ph = m["phases_ms"]
+        own = sum(ph[k] for k in ("detach", "check", "copy", "verify"))
+        rows.append(f'| {m["layers"]} | {m["dim"]} | ' + " | ".join(f"{ph[k]:.2f}" for k in PHASES) + f" | {own:.2f} |")
+    return "\n".join(rows)
+
+
 def copy_table(j):
-    rows = ["| slots | MiB | per-slot copy_ (GB/s) | _foreach_copy_ (GB/s) | gk::copy_slots (GB/s) | plain copy, same bytes (GB/s) | per-slot / ceiling | _foreach_copy_ / ceiling | gk::copy_slots / ceiling |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| slots | MiB | per-slot copy_ (GB/s) | _foreach_copy_ (GB/s) | gk::copy_slots (GB/s) | gk::SlotCopyPlan::run (GB/s) | plain copy, same bytes (GB/s) | per-slot / ceiling | _foreach_copy_ / ceiling | gk::copy_slots / ceiling | SlotCopyPlan / ceiling |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    nan = float("nan")
     for c in j["copy_back"]:
-        rows.append(f'| {c["slots"]} | {mib(c["bytes"]):.2f} | {c["naive_GBps"]:.1f} | {c.get("foreach_GBps", float("nan")):.1f} | '
-                    f'{c["batched_GBps"]:.1f} | {c["ceiling_GBps"]:.1f} | {c["naive_vs_ceiling"]:.2f} | '
-                    f'{c.get("foreach_vs_ceiling", float("nan")):.2f} | {c["batched_vs_ceiling"]:.2f} |')
+        rows.append(f'| {c["slots"]} | {mib(c["bytes"]):.2f} | {c["naive_GBps"]:.1f} | {c.get("foreach_GBps", nan):.1f} | '
+                    f'{c["batched_GBps"]:.1f} | {c.get("prepared_GBps", nan):.1f} | {c["ceiling_GBps"]:.1f} | '
+                    f'{c["naive_vs_ceiling"]:.2f} | {c.get("foreach_vs_ceiling", nan):.2f} | {c["batched_vs_ceiling"]:.2f} | '
+                    f'{c.get("prepared_vs_ceiling", nan):.2f} |')
     return "\n".join(rows)
 
 
@@ -61,6 +79,8 @@ def plot(jsons, path):
         xs = [mib(m["model_bytes"]) for m in j["models"]]
         ax.plot(xs, [m["reload_ms"] for m in j["models"]], "o-", label=f"graphkeep reload ({label})")
         ax.plot(xs, [m["floor_ms"] for m in j["models"]], "k--", label=f"floor: new bytes loaded once ({label})")
+        if all("load_pwal_ms" in m for m in j["models"]):
+            ax.plot(xs, [m["load_pwal_ms"] for m in j["models"]], "x-.", label=f"load + PWAL without graphkeep ({label})")
         ax.plot(xs, [m["reload_recapture_ms"] for m in j["models"]], "s:", label=f"reload + recapture ({label})")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -90,6 +110,7 @@ def main():
     if a.reload:
         j = json.load(open(a.reload))
         parts += [f"### Reload on {a.machine} ({j['device']}, medians of {j['reps']})\n", reload_table(j), "",
+                  f"### Where a reload's time goes on {a.machine} (host ms per phase, medians)\n", phase_table(j), "",
                   "### Copy-back throughput on " + a.machine + "\n", copy_table(j), ""]
         plots.append(("GPU", j))
     if a.reload_cpu:

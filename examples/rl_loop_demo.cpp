@@ -10,9 +10,9 @@
 //                                    replaying anyway shows what an engine without graphkeep serves
 //   gk-rl-demo --help
 #include "engine/graph_runner.h"
-#include "engine/ops.h"
 #include "engine/tiny_lm.h"
 
+#include <graphkeep/kernels/device.h>
 #include <graphkeep/reload/collector.h>
 #include <graphkeep/reload/engine.h>
 #include <graphkeep/reload/manifest.h>
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gk-rl-demo: %s\n", e.what());
     return 2;
   }
-  const bool cuda = args.device == "cuda" || (args.device == "auto" && demo::ops::cuda_available());
+  const bool cuda = args.device == "cuda" || (args.device == "auto" && gk::kernels::cuda_device_available());
   c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   at::manual_seed(0);
   at::NoGradGuard no_grad;

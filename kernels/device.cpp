@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 
 #ifdef GRAPHKEEP_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -15,6 +16,26 @@ bool built_with_cuda() noexcept {
   return true;
 #else
   return false;
+#endif
+}
+
+bool cuda_device_available() noexcept {
+#ifdef GRAPHKEEP_WITH_CUDA
+  try {
+    return c10::cuda::device_count() > 0;
+  } catch (...) {
+    return false;
+  }
+#else
+  return false;
+#endif
+}
+
+void synchronize(c10::Device device) {
+#ifdef GRAPHKEEP_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#else
+  (void)device;
 #endif
 }
 

@@ -82,6 +82,37 @@ void check_input(const at::Tensor& x, int64_t k, const at::Tensor& like, std::st
            x.sizes(), " ", x.scalar_type(), " on ", x.device());
 }
 
+// Every Marlin-style apply() is the same sequence around its own arguments:
+// check x, allocate the output, fill the fields all Args share, plan the
+// split-K grid over the lock workspace, then launch on x's device: the CUDA
+// launcher (`cuda_launch`, written with GK_LAUNCH_CUDA so CPU-only builds
+// never reference it), or the CPU twin through hostrt with `reads`, the
+// kernel's own inputs besides x and qweight.
+template <class Args, class CudaLaunch>
+at::Tensor splitk_apply(std::string_view kernel, const at::Tensor& x, Args a, const at::Tensor& qweight,
+                        const at::Tensor& workspace, const MarlinSplitK& split, int64_t n, int64_t k,
+                        std::vector<hostrt::Access> reads, CudaLaunch&& cuda_launch) {
+  check_input(x, k, qweight, kernel);
+  const int64_t rows = x.size(0);
+  at::Tensor y = kernels::empty({rows, n}, x.options());
+  a.x = x.data_ptr<float>();
+  a.qweight = qweight.data_ptr<int32_t>();
+  a.out = y.data_ptr<float>();
+  a.m = rows;
+  a.n = n;
+  a.k = k;
+  const m::SplitK c = make_split(workspace, split, rows, n, k, 1, kernel);
+  if (x.is_cuda()) {
+    cuda_launch(a, c, kernels::cuda_stream(x, kernel));
+  } else {
+    reads.insert(reads.begin(), {hostrt::reads(x), hostrt::reads(qweight)});
+    reads.push_back(hostrt::writes(workspace));
+    reads.push_back(hostrt::writes(y));
+    hostrt::launch(kernel, std::move(reads), [a, c] { splitk_cpu(a, c); });
+  }
+  return y;
+}
+
 }  // namespace
 
 at::Tensor pack_int_rows(const at::Tensor& vals, int64_t per_word, int64_t bits) {
@@ -122,29 +153,15 @@ MarlinW4A16KernelT<H>::MarlinW4A16KernelT(const at::Tensor& qweight, const at::T
 
 template <bool H>
 at::Tensor MarlinW4A16KernelT<H>::apply(const at::Tensor& x, const at::Tensor& scales, const at::Tensor& g_idx) const {
-  check_input(x, size_k_, qweight_, "marlin_w4a16");
-  const int64_t rows = x.size(0);
-  at::Tensor y = kernels::empty({rows, size_n_}, x.options());
   m::W4A16Args a;
-  a.x = x.data_ptr<float>();
-  a.qweight = qweight_.data_ptr<int32_t>();
   a.scales = scales.data_ptr<float>();
   a.g_idx = g_idx.data_ptr<int32_t>();
   a.perm = g_idx_sort_indices_.data_ptr<int32_t>();
-  a.out = y.data_ptr<float>();
-  a.m = rows;
-  a.n = size_n_;
-  a.k = size_k_;
-  const m::SplitK c = make_split(workspace_, split_, rows, size_n_, size_k_, 1, "marlin_w4a16");
-  if (x.is_cuda()) {
-    GK_LAUNCH_CUDA("marlin_w4a16", x, cuda::launch_marlin_w4a16(a, c, kernels::cuda_stream(x, "marlin_w4a16")));
-  } else {
-    hostrt::launch("marlin_w4a16",
-                   {hostrt::reads(x), hostrt::reads(qweight_), hostrt::reads(scales), hostrt::reads(g_idx),
-                    hostrt::reads(g_idx_sort_indices_), hostrt::writes(workspace_), hostrt::writes(y)},
-                   [a, c] { splitk_cpu(a, c); });
-  }
-  return y;
+  return splitk_apply("marlin_w4a16", x, a, qweight_, workspace_, split_, size_n_, size_k_,
+                      {hostrt::reads(scales), hostrt::reads(g_idx), hostrt::reads(g_idx_sort_indices_)},
+                      [&](const m::W4A16Args& args, const m::SplitK& c, void* stream) {
+                        GK_LAUNCH_CUDA("marlin_w4a16", x, cuda::launch_marlin_w4a16(args, c, stream));
+                      });
 }
 
 template <bool H>
@@ -196,27 +213,12 @@ MarlinFp8Kernel::MarlinFp8Kernel(const at::Tensor& weight, const at::Tensor& wei
 }
 
 at::Tensor MarlinFp8Kernel::apply(const at::Tensor& x) const {
-  check_input(x, size_k_, qweight_, "marlin_fp8");
-  const int64_t rows = x.size(0);
-  at::Tensor y = kernels::empty({rows, size_n_}, x.options());
   m::Fp8Args a;
-  a.x = x.data_ptr<float>();
-  a.qweight = qweight_.data_ptr<int32_t>();
   a.scales = scales_.data_ptr<float>();
-  a.out = y.data_ptr<float>();
-  a.m = rows;
-  a.n = size_n_;
-  a.k = size_k_;
-  const m::SplitK c = make_split(workspace_, split_, rows, size_n_, size_k_, 1, "marlin_fp8");
-  if (x.is_cuda()) {
-    GK_LAUNCH_CUDA("marlin_fp8", x, cuda::launch_marlin_fp8(a, c, kernels::cuda_stream(x, "marlin_fp8")));
-  } else {
-    hostrt::launch("marlin_fp8",
-                   {hostrt::reads(x), hostrt::reads(qweight_), hostrt::reads(scales_), hostrt::writes(workspace_),
-                    hostrt::writes(y)},
-                   [a, c] { splitk_cpu(a, c); });
-  }
-  return y;
+  return splitk_apply("marlin_fp8", x, a, qweight_, workspace_, split_, size_n_, size_k_, {hostrt::reads(scales_)},
+                      [&](const m::Fp8Args& args, const m::SplitK& c, void* stream) {
+                        GK_LAUNCH_CUDA("marlin_fp8", x, cuda::launch_marlin_fp8(args, c, stream));
+                      });
 }
 
 MarlinFp8Linear::MarlinFp8Linear(int64_t in, int64_t out, c10::Device device, MarlinSplitK split)
@@ -261,28 +263,14 @@ MarlinFp4Kernel::MarlinFp4Kernel(const at::Tensor& weight, const at::Tensor& wei
 }
 
 at::Tensor MarlinFp4Kernel::apply(const at::Tensor& x) const {
-  check_input(x, size_k_, qweight_, "marlin_fp4");
-  const int64_t rows = x.size(0);
-  at::Tensor y = kernels::empty({rows, size_n_}, x.options());
   m::Fp4Args a;
-  a.x = x.data_ptr<float>();
-  a.qweight = qweight_.data_ptr<int32_t>();
   a.block_scales = block_scales_.data_ptr<float>();
   a.global_scale = global_scale_.data_ptr<float>();
-  a.out = y.data_ptr<float>();
-  a.m = rows;
-  a.n = size_n_;
-  a.k = size_k_;
-  const m::SplitK c = make_split(workspace_, split_, rows, size_n_, size_k_, 1, "marlin_fp4");
-  if (x.is_cuda()) {
-    GK_LAUNCH_CUDA("marlin_fp4", x, cuda::launch_marlin_fp4(a, c, kernels::cuda_stream(x, "marlin_fp4")));
-  } else {
-    hostrt::launch("marlin_fp4",
-                   {hostrt::reads(x), hostrt::reads(qweight_), hostrt::reads(block_scales_),
-                    hostrt::reads(global_scale_), hostrt::writes(workspace_), hostrt::writes(y)},
-                   [a, c] { splitk_cpu(a, c); });
-  }
-  return y;
+  return splitk_apply("marlin_fp4", x, a, qweight_, workspace_, split_, size_n_, size_k_,
+                      {hostrt::reads(block_scales_), hostrt::reads(global_scale_)},
+                      [&](const m::Fp4Args& args, const m::SplitK& c, void* stream) {
+                        GK_LAUNCH_CUDA("marlin_fp4", x, cuda::launch_marlin_fp4(args, c, stream));
+                      });
 }
 
 MarlinFp4Linear::MarlinFp4Linear(int64_t in, int64_t out, c10::Device device, MarlinSplitK split)

@@ -87,10 +87,28 @@ void record_layout(PlannedSlot& s, const at::Tensor& t) {
   s.storage_nbytes = t.storage().nbytes();
 }
 
+namespace {
+
+// Note [A module's parameters, read in place]
+// Module::named_parameters(false) builds a new OrderedDict (key strings, a
+// hash index) at every call: about 1 µs for a module of four parameters, and
+// a reload looks a parameter slot up several times (drift check, detach,
+// materialize, layout check, re-point). The dict itself is a protected member
+// of torch::nn::Module; a pointer to that member formed through a derived
+// class (allowed by [class.protected]) reads it without a copy. Buffers are a
+// private member, so module_buffer keeps the copying accessor.
+struct ParameterDict : torch::nn::Module {
+  static const torch::OrderedDict<std::string, at::Tensor>& of(const torch::nn::Module& m) {
+    return m.*(&ParameterDict::parameters_);
+  }
+};
+
+}  // namespace
+
 at::Tensor module_parameter(torch::nn::Module& m, const std::string& name) {
-  const auto dict = m.named_parameters(/*recurse=*/false);
-  const at::Tensor* t = dict.find(name);
-  return t != nullptr ? *t : at::Tensor();
+  // named_parameters() leaves out undefined entries: so does this.
+  const at::Tensor* t = ParameterDict::of(m).find(name);
+  return t != nullptr && t->defined() ? *t : at::Tensor();
 }
 
 at::Tensor module_buffer(torch::nn::Module& m, const std::string& name) {

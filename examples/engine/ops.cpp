@@ -5,10 +5,6 @@
 
 #include <ATen/ATen.h>
 
-#ifdef GRAPHKEEP_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
 namespace demo::ops {
 namespace {
 
@@ -52,26 +48,6 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps) {
 at::Tensor argmax(const at::Tensor& logits) {
   return run("argmax", {logits}, {logits.size(0)}, logits.options().dtype(at::kLong),
              [](auto& in, auto& out) { at::argmax_out(out[0], in[0], -1); });
-}
-
-void sync(c10::Device device) {
-#ifdef GRAPHKEEP_WITH_CUDA
-  if (device.is_cuda()) c10::cuda::device_synchronize();
-#else
-  (void)device;
-#endif
-}
-
-bool cuda_available() {
-#ifdef GRAPHKEEP_WITH_CUDA
-  try {
-    return c10::cuda::device_count() > 0;
-  } catch (...) {
-    return false;
-  }
-#else
-  return false;
-#endif
 }
 
 }  // namespace demo::ops

@@ -17,10 +17,4 @@ at::Tensor add(const at::Tensor& a, const at::Tensor& b);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps = 1e-6);
 at::Tensor argmax(const at::Tensor& logits);                           // [T, V] -> [T] int64
 
-// Waits for the device's queued work (nothing on CPU, where ops run eagerly).
-void sync(c10::Device device);
-
-// Whether this build has CUDA and a CUDA device is visible (never throws).
-bool cuda_available();
-
 }  // namespace demo::ops

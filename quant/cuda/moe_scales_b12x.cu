@@ -19,14 +19,9 @@ __global__ void b12x_moe_kernel(const float* __restrict__ x, const float* __rest
                                 const std::uint8_t* __restrict__ w2_sf_mma, const float* __restrict__ w2_ws2,
                                 const float* __restrict__ fc1_input_scale, const float* __restrict__ fc2_input_scale,
                                 float* __restrict__ y, int64_t experts, int64_t K, int64_t N) {
-  extern __shared__ float smem[];  // h[2N], a[N], then bytes: xq[K], xsf[K/16], aq[N], asf[N/16]
+  extern __shared__ float smem[];
   __shared__ int64_t expert;
-  float* h = smem;
-  float* a = smem + 2 * N;
-  std::uint8_t* xq = reinterpret_cast<std::uint8_t*>(smem + 3 * N);
-  std::uint8_t* xsf = xq + K;
-  std::uint8_t* aq = xsf + K / kNvfp4Block;
-  std::uint8_t* asf = aq + N;
+  const auto [h, a, xq, xsf, aq, asf] = Nvfp4MoeScratch::carve(smem, K, N);
   const int64_t ksf1 = K / kNvfp4Block, ksf2 = N / kNvfp4Block;
   const int64_t size1 = nvfp4_sf_swizzled_size(2 * N, ksf1), size2 = nvfp4_sf_swizzled_size(K, ksf2);
   const int64_t tiles1 = round_up(ksf1, 4) / 4, tiles2 = round_up(ksf2, 4) / 4;
@@ -62,8 +57,7 @@ void launch_b12x_moe(const float* x, const float* gate, const std::uint8_t* w13,
                      const float* w13_weight_scale_2, const std::uint8_t* w2, const std::uint8_t* w2_sf_mma,
                      const float* w2_weight_scale_2, const float* fc1_input_scale, const float* fc2_input_scale,
                      float* y, int64_t tokens, int64_t experts, int64_t hidden, int64_t inter, void* stream) {
-  const size_t smem = static_cast<size_t>(3 * inter) * sizeof(float) +
-                      static_cast<size_t>(hidden + hidden / kNvfp4Block + inter + inter / kNvfp4Block);
+  const size_t smem = Nvfp4MoeScratch::bytes(hidden, inter);
   b12x_moe_kernel<<<static_cast<unsigned>(tokens), 64, smem, static_cast<cudaStream_t>(stream)>>>(
       x, gate, w13, w13_sf_mma, w13_weight_scale_2, w2, w2_sf_mma, w2_weight_scale_2, fc1_input_scale,
       fc2_input_scale, y, experts, hidden, inter);

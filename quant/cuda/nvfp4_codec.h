@@ -20,6 +20,7 @@
 // No Torch, no Boost: this header is included by .cu files.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -234,5 +235,34 @@ GK_HD std::int64_t route_top1(const float* x, const float* gate, std::int64_t ex
   }
   return best;
 }
+
+// ---------------------------------------------------------------------------
+// The shared memory of the one-block-per-token NVFP4 MoE kernels (sites 8
+// and 9): h[2N] and a[N] floats, then the quantized activations as bytes:
+// xq[K], xsf[K/16], aq[N], asf[N/16]. bytes() is what their launchers ask for.
+// ---------------------------------------------------------------------------
+struct Nvfp4MoeScratch {
+  float* h;
+  float* a;
+  std::uint8_t* xq;
+  std::uint8_t* xsf;
+  std::uint8_t* aq;
+  std::uint8_t* asf;
+
+  GK_HD static Nvfp4MoeScratch carve(float* smem, std::int64_t K, std::int64_t N) {
+    Nvfp4MoeScratch s;
+    s.h = smem;
+    s.a = smem + 2 * N;
+    s.xq = reinterpret_cast<std::uint8_t*>(smem + 3 * N);
+    s.xsf = s.xq + K;
+    s.aq = s.xsf + K / kNvfp4Block;
+    s.asf = s.aq + N;
+    return s;
+  }
+  static std::size_t bytes(std::int64_t K, std::int64_t N) {
+    return static_cast<std::size_t>(3 * N) * sizeof(float) +
+           static_cast<std::size_t>(K + K / kNvfp4Block + N + N / kNvfp4Block);
+  }
+};
 
 }  // namespace gk::quant::codec

@@ -18,14 +18,9 @@ __global__ void nvfp4_cutlass_moe_kernel(const float* __restrict__ x, const floa
                                          const float* __restrict__ g1_alphas, const float* __restrict__ g2_alphas,
                                          const float* __restrict__ a1_gscale, const float* __restrict__ a2_gscale,
                                          float* __restrict__ y, int64_t experts, int64_t K, int64_t N) {
-  extern __shared__ float smem[];  // h[2N], a[N], then bytes: xq[K], xsf[K/16], aq[N], asf[N/16]
+  extern __shared__ float smem[];
   __shared__ int64_t expert;
-  float* h = smem;
-  float* a = smem + 2 * N;
-  std::uint8_t* xq = reinterpret_cast<std::uint8_t*>(smem + 3 * N);
-  std::uint8_t* xsf = xq + K;
-  std::uint8_t* aq = xsf + K / kNvfp4Block;
-  std::uint8_t* asf = aq + N;
+  const auto [h, a, xq, xsf, aq, asf] = Nvfp4MoeScratch::carve(smem, K, N);
   const int64_t t = blockIdx.x;
   const float* xt = x + t * K;
   if (threadIdx.x == 0) expert = route_top1(xt, gate, experts, K);
@@ -58,8 +53,7 @@ void launch_nvfp4_cutlass_moe(const float* x, const float* gate, const std::uint
                               const std::uint8_t* w2, const std::uint8_t* w2_sf, const float* g1_alphas,
                               const float* g2_alphas, const float* a1_gscale, const float* a2_gscale, float* y,
                               int64_t tokens, int64_t experts, int64_t hidden, int64_t inter, void* stream) {
-  const size_t smem = static_cast<size_t>(3 * inter) * sizeof(float) +
-                      static_cast<size_t>(hidden + hidden / kNvfp4Block + inter + inter / kNvfp4Block);
+  const size_t smem = Nvfp4MoeScratch::bytes(hidden, inter);
   nvfp4_cutlass_moe_kernel<<<static_cast<unsigned>(tokens), 64, smem, static_cast<cudaStream_t>(stream)>>>(
       x, gate, w13, w13_sf, w2, w2_sf, g1_alphas, g2_alphas, a1_gscale, a2_gscale, y, experts, hidden, inter);
 }

@@ -1,9 +1,5 @@
 #include "site_harness.h"
 
-#ifdef GRAPHKEEP_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
 #include <graphkeep/hostrt/host_stream.h>
 #include <graphkeep/kernels/device.h>
 
@@ -20,12 +16,6 @@ at::Tensor slice(const at::Tensor& x, int64_t dim, int64_t start, int64_t len) {
   return y;
 }
 
-void sync(c10::Device device) {
-#ifdef GRAPHKEEP_WITH_CUDA
-  if (device.is_cuda()) c10::cuda::device_synchronize();
-#else
-  (void)device;
-#endif
-}
+void sync(c10::Device device) { gk::kernels::synchronize(device); }
 
 }  // namespace sites

@@ -8,6 +8,8 @@
 // A binary containing GK_TEST_REQUIRES_GPU() behaves as if --gk-gpu were given.
 #include "gk_test.h"
 
+#include <graphkeep/kernels/device.h>
+
 #include <unistd.h>
 
 #include <array>
@@ -16,23 +18,9 @@
 #include <map>
 #include <sys/wait.h>
 
-#ifdef GRAPHKEEP_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
 namespace gk::testing {
 
-bool cuda_available() {
-#ifdef GRAPHKEEP_WITH_CUDA
-  try {
-    return c10::cuda::device_count() > 0;
-  } catch (...) {
-    return false;
-  }
-#else
-  return false;
-#endif
-}
+bool cuda_available() { return gk::kernels::cuda_device_available(); }
 
 namespace {
 std::map<std::string, int (*)()>& children() {

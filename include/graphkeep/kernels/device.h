@@ -24,6 +24,14 @@ namespace gk::kernels {
 // True in builds with CUDA support (GRAPHKEEP_CUDA=ON).
 bool built_with_cuda() noexcept;
 
+// True when this build has CUDA support and a CUDA device is visible (false,
+// never an exception, on a machine without a driver or device).
+bool cuda_device_available() noexcept;
+
+// Waits for the device's queued work; nothing on CPU, where kernels run
+// eagerly or are recorded.
+void synchronize(c10::Device device);
+
 // The current CUDA stream of t's device, as an opaque cudaStream_t. Raises
 // gk::StateError naming `kernel` in builds without CUDA support.
 void* cuda_stream(const at::Tensor& t, std::string_view kernel = {});
