@@ -222,7 +222,7 @@ std::vector<at::Tensor> Collective::allgather(const at::Tensor& t) const {
 // ---------------------------------------------------------------------------
 // WeightManifest
 
-WeightManifest::WeightManifest(std::vector<ManifestEntry> entries) : entries_(std::move(entries)) {
+WeightManifest::WeightManifest(std::vector<WeightEntry> entries) : entries_(std::move(entries)) {
   std::sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const std::string& n = entries_[i].name;
@@ -235,7 +235,7 @@ WeightManifest::WeightManifest(std::vector<ManifestEntry> entries) : entries_(st
 }
 
 WeightManifest WeightManifest::of(const std::vector<NamedTensor>& tensors) {
-  std::vector<ManifestEntry> e;
+  std::vector<WeightEntry> e;
   e.reserve(tensors.size());
   for (const NamedTensor& t : tensors) {
     GK_CHECK(WeightError, t.shard == 0, "graphkeep: a manifest describes whole tensors; '", t.name, "' is shard ",
@@ -248,7 +248,7 @@ WeightManifest WeightManifest::of(const std::vector<NamedTensor>& tensors) {
 
 std::int64_t WeightManifest::index_of(std::string_view name) const {
   auto it = std::lower_bound(entries_.begin(), entries_.end(), name,
-                             [](const ManifestEntry& e, std::string_view n) { return e.name < n; });
+                             [](const WeightEntry& e, std::string_view n) { return e.name < n; });
   if (it == entries_.end() || it->name != name) return -1;
   return it - entries_.begin();
 }
@@ -275,7 +275,7 @@ std::uint64_t WeightManifest::hash() const {
 }
 
 WeightManifest WeightManifest::parse(std::string_view text) {
-  std::vector<ManifestEntry> out;
+  std::vector<WeightEntry> out;
   std::size_t pos = 0;
   while (pos < text.size()) {
     std::size_t eol = text.find('\n', pos);
@@ -285,7 +285,7 @@ WeightManifest WeightManifest::parse(std::string_view text) {
     const std::size_t t1 = line.find('\t');
     const std::size_t t2 = t1 == std::string_view::npos ? t1 : line.find('\t', t1 + 1);
     GK_CHECK(WeightError, t2 != std::string_view::npos, "graphkeep: malformed manifest line '", line, "'");
-    ManifestEntry e;
+    WeightEntry e;
     e.name = std::string(line.substr(0, t1));
     const std::string_view dt = line.substr(t1 + 1, t2 - t1 - 1);
     bool found = false;
@@ -465,7 +465,7 @@ struct BroadcastSource::Impl {
     plans.assign(manifest.size(), {});
     std::vector<std::string> bad;
     for (std::size_t i = 0; i < manifest.size(); ++i) {
-      const ManifestEntry& e = manifest.entries()[i];
+      const WeightEntry& e = manifest.entries()[i];
       Plan& p = plans[i];
       p.rows = e.shape.empty() ? 1 : e.shape[0];
       const std::int64_t bytes = numel_of(e.shape) * static_cast<std::int64_t>(c10::elementSize(e.dtype));
@@ -562,7 +562,7 @@ struct BroadcastSource::Impl {
     const std::string who = concat("the trainer's source (", full->describe(), ")");
     const std::int64_t i = manifest.index_of(nt->name);
     if (i < 0) abort_stream(concat("graphkeep: ", who, " yields '", nt->name, "', which is not in the manifest"));
-    const ManifestEntry& e = manifest.entries()[i];
+    const WeightEntry& e = manifest.entries()[i];
     if (sent[i]) abort_stream(concat("graphkeep: ", who, " yields '", e.name, "' twice"));
     if (nt->shard != 0)
       abort_stream(concat("graphkeep: ", who, " yields shard ", nt->shard, " of '", e.name,
@@ -716,7 +716,7 @@ struct BroadcastSource::Impl {
       GK_CHECK(WeightError, i >= 0 && i < static_cast<std::int64_t>(plans.size()) && rb >= 0 && re >= rb,
                "graphkeep: malformed bucket entry");
       const Plan& p = plans[i];
-      const ManifestEntry& e = manifest.entries()[i];
+      const WeightEntry& e = manifest.entries()[i];
       GK_CHECK(WeightError, re <= p.rows, "graphkeep: malformed bucket entry for '", e.name, "'");
       auto [it, fresh] = open.try_emplace(i);
       Assembly& a = it->second;

@@ -487,7 +487,7 @@ int child_main() {
   }
   // (d) a manifest that differs on one rank: a clear error on every rank.
   {
-    std::vector<gk::ManifestEntry> e = full_manifest().entries();
+    std::vector<gk::WeightEntry> e = full_manifest().entries();
     for (auto& x : e)
       if (x.name == "l2.weight") x.shape = {kD, 12};
     gk::WeightManifest mine = c.tp_rank == 1 ? gk::WeightManifest(e) : full_manifest();
@@ -586,7 +586,7 @@ TEST_CASE("a manifest is canonical, round-trips and names its differences") {
   const gk::WeightManifest scalar({{"s", {}, at::kDouble}, {"e", {0, 4}, at::kBFloat16}});
   CHECK(gk::WeightManifest::parse(scalar.serialize()) == scalar);
 
-  std::vector<gk::ManifestEntry> e = m.entries();
+  std::vector<gk::WeightEntry> e = m.entries();
   e[1].shape = {8, 12};
   e[2].dtype = at::kHalf;
   e.push_back({"extra", {1}, at::kFloat});

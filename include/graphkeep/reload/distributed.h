@@ -95,24 +95,24 @@ class Collective {
 // The manifest of a full (unsharded) checkpoint: one entry per tensor, kept
 // sorted by name, so two manifests of the same checkpoint serialize equally
 // whatever order their tensors came in.
-struct ManifestEntry {
+struct WeightEntry {
   std::string name;
   std::vector<std::int64_t> shape;
   at::ScalarType dtype = at::kFloat;
-  friend bool operator==(const ManifestEntry&, const ManifestEntry&) = default;
+  friend bool operator==(const WeightEntry&, const WeightEntry&) = default;
 };
 
 class WeightManifest {
  public:
   WeightManifest() = default;
   // Throws gk::WeightError on a duplicate name or a name with a tab or newline.
-  explicit WeightManifest(std::vector<ManifestEntry> entries);
+  explicit WeightManifest(std::vector<WeightEntry> entries);
   // From the tensors of a full checkpoint (each tensor once, shard 0).
   static WeightManifest of(const std::vector<NamedTensor>& tensors);
   // The inverse of serialize(); throws gk::WeightError on malformed text.
   static WeightManifest parse(std::string_view text);
 
-  const std::vector<ManifestEntry>& entries() const noexcept { return entries_; }
+  const std::vector<WeightEntry>& entries() const noexcept { return entries_; }
   std::size_t size() const noexcept { return entries_.size(); }
   // Index into entries(), or -1.
   std::int64_t index_of(std::string_view name) const;
@@ -129,7 +129,7 @@ class WeightManifest {
   friend bool operator==(const WeightManifest& a, const WeightManifest& b) { return a.entries_ == b.entries_; }
 
  private:
-  std::vector<ManifestEntry> entries_;
+  std::vector<WeightEntry> entries_;
 };
 
 // ---------------------------------------------------------------------------
