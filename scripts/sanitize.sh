@@ -9,17 +9,11 @@ BUILD=${GK_ASAN_BUILD_DIR:-build-asan}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
   -DGRAPHKEEP_CUDA=OFF -DGRAPHKEEP_SANITIZE=address,undefined \
   -DGRAPHKEEP_BUILD_EXAMPLES=OFF -DGRAPHKEEP_BUILD_BENCH=OFF -DPython3_EXECUTABLE="$(command -v python3)"
-# Only what the unit tests below run (not test_distributed, the soak test,
-# the fuzz targets or the Gloo stand-in): a unit test added without its
-# target here fails the run loudly ("Could not find executable").
+# Only what the unit tests below run (not the soak test or the fuzz
+# targets): a unit test added without its target here fails the run loudly
+# ("Could not find executable").
 cmake --build "$BUILD" -j"$(nproc)" --target test_registry test_safetensors safetensors_check test_reload \
-  test_sites test_sites_moe test_sites_scales test_sites_marlin
+  test_sites test_sites_moe test_sites_scales test_sites_marlin test_distributed
 export ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# test_distributed runs in the main build only. Under ASan it reports a bad
-# free of a stack address inside gk::CaptureManifest::record() after a Gloo
-# process group has been created through the test's stand-in Gloo headers
-# (tests/CMakeLists.txt, Note [Gloo stand-in headers]); the same code under
-# ASan without Gloo (test_reload, every site test, the reload fuzzer) is clean.
-# Open: docs/reliability.md, "Known open issue".
-ctest --test-dir "$BUILD" -L unit -E "^test_distributed$" --output-on-failure -j"$(nproc)"
+ctest --test-dir "$BUILD" -L unit --output-on-failure -j"$(nproc)"
