@@ -87,10 +87,11 @@ void check_input(const at::Tensor& x, int64_t k, const at::Tensor& like, std::st
 // split-K grid over the lock workspace, then launch on x's device: the CUDA
 // launcher (`cuda_launch`, written with GK_LAUNCH_CUDA so CPU-only builds
 // never reference it), or the CPU twin through hostrt with `reads`, the
-// kernel's own inputs besides x and qweight.
+// kernel's own inputs besides x and qweight. `groups` lock sets (one per
+// expert for the MoE kernel) share the workspace.
 template <class Args, class CudaLaunch>
 at::Tensor splitk_apply(std::string_view kernel, const at::Tensor& x, Args a, const at::Tensor& qweight,
-                        const at::Tensor& workspace, const MarlinSplitK& split, int64_t n, int64_t k,
+                        const at::Tensor& workspace, const MarlinSplitK& split, int64_t n, int64_t k, int64_t groups,
                         std::vector<hostrt::Access> reads, CudaLaunch&& cuda_launch) {
   check_input(x, k, qweight, kernel);
   const int64_t rows = x.size(0);
@@ -101,7 +102,7 @@ at::Tensor splitk_apply(std::string_view kernel, const at::Tensor& x, Args a, co
   a.m = rows;
   a.n = n;
   a.k = k;
-  const m::SplitK c = make_split(workspace, split, rows, n, k, 1, kernel);
+  const m::SplitK c = make_split(workspace, split, rows, n, k, groups, kernel);
   if (x.is_cuda()) {
     cuda_launch(a, c, kernels::cuda_stream(x, kernel));
   } else {
@@ -157,7 +158,7 @@ at::Tensor MarlinW4A16KernelT<H>::apply(const at::Tensor& x, const at::Tensor& s
   a.scales = scales.data_ptr<float>();
   a.g_idx = g_idx.data_ptr<int32_t>();
   a.perm = g_idx_sort_indices_.data_ptr<int32_t>();
-  return splitk_apply("marlin_w4a16", x, a, qweight_, workspace_, split_, size_n_, size_k_,
+  return splitk_apply("marlin_w4a16", x, a, qweight_, workspace_, split_, size_n_, size_k_, /*groups=*/1,
                       {hostrt::reads(scales), hostrt::reads(g_idx), hostrt::reads(g_idx_sort_indices_)},
                       [&](const m::W4A16Args& args, const m::SplitK& c, void* stream) {
                         GK_LAUNCH_CUDA("marlin_w4a16", x, cuda::launch_marlin_w4a16(args, c, stream));
@@ -215,7 +216,8 @@ MarlinFp8Kernel::MarlinFp8Kernel(const at::Tensor& weight, const at::Tensor& wei
 at::Tensor MarlinFp8Kernel::apply(const at::Tensor& x) const {
   m::Fp8Args a;
   a.scales = scales_.data_ptr<float>();
-  return splitk_apply("marlin_fp8", x, a, qweight_, workspace_, split_, size_n_, size_k_, {hostrt::reads(scales_)},
+  return splitk_apply("marlin_fp8", x, a, qweight_, workspace_, split_, size_n_, size_k_, /*groups=*/1,
+                      {hostrt::reads(scales_)},
                       [&](const m::Fp8Args& args, const m::SplitK& c, void* stream) {
                         GK_LAUNCH_CUDA("marlin_fp8", x, cuda::launch_marlin_fp8(args, c, stream));
                       });
@@ -266,7 +268,7 @@ at::Tensor MarlinFp4Kernel::apply(const at::Tensor& x) const {
   m::Fp4Args a;
   a.block_scales = block_scales_.data_ptr<float>();
   a.global_scale = global_scale_.data_ptr<float>();
-  return splitk_apply("marlin_fp4", x, a, qweight_, workspace_, split_, size_n_, size_k_,
+  return splitk_apply("marlin_fp4", x, a, qweight_, workspace_, split_, size_n_, size_k_, /*groups=*/1,
                       {hostrt::reads(block_scales_), hostrt::reads(global_scale_)},
                       [&](const m::Fp4Args& args, const m::SplitK& c, void* stream) {
                         GK_LAUNCH_CUDA("marlin_fp4", x, cuda::launch_marlin_fp4(args, c, stream));
@@ -315,30 +317,17 @@ MarlinMoeKernel::MarlinMoeKernel(const at::Tensor& w, const at::Tensor& scales, 
 
 at::Tensor MarlinMoeKernel::apply(const at::Tensor& x, const at::Tensor& expert_ids) const {
   check_input(x, size_k_, qweight_, "marlin_moe");
-  const int64_t rows = x.size(0);
-  GK_CHECK(WeightError, expert_ids.scalar_type() == at::kInt && expert_ids.numel() == rows,
-           "graphkeep: marlin_moe: expert_ids must be int32 [", rows, "]");
-  at::Tensor y = kernels::empty({rows, size_n_}, x.options());
+  GK_CHECK(WeightError, expert_ids.scalar_type() == at::kInt && expert_ids.numel() == x.size(0),
+           "graphkeep: marlin_moe: expert_ids must be int32 [", x.size(0), "]");
   m::MoeArgs a;
-  a.x = x.data_ptr<float>();
   a.expert_ids = expert_ids.data_ptr<int32_t>();
-  a.qweight = qweight_.data_ptr<int32_t>();
   a.scales = scales_.data_ptr<float>();
-  a.out = y.data_ptr<float>();
-  a.m = rows;
-  a.n = size_n_;
-  a.k = size_k_;
   a.group_size = group_size_;
-  const m::SplitK c = make_split(workspace_, split_, rows, size_n_, size_k_, experts_, "marlin_moe");
-  if (x.is_cuda()) {
-    GK_LAUNCH_CUDA("marlin_moe", x, cuda::launch_marlin_moe(a, c, kernels::cuda_stream(x, "marlin_moe")));
-  } else {
-    hostrt::launch("marlin_moe",
-                   {hostrt::reads(x), hostrt::reads(expert_ids), hostrt::reads(qweight_), hostrt::reads(scales_),
-                    hostrt::writes(workspace_), hostrt::writes(y)},
-                   [a, c] { splitk_cpu(a, c); });
-  }
-  return y;
+  return splitk_apply("marlin_moe", x, a, qweight_, workspace_, split_, size_n_, size_k_, experts_,
+                      {hostrt::reads(expert_ids), hostrt::reads(scales_)},
+                      [&](const m::MoeArgs& args, const m::SplitK& c, void* stream) {
+                        GK_LAUNCH_CUDA("marlin_moe", x, cuda::launch_marlin_moe(args, c, stream));
+                      });
 }
 
 MarlinMoeLayer::MarlinMoeLayer(int64_t experts, int64_t in, int64_t out, int64_t group_size, c10::Device device,
