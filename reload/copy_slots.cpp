@@ -19,20 +19,36 @@ namespace gk {
 namespace {
 
 #if defined(GRAPHKEEP_WITH_CUDA)
-// Why a CUDA pair cannot go through the batched kernel; empty when it can.
-std::string unbatchable(const at::Tensor& d, const at::Tensor& s) {
-  if (!d.defined() || !s.defined()) return "an undefined tensor";
-  if (d.device() != s.device()) return detail::concat("devices differ (", d.device(), " <- ", s.device(), ")");
-  if (d.scalar_type() != s.scalar_type()) return detail::concat("dtypes differ (", d.scalar_type(), " <- ", s.scalar_type(), ")");
-  if (d.numel() != s.numel()) return detail::concat("sizes differ (", d.sizes(), " <- ", s.sizes(), ")");
-  if (!d.is_contiguous() || !s.is_contiguous()) return "a tensor is not contiguous";
-  if (d.is_same(s)) return "the pair is one tensor";
-  return {};
+// Why a pair cannot go through the batched kernel (none: it can, if on CUDA).
+// One check for both callers: copy_slots' hot path asks only whether a pair
+// batches, SlotCopyPlan names the reason.
+enum class Unbatchable { none, undefined, device, dtype, size, layout, same_tensor };
+
+Unbatchable why_unbatchable(const at::Tensor& d, const at::Tensor& s) {
+  if (!d.defined() || !s.defined()) return Unbatchable::undefined;
+  if (d.device() != s.device()) return Unbatchable::device;
+  if (d.scalar_type() != s.scalar_type()) return Unbatchable::dtype;
+  if (d.numel() != s.numel()) return Unbatchable::size;
+  if (!d.is_contiguous() || !s.is_contiguous()) return Unbatchable::layout;
+  if (d.is_same(s)) return Unbatchable::same_tensor;
+  return Unbatchable::none;
+}
+
+std::string describe(Unbatchable why, const at::Tensor& d, const at::Tensor& s) {
+  switch (why) {
+    case Unbatchable::none: return {};
+    case Unbatchable::undefined: return "an undefined tensor";
+    case Unbatchable::device: return detail::concat("devices differ (", d.device(), " <- ", s.device(), ")");
+    case Unbatchable::dtype: return detail::concat("dtypes differ (", d.scalar_type(), " <- ", s.scalar_type(), ")");
+    case Unbatchable::size: return detail::concat("sizes differ (", d.sizes(), " <- ", s.sizes(), ")");
+    case Unbatchable::layout: return "a tensor is not contiguous";
+    case Unbatchable::same_tensor: return "the pair is one tensor";
+  }
+  return "?";
 }
 
 bool batchable(const at::Tensor& d, const at::Tensor& s) {
-  return d.is_cuda() && d.device() == s.device() && d.scalar_type() == s.scalar_type() && d.numel() == s.numel() &&
-         d.is_contiguous() && s.is_contiguous() && !d.is_same(s);
+  return d.is_cuda() && why_unbatchable(d, s) == Unbatchable::none;
 }
 
 // Splits one batchable pair into tasks of at most kCopyChunk bytes, each
@@ -132,9 +148,9 @@ SlotCopyPlan::SlotCopyPlan(const std::vector<at::Tensor>& dst, const std::vector
     p.bytes += d.nbytes();
 #if defined(GRAPHKEEP_WITH_CUDA)
     if (d.is_cuda() || s.is_cuda()) {
-      const std::string why = unbatchable(d, s);
-      GK_CHECK(StateError, why.empty(), "gk::SlotCopyPlan: pair ", i, " cannot be batched: ", why,
-               " (copy such pairs with gk::copy_slots)");
+      const Unbatchable why = why_unbatchable(d, s);
+      GK_CHECK(StateError, why == Unbatchable::none, "gk::SlotCopyPlan: pair ", i,
+               " cannot be batched: ", describe(why, d, s), " (copy such pairs with gk::copy_slots)");
       GK_CHECK(StateError, p.device.index() < 0 || d.device() == p.device, "gk::SlotCopyPlan: pair ", i, " is on ",
                d.device(), " but earlier pairs are on ", p.device, "; make one plan per device");
       p.device = d.device();

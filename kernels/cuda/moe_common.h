@@ -14,7 +14,6 @@
 #include "numerics/exact_math.h"
 
 #include <cstdint>
-#include <cstring>
 
 #if defined(__CUDACC__)
 #define GK_MOE_HD __host__ __device__ inline
@@ -55,22 +54,11 @@ GK_MOE_HD float gated_act(float a, float b) { return fmul(fdiv(a, fadd(1.f, fabs
 // Rounds a float to bfloat16 precision (round to nearest even), kept as a
 // float: the "A16" of W*A16 kernels. NaN stays NaN.
 GK_MOE_HD float round_bf16(float v) {
-  std::uint32_t u;
-#if defined(__CUDA_ARCH__)
-  u = __float_as_uint(v);
-#else
-  std::memcpy(&u, &v, sizeof u);
-#endif
+  std::uint32_t u = numerics::bits_of(v);
   if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0u) return v;
   u += 0x7fffu + ((u >> 16) & 1u);
   u &= 0xffff0000u;
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float r;
-  std::memcpy(&r, &u, sizeof r);
-  return r;
-#endif
+  return numerics::float_of(u);
 }
 
 // Top-k routing of one token from its router logits [E]: ids[j] is the j-th
