@@ -145,6 +145,20 @@ std::vector<ReachableTensor> reachable_tensors(torch::nn::Module& model, const S
   return out;
 }
 
+std::vector<std::string> opaque_members(torch::nn::Module& model) {
+  std::vector<std::string> out;
+  ModelWalk w;
+  w.on_tensor = [](const std::string&, const RoleSpec&, const at::Tensor&, std::function<at::Tensor()>) {};
+  w.on_flag = [&](std::string f) {
+    // "opaque: <path> (<owner>) is not looked into: <reason>" and
+    // "unregistered dynamic type: <path> (<owner>) holds a <type>; ..."
+    for (std::string_view head : {"opaque: ", "unregistered dynamic type: "})
+      if (f.rfind(head, 0) == 0) out.push_back(f.substr(head.size()));
+  };
+  w.run(model);
+  return out;
+}
+
 std::vector<std::string> lint_drift(const SlotPlan& plan) {
   std::vector<std::string> out;
   for (const LayerPlan& lp : plan.layers()) {

@@ -89,8 +89,10 @@ bool in_any(const std::vector<StaticBuffer>& bufs, std::uintptr_t a, const Stati
 }  // namespace
 
 CaptureManifest CaptureManifest::record(const ReplayBackend& graph, const SlotPlan& plan,
-                                        const std::vector<StaticBuffer>& io, std::vector<ReachableTensor> reachable) {
-  const std::vector<StaticBuffer> library = graph.library_ranges();
+                                        const std::vector<StaticBuffer>& io, std::vector<ReachableTensor> reachable,
+                                        const std::vector<AddressRange>& allowed) {
+  std::vector<StaticBuffer> library = graph.library_ranges();
+  library.insert(library.end(), allowed.begin(), allowed.end());
   GK_CHECK(StateError, graph.captured(), "graphkeep: graph '", graph.name(), "' has not been captured yet");
   CaptureManifest m;
   m.graph_ = graph.name();
@@ -170,8 +172,12 @@ VerifyResult CaptureManifest::verify(const SlotPlan& plan) const {
       case AddressClass::slot: {
         GK_INTERNAL_ASSERT(e.layer < plan.layers().size() && e.slot < plan.layers()[e.layer].slots.size(),
                            "manifest of graph ", graph_, " refers to a slot the plan no longer has");
-        const std::string& verdict = slot_verdict(e.layer, e.slot);
-        if (!verdict.empty()) issue(VerifyIssue::Kind::moved, e, verdict);
+        const std::string* verdict = &slot_verdict(e.layer, e.slot);
+        // Any slot viewing the same storage counts: a view whose field moved
+        // no longer describes what the graph reads (conservative, fail-closed).
+        for (const auto& [l, s] : plan.layers()[e.layer].slots[e.slot].same_storage)
+          if (verdict->empty()) verdict = &slot_verdict(l, s);
+        if (!verdict->empty()) issue(VerifyIssue::Kind::moved, e, *verdict);
         break;
       }
       case AddressClass::pool:

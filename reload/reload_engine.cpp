@@ -64,6 +64,60 @@ at::Tensor find_module_tensor(torch::nn::Module& m, const PlannedSlot& s) { retu
 
 }  // namespace
 
+// Note [Undo by storage]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Several slots can view one captured storage: an exact alias, a prefix or
+// interior view (q, k and v of a fused QKV weight), a strided view. An undo
+// log kept per *slot* (the old values of each slot swapped into its new
+// tensor) breaks there: the second slot's new tensor may be a view of the
+// storage the first swap has just filled with old values, and the second
+// copy then writes old values into the captured storage while the report
+// says the reload succeeded. So every undo is kept per *storage*: before
+// anything of a reload may write a captured storage (PWAL, which may write
+// in place into the tensors it is handed, or the commit), the whole storage
+// is copied once; a rollback copies each back. Overlap between slots then
+// cannot matter, and neither can the order in which slots are restored.
+class StorageBackups {
+ public:
+  // Copies t's whole storage unless this log holds it already. No-op for an
+  // undefined or empty tensor.
+  void take(const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage() || t.storage().nbytes() == 0) return;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    for (const Entry& e : entries_)
+      if (e.key == key) return;
+    at::Tensor bytes = at::empty({0}, t.options().dtype(at::kByte).requires_grad(false));
+    bytes.set_(t.storage(), 0, {static_cast<std::int64_t>(t.storage().nbytes())}, {1});
+    entries_.push_back({key, bytes, bytes.clone()});
+  }
+  bool holds(const at::Tensor& t) const {
+    if (!t.defined() || !t.has_storage()) return false;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    for (const Entry& e : entries_)
+      if (e.key == key) return true;
+    return false;
+  }
+  // Writes every saved storage back (newest first) and forgets them.
+  void restore() {
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) it->storage.copy_(it->saved);
+    entries_.clear();
+  }
+  void release() { entries_.clear(); }
+  std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const Entry& e : entries_) n += e.saved.nbytes();
+    return n;
+  }
+
+ private:
+  struct Entry {
+    const void* key;
+    at::Tensor storage;  // the whole captured storage, as bytes
+    at::Tensor saved;    // its contents before the reload wrote it
+  };
+  std::vector<Entry> entries_;
+};
+
 // ---------------------------------------------------------------------------
 // One reload: per-layer state, completion gate, commit and rollback
 // ---------------------------------------------------------------------------
@@ -79,14 +133,11 @@ struct LayerRun {
     at::Tensor value;
   };
   std::vector<Pending> pending;
-  std::vector<std::shared_ptr<const void>> configs;  // snapshot, per PlannedConfig
+  std::vector<std::shared_ptr<const void>> configs;  // snapshot, per PlannedConfig (null: did not resolve)
   std::vector<at::Tensor> current;                   // per slot: the post-PWAL tensor (a storage view)
-  std::vector<at::Tensor> backup;                    // transactional: declared slots' values before PWAL
   std::vector<char> mismatched;                      // per slot
-  struct Swap {
-    at::Tensor captured, old_values;
-  };
-  std::vector<Swap> swaps;                           // transactional commit undo log
+  StorageBackups backups;                            // captured storages this layer may write, before it did
+  bool pwal_unguarded = false;  // PWAL ran on writable captured storage without a backup (restore_in_place_writes off)
 };
 
 struct ReloadEngine::Impl {
@@ -103,12 +154,27 @@ struct ReloadEngine::Impl {
   };
   std::vector<Tracked> graphs;
   std::vector<StaticBuffer> io;
+  std::vector<AddressRange> allowed;  // allow_address_range()
   bool initial = false;  // the first load (gk::load_weights): nothing captured, nothing to copy back
 
   Impl(torch::nn::Module& m, ReloadOptions o) : model(m), options(std::move(o)) {}
 
   void fault(const ReloadOptions& o, std::string_view stage, const std::string& layer) {
     if (o.fault_hook) o.fault_hook(stage, layer);
+  }
+
+  // Options that name slots must name real ones (a misspelt name would
+  // silently protect nothing less, or nothing more, than the caller meant).
+  void validate(const ReloadOptions& o) const {
+    for (const std::string& name : o.unprotected_slots) {
+      if (plan.find_slot(name) != nullptr) continue;
+      std::string near;
+      for (const std::string& c : plan.closest_slot_names(name)) near += concat(near.empty() ? "" : ", ", "'", c, "'");
+      throw StateError(concat("graphkeep: ReloadOptions::unprotected_slots names '", name,
+                              "', which is no slot of the model", near.empty() ? "" : concat("; closest: ", near),
+                              " (slot names: module path, then parameter or member path, as "
+                              "ReloadEngine::slot_names() lists them)"));
+    }
   }
 
   void index_expected() {
@@ -133,10 +199,26 @@ struct ReloadEngine::Impl {
     fault(o, "detach", lp.prefix);
     // The slots must still point at their captured storage: anything else is
     // drift that happened outside a reload.
+    // After a failed reload left the model inconsistent, a path may not
+    // resolve (PWAL changed the object tree): this reload's PWAL rebuilds it,
+    // and check() reports it if it still does not resolve.
+    const bool recovering = state == EngineState::inconsistent;
     for (const PlannedSlot& s : lp.slots) {
       if (initial || !s.defined()) continue;
-      at::Tensor cur = s.kind == PlannedSlot::Kind::declared ? *s.paths.front().resolve_tensor(lp.root.ptr)
-                                                              : find_module_tensor(*lp.module, s);
+      at::Tensor cur;
+      if (s.kind == PlannedSlot::Kind::declared) {
+        const at::Tensor* field = s.paths.front().resolve_tensor(lp.root.ptr);
+        if (field == nullptr) {
+          GK_CHECK(DriftError, recovering, "graphkeep: ", s.name,
+                   " no longer resolves before the reload started (the object tree changed shape at step ",
+                   s.paths.front().broken_at(lp.root.ptr) + 1, " of ", s.paths.front().depth(),
+                   " outside a reload); the captured graphs read stale memory: recapture and prepare() again");
+          continue;
+        }
+        cur = *field;
+      } else {
+        cur = find_module_tensor(*lp.module, s);
+      }
       GK_CHECK(DriftError, same_storage_and_offset(cur, s.captured), "graphkeep: ", s.name,
                " no longer points at its captured storage before the reload started (something re-pointed it "
                "outside a reload); the captured graphs read stale memory: recapture and prepare() again");
@@ -144,8 +226,10 @@ struct ReloadEngine::Impl {
     run.configs.clear();
     for (const PlannedConfig& c : lp.configs) {
       void* p = c.path.resolve(lp.root.ptr);
-      GK_INTERNAL_ASSERT(p != nullptr, "config path ", c.name, " does not resolve");
-      run.configs.push_back(c.ops->copy(p));
+      GK_CHECK(DriftError, p != nullptr || recovering, "graphkeep: configuration value ", c.name,
+               " no longer resolves before the reload started (the object tree changed outside a reload): "
+               "recapture and prepare() again");
+      run.configs.push_back(p != nullptr ? c.ops->copy(p) : nullptr);
     }
     // Detach the checkpoint-format parameters from the captured storage (the
     // C++ counterpart of vLLM's move to the meta device: libtorch's set_data
@@ -185,11 +269,16 @@ struct ReloadEngine::Impl {
       }
       run.pending.clear();
     }
-    if (o.mode == ReloadMode::transactional) {
-      run.backup.assign(lp.slots.size(), at::Tensor());
-      for (std::size_t i = 0; i < lp.slots.size(); ++i)
-        if (lp.slots[i].kind == PlannedSlot::Kind::declared && lp.slots[i].defined())
-          run.backup[i] = lp.slots[i].captured.clone();
+    // PWAL may write into the captured tensors it can reach (declared
+    // members, buffers it does not load, views of a parameter's storage):
+    // see Note [Undo by storage].
+    if (!initial) {
+      if (o.restore_in_place_writes) {
+        for (const PlannedSlot& sl : lp.slots)
+          if (pwal_can_write(lp, sl)) run.backups.take(sl.captured);
+      } else {
+        for (const PlannedSlot& sl : lp.slots) run.pwal_unguarded = run.pwal_unguarded || pwal_can_write(lp, sl);
+      }
     }
     {
       Timer t(rep.times.pwal_ms);
@@ -202,6 +291,20 @@ struct ReloadEngine::Impl {
       check(lp, run, o, rep);
     }
     run.phase = LayerRun::Phase::processed;
+  }
+
+  // True when PWAL can reach slot s's captured storage: a declared member, a
+  // buffer or parameter the checkpoint does not fill (not detached), or a
+  // detached parameter that a declared member holds through its own handle.
+  static bool pwal_can_write(const LayerPlan& lp, const PlannedSlot& s) {
+    if (!s.defined()) return false;
+    if (s.kind == PlannedSlot::Kind::declared) return true;
+    const bool loaded = std::any_of(lp.params.begin(), lp.params.end(),
+                                    [&](const CheckpointParam& cp) { return cp.param == s.local; });
+    if (!loaded) return true;
+    for (std::size_t a = 1; a < s.originals.size(); ++a)
+      if (s.originals[a].defined() && !s.originals[a].is_same(s.originals.front())) return true;
+    return false;
   }
 
   static const PlannedSlot* slot_named(const LayerPlan& lp, const std::string& local) {
@@ -255,8 +358,9 @@ struct ReloadEngine::Impl {
         if (p == nullptr) {
           problems.push_back(concat(pc.name, ": configuration path no longer resolves after PWAL"));
           paths.push_back(pc.name);
-        } else if (!pc.ops->equal(p, run.configs[c].get())) {
-          problems.push_back(concat(pc.name, ": configuration value changed ", pc.ops->repr(run.configs[c].get()), " -> ",
+        } else if (const void* before = run.configs[c] != nullptr ? run.configs[c].get() : pc.captured.get();
+                   !pc.ops->equal(p, before)) {
+          problems.push_back(concat(pc.name, ": configuration value changed ", pc.ops->repr(before), " -> ",
                                  pc.ops->repr(p), " (a captured kernel may have taken it by value)"));
           paths.push_back(pc.name);
         }
@@ -305,68 +409,66 @@ struct ReloadEngine::Impl {
     }
     Timer t(rep.times.copy_ms);
     fault(o, "copy", lp.prefix);
-    const bool undo = o.mode == ReloadMode::transactional;
-    std::vector<at::Tensor> dst, src;
+    // Transactional: every captured storage this commit writes is saved
+    // first, so a later failure can undo it (Note [Undo by storage]).
+    const bool undoable = o.mode == ReloadMode::transactional;
+    std::vector<at::Tensor> dst, src, zero;
     for (std::size_t i = 0; i < lp.slots.size(); ++i) {
       PlannedSlot& s = lp.slots[i];
       if (run.mismatched[i] || unprotected(o, s)) continue;
       const at::Tensor& C = s.captured;
       const at::Tensor& N = run.current[i];
-      if (C.defined()) {
-        const Init init = s.role.effective_init();
-        const bool in_place = same_storage_and_offset(N, C);
-        if (init == Init::copy_new && !in_place) {
-          if (undo) {
-            // Swap, so the new tensor keeps the old values for an undo.
-            at::Tensor old = C.clone();
-            C.copy_(N);
-            N.copy_(old);
-            run.swaps.push_back({C, N});
-          } else {
-            dst.push_back(C);
-            src.push_back(N);
-          }
-          rep.bytes_copied += C.nbytes();
-        } else if (init == Init::zero) {
-          if (undo && !in_place) {
-            N.copy_(C);
-            run.swaps.push_back({C, N});
-          }
-          C.zero_();
-          rep.slots_zeroed += 1;
-        }
+      if (!C.defined()) continue;
+      const Init init = s.role.effective_init();
+      const bool in_place = same_storage_and_offset(N, C);
+      if (init == Init::copy_new && !in_place) {
+        dst.push_back(C);
+        src.push_back(N);
+        rep.bytes_copied += C.nbytes();
+      } else if (init == Init::zero) {
+        zero.push_back(C);
+        rep.slots_zeroed += 1;
       }
+    }
+    if (undoable) {
+      for (const at::Tensor& C : dst) run.backups.take(C);
+      for (const at::Tensor& C : zero) run.backups.take(C);
+    }
+    // Zero first, then copy: where a zeroed slot overlaps a copied one, the
+    // copied value wins, as it did when each slot was written on its own.
+    for (const at::Tensor& C : zero) C.zero_();
+    if (!dst.empty()) copy_slots(dst, src);  // one launch for the CUDA slots
+    for (const PlannedSlot& s : lp.slots) {
+      const std::size_t i = static_cast<std::size_t>(&s - lp.slots.data());
+      if (run.mismatched[i] || unprotected(o, s)) continue;
       repoint(lp, s);
     }
-    if (!dst.empty()) copy_slots(dst, src);  // one launch for the CUDA slots
     run.current.clear();
-    run.backup.clear();
+    if (!undoable) run.backups.release();
     run.phase = LayerRun::Phase::committed;
   }
 
-
-  // Returns false when something could not be restored (the model is then inconsistent).
+  // Points the layer's fields back at their captured storage and restores
+  // its values and configuration. Returns false when something could not be
+  // restored (the model is then inconsistent).
   bool rollback(LayerPlan& lp, LayerRun& run) {
-    bool ok = true;
-    for (auto it = run.swaps.rbegin(); it != run.swaps.rend(); ++it) it->captured.copy_(it->old_values);
-    run.swaps.clear();
-    for (std::size_t i = 0; i < lp.slots.size(); ++i) {
-      const PlannedSlot& s = lp.slots[i];
+    bool ok = !run.pwal_unguarded;
+    run.backups.restore();
+    for (const PlannedSlot& s : lp.slots) {
       for (const SlotPath& p : s.paths) ok = ok && p.resolve_tensor(lp.root.ptr) != nullptr;
       repoint(lp, s);
-      if (i < run.backup.size() && run.backup[i].defined()) s.captured.copy_(run.backup[i]);
     }
-    for (std::size_t c = 0; c < lp.configs.size() && c < run.configs.size(); ++c) {
+    for (std::size_t c = 0; c < lp.configs.size(); ++c) {
       void* p = lp.configs[c].path.resolve(lp.root.ptr);
       if (p == nullptr) {
         ok = false;
         continue;
       }
-      lp.configs[c].ops->assign(p, run.configs[c].get());
+      const bool snapped = c < run.configs.size() && run.configs[c] != nullptr;
+      lp.configs[c].ops->assign(p, snapped ? run.configs[c].get() : lp.configs[c].captured.get());
     }
     run.pending.clear();
     run.current.clear();
-    run.backup.clear();
     return ok;
   }
 
@@ -388,6 +490,7 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
            "graphkeep: ReloadEngine::reload() before prepare(): call prepare() after the first load and PWAL, "
            "before capturing graphs");
   GK_CHECK(StateError, state != EngineState::needs_recapture, "graphkeep: reload refused: ", reason);
+  if (!initial) validate(o);
   at::NoGradGuard no_grad;
   const auto t0 = Clock::now();
   ReloadReport rep;
@@ -484,8 +587,10 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
   } catch (...) {
     // Roll back every layer that has not committed; in transactional mode
     // also undo the commits of this reload (the swap log).
+    // Newest first: where layers share a storage (tied weights), the oldest
+    // saved contents are written last (Note [Undo by storage]).
     bool restored = true;
-    for (std::size_t li = 0; li < runs.size(); ++li) {
+    for (std::size_t li = runs.size(); li-- > 0;) {
       LayerRun& run = runs[li];
       const bool undoable = o.mode == ReloadMode::transactional;
       if (!run.detached) continue;
@@ -493,7 +598,8 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
     }
     if (!restored || (o.mode == ReloadMode::streaming && any_committed)) {
       state = EngineState::inconsistent;
-      reason = !restored ? "a failed reload could not restore every slot (PWAL changed the object tree)"
+      reason = !restored ? "a failed reload could not restore every slot (PWAL changed the object tree, or wrote "
+                           "captured tensors with ReloadOptions::restore_in_place_writes off)"
                          : "a streaming reload failed after some layers were committed: the model mixes old and "
                            "new weights";
     }
@@ -543,6 +649,7 @@ void ReloadEngine::prepare() {
   impl_->graphs.clear();
   impl_->plan = build_slot_plan(impl_->model);
   impl_->index_expected();
+  impl_->validate(impl_->options);
   impl_->state = EngineState::ready;
   impl_->reason.clear();
 }
@@ -565,13 +672,104 @@ void ReloadEngine::check_replay_allowed() const {
   }
 }
 
+// Note [Fail closed at capture]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A graph is trusted only when the manifest can vouch for every address it
+// reads. track() therefore refuses replay (state drift, gk::DriftError) when
+//   - the capture recorded no address at all: on the CPU backend a forward
+//     written with plain ATen ops runs eagerly and records nothing, so replay
+//     would return whatever the output buffer last held;
+//   - the graph reads none of the model's slots although the model has some:
+//     it cannot be serving this model's weights;
+//   - an address lies in no slot, pool, static buffer, library workspace or
+//     allowed range: an undeclared tensor (named, with its role) or a raw
+//     allocation (with the opaque members near it that could hold it).
+// The graph stays tracked, so later reloads verify it too; prepare() after a
+// recapture starts over. A library's own persistent workspace is allowed by
+// name with allow_address_range().
 void ReloadEngine::track(ReplayBackend& graph) {
   GK_CHECK(StateError, impl_->state != EngineState::unprepared,
            "graphkeep: track() before prepare(): the manifest classifies addresses against the slot plan");
   untrack(graph);
   impl_->graphs.push_back({&graph, CaptureManifest::record(graph, impl_->plan, impl_->io,
-                                                           reachable_tensors(impl_->model, impl_->plan))});
+                                                           reachable_tensors(impl_->model, impl_->plan),
+                                                           impl_->allowed)});
+  const CaptureManifest& m = impl_->graphs.back().manifest;
+  std::string problem;
+  if (m.entries().empty()) {
+    problem = concat("graph '", graph.name(), "' recorded no launch and no address",
+                     graph.device().is_cpu()
+                         ? ": on the CPU replay backend a forward must launch through gk::hostrt (plain ATen ops run "
+                           "eagerly and are not recorded, so replay would not recompute anything)"
+                         : ": nothing was captured on the capture stream");
+  } else if (m.count(AddressClass::slot) == 0 && impl_->plan.num_slots() > 0) {
+    problem = concat("graph '", graph.name(), "' reads none of the model's ", impl_->plan.num_slots(),
+                     " slots: it cannot be computing with this model's weights (was the forward captured on another "
+                     "model, or through copies of its tensors?)");
+  } else if (m.count(AddressClass::unknown) > 0) {
+    problem = concat("graph '", graph.name(), "' reads ", m.count(AddressClass::unknown),
+                     " address(es) that no slot, pool, static buffer or allowed range owns; after a reload these "
+                     "would be stale or freed:");
+    const std::vector<std::string> opaque = opaque_members(impl_->model);
+    std::size_t shown = 0;
+    for (const ManifestEntry& e : m.entries()) {
+      if (e.cls != AddressClass::unknown) continue;
+      if (++shown > 10) {
+        problem += concat("\n  ... ", m.count(AddressClass::unknown) - 10, " more");
+        break;
+      }
+      problem += concat("\n  node ", e.use.node, " (", e.use.node_name, ") address 0x", std::hex, e.use.address,
+                        std::dec, ": ");
+      if (e.reachable != SIZE_MAX) {
+        const ReachableTensor& r = m.reachable()[e.reachable];
+        problem += concat("in the undeclared tensor ", r.path, " (role ", to_string(r.role.role),
+                          r.role.reason.empty() ? "" : concat(": ", r.role.reason),
+                          "), which is reachable but no slot: declare it with a graph-visible role "
+                          "(gk::workspace, gk::scale, gk::metadata, ...), or call prepare() again if it was added "
+                          "after prepare()");
+        continue;
+      }
+      problem += "in no tensor the collector reaches (a raw allocation, e.g. a caching-allocator block or a "
+                 "library handle's memory)";
+      // The opaque members of the layers this node also reads could hold it.
+      std::vector<std::string> near;
+      for (const ManifestEntry& o : m.entries()) {
+        if (o.use.node != e.use.node || o.cls != AddressClass::slot) continue;
+        const std::string& prefix = impl_->plan.layers()[o.layer].prefix;
+        for (const std::string& op : opaque)
+          if ((prefix.empty() || op.rfind(prefix + ".", 0) == 0) &&
+              std::find(near.begin(), near.end(), op) == near.end())
+            near.push_back(op);
+      }
+      const std::vector<std::string>& list = near.empty() ? opaque : near;
+      if (list.empty()) {
+        problem += "; the model has no opaque member that could hold it";
+      } else {
+        problem += concat("; opaque members", near.empty() ? " of the model" : " of the layers this node reads",
+                          " that could hold it:");
+        for (std::size_t i = 0; i < list.size() && i < 8; ++i) problem += concat(i ? ", " : " ", list[i]);
+      }
+      problem += ". If it is a library's own persistent workspace, allow it with "
+                 "ReloadEngine::allow_address_range(name, ptr, bytes, reason) before track()";
+    }
+  }
+  if (problem.empty()) return;
+  if (impl_->options.on_unknown_address == UnknownAddressPolicy::report) return;
+  impl_->state = EngineState::drift;
+  impl_->reason = problem;
+  throw DriftError(concat("graphkeep: replay refused at capture: ", problem));
 }
+
+void ReloadEngine::allow_address_range(std::string name, const void* begin, std::size_t bytes, std::string reason) {
+  GK_CHECK(StateError, begin != nullptr && bytes > 0, "graphkeep: allow_address_range('", name,
+           "'): the range is empty or null");
+  GK_CHECK(StateError, !reason.empty(), "graphkeep: allow_address_range('", name,
+           "') needs a reason (who owns the memory, and why it never moves across reloads)");
+  const auto b = reinterpret_cast<std::uintptr_t>(begin);
+  impl_->allowed.push_back({concat(name, " (allowed: ", reason, ")"), b, b + bytes});
+}
+
+std::vector<std::string> ReloadEngine::slot_names() const { return impl_->plan.slot_names(); }
 
 void ReloadEngine::untrack(const ReplayBackend& graph) {
   auto& g = impl_->graphs;

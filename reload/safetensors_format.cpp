@@ -141,8 +141,38 @@ struct DuplicateKeys {
   }
 };
 
+// The deepest nesting of arrays and objects in `text`, outside strings, or
+// stops counting as soon as it passes `limit` (scans without recursion, so a
+// hostile header cannot exhaust the stack before the parser even starts).
+std::size_t nesting_depth(std::string_view text, std::size_t limit) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 json parse_json(std::span<const std::byte> header, std::string_view label) {
   const char* b = reinterpret_cast<const char*>(header.data());
+  // The reference parser (serde_json) stops at 128 levels of nesting, in any
+  // member, ignored ones included; nlohmann recurses without a limit.
+  GK_CHECK(WeightError, nesting_depth({b, header.size()}, kMaxSafetensorsNesting) <= kMaxSafetensorsNesting, label,
+           ": the header nests arrays or objects deeper than ", kMaxSafetensorsNesting,
+           " levels (the reference implementation's limit); the file is corrupt or hostile");
   // nlohmann's lexer takes a NUL byte for the end of the input, so "{}\0..."
   // would parse as "{}" and ignore the rest. No valid JSON text holds a raw
   // NUL (not even inside a string), so any is an error, as in the reference.
@@ -304,6 +334,9 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> file,
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | std::to_integer<std::uint64_t>(file[i]);
   const std::uint64_t rest = file.size() - 8;
+  GK_CHECK(WeightError, n <= kMaxSafetensorsHeaderBytes, label, ": the header length ", n,
+           " bytes exceeds the format's limit of ", kMaxSafetensorsHeaderBytes,
+           " bytes (the reference implementation rejects it too); the file is corrupt or hostile");
   GK_CHECK(WeightError, n <= rest, label, ": the header length ", n,
            " runs past the end of the file (", rest,
            " bytes follow the length); the file is truncated or not a safetensors file");

@@ -43,6 +43,47 @@ std::size_t SlotPlan::captured_bytes() const noexcept {
   return n;
 }
 
+std::vector<std::string> SlotPlan::slot_names() const {
+  std::vector<std::string> out;
+  for (const auto& l : layers_)
+    for (const auto& s : l.slots) out.push_back(s.name);
+  return out;
+}
+
+const PlannedSlot* SlotPlan::find_slot(std::string_view name) const {
+  for (const auto& l : layers_)
+    for (const auto& s : l.slots)
+      if (s.name == name) return &s;
+  return nullptr;
+}
+
+namespace {
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+}  // namespace
+
+std::vector<std::string> SlotPlan::closest_slot_names(std::string_view name, std::size_t n) const {
+  std::vector<std::pair<std::size_t, std::string>> scored;
+  for (const auto& l : layers_)
+    for (const auto& s : l.slots) scored.emplace_back(edit_distance(name, s.name), s.name);
+  std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < scored.size() && i < n; ++i) out.push_back(scored[i].second);
+  return out;
+}
+
 void SlotPlan::index() {
   ranges_.clear();
   for (std::uint32_t li = 0; li < layers_.size(); ++li)
@@ -51,6 +92,17 @@ void SlotPlan::index() {
       if (s.defined() && s.storage_nbytes > 0) ranges_.push_back({s.storage_begin(), s.storage_end(), li, si});
     }
   std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  // Slots viewing one storage: equal storage bases, adjacent after the sort.
+  for (auto& l : layers_)
+    for (auto& s : l.slots) s.same_storage.clear();
+  for (std::size_t i = 0; i < ranges_.size();) {
+    std::size_t j = i;
+    while (j < ranges_.size() && ranges_[j].begin == ranges_[i].begin) ++j;
+    for (std::size_t a = i; j - i > 1 && a < j; ++a)
+      for (std::size_t b = i; b < j; ++b)
+        if (a != b) layers_[ranges_[a].layer].slots[ranges_[a].slot].same_storage.emplace_back(ranges_[b].layer, ranges_[b].slot);
+    i = j;
+  }
 }
 
 std::optional<SlotPlan::Owner> SlotPlan::find_owner(std::uintptr_t address) const {
@@ -148,7 +200,7 @@ class ConfigCollector final : public Walker {
   std::vector<PlannedConfig> configs;
   void tensor(const SlotPath&, const RoleSpec&, std::string_view, at::Tensor&) override {}
   void config(const SlotPath& path, std::string_view, ConfigRef value) override {
-    if (value.ops != nullptr) configs.push_back(PlannedConfig{path.str(), path, value.ops});
+    if (value.ops != nullptr) configs.push_back(PlannedConfig{path.str(), path, value.ops, value.ops->copy(value.ptr)});
   }
 };
 

@@ -29,8 +29,11 @@ struct Rig {
     input = at::linspace(-1.0, 1.0, 3 * 8).reshape({3, 8});
     engine->add_static_io("input", input);
     graph.capture([&] { output = model->forward(input); });
-    engine->track(graph);
+    // A graph the manifest cannot vouch for is refused here (kept tracked):
+    // the tests of hidden tensors read the message.
+    track_error = gk::testing::message_of<gk::DriftError>([&] { engine->track(graph); });
   }
+  std::string track_error;
   at::Tensor replay() {
     engine->check_replay_allowed();
     graph.replay();
@@ -395,8 +398,15 @@ TEST_CASE("the manifest classifies every captured address, and catches a tensor 
                                      m->count(gk::AddressClass::pool));
   }
   {
+    // Fail closed at capture: track() refuses the graph and names the
+    // undeclared tensor with the role it was (wrongly) given.
     using Hidden = toy::ToyModelT<toy::RowScaleKernelT<true>>;
     Rig<Hidden> rig;
+    CHECK(rig.track_error.find("replay refused at capture") != std::string::npos);
+    CHECK(rig.track_error.find("in the undeclared tensor l1.kernel_.locks_ (role not_graph_visible: test: hidden "
+                               "from the registry)") != std::string::npos);
+    CHECK(rig.engine->state() == gk::EngineState::drift);
+    CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::DriftError);
     const gk::CaptureManifest* m = rig.engine->manifest(rig.graph);
     REQUIRE(m != nullptr);
     CHECK(m->count(gk::AddressClass::unknown) == 2);  // the locks of l1 and l2

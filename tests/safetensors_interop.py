@@ -161,6 +161,54 @@ def python_to_cpp(checker, tmp):
           f"truncated file: exit {p.returncode}, stderr {p.stderr.strip()!r}")
 
 
+def hostile_headers(checker, tmp):
+    """Bounds the reference enforces: both parsers must agree on each file."""
+    import json
+    import struct
+
+    def write(name, header_bytes, data=b""):
+        path = os.path.join(tmp, name)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(header_bytes)) + header_bytes + data)
+        return path
+
+    def python_accepts(path):
+        try:
+            with safe_open(path, framework="pt") as f:
+                list(f.keys())
+            return True
+        except Exception:  # the reference raises SafetensorError (a plain Exception subclass)
+            return False
+
+    def nested(depth):
+        # A tensor entry's unknown member holds `depth - 2` nested lists: the
+        # outer object and the entry itself are the first two levels.
+        junk = "[" * (depth - 2) + "]" * (depth - 2)
+        head = '{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":%s}}' % junk
+        return head.encode()
+
+    for depth, accepted in ((127, True), (128, False)):
+        path = write(f"nested_{depth}.safetensors", nested(depth), b"\0\0\0\0")
+        p, _, _ = run_checker(checker, "read", path)
+        check(python_accepts(path) == accepted,
+              f"nesting {depth}: the reference {'rejects' if accepted else 'accepts'} it")
+        check((p.returncode == 0) == accepted and (accepted or "nests arrays or objects deeper" in p.stderr),
+              f"nesting {depth}: C++ exit {p.returncode}, stderr {p.stderr.strip()[:200]!r}")
+    # 100,000-deep nesting: rejected at once, without exhausting the stack.
+    path = write("nested_100000.safetensors", nested(100000), b"\0\0\0\0")
+    p, _, _ = run_checker(checker, "read", path)
+    check(not python_accepts(path) and p.returncode == 2 and "deeper than 127" in p.stderr,
+          f"nesting 100000: C++ exit {p.returncode}, stderr {p.stderr.strip()[:200]!r}")
+    # A header one byte over the limit: padding spaces after a valid object.
+    head = b'{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    path = write("huge_header.safetensors", head + b" " * (100_000_001 - len(head)), b"\0\0\0\0")
+    p, _, _ = run_checker(checker, "read", path)
+    check(not python_accepts(path), "header of 100,000,001 bytes: the reference accepts it")
+    check(p.returncode == 2 and "exceeds the format's limit of 100000000 bytes" in p.stderr,
+          f"header of 100,000,001 bytes: C++ exit {p.returncode}, stderr {p.stderr.strip()[:200]!r}")
+    os.remove(path)
+
+
 def cpp_to_python(checker, tmp):
     path = os.path.join(tmp, "from_cpp.safetensors")
     p, written, meta = run_checker(checker, "write", path)
@@ -194,6 +242,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="gk_st_interop_") as tmp:
         python_to_cpp(checker, tmp)
         cpp_to_python(checker, tmp)
+        hostile_headers(checker, tmp)
     print(f"{checks - len(failures)} passed, {len(failures)} failed")
     return 1 if failures else 0
 

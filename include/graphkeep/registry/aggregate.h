@@ -47,7 +47,7 @@ struct aggregate {
 // check reports that case).
 template <class T, std::size_t I, class M>
 constexpr bool field_is() {
-  if constexpr (I < boost::pfr::tuple_size_v<T>)
+  if constexpr (I < pfr_field_count<T>())
     return std::is_same_v<boost::pfr::tuple_element_t<I, T>, M>;
   else
     return true;
@@ -98,7 +98,13 @@ constexpr bool field_is() {
   static_assert(::std::is_aggregate_v<T>,                                                         \
                 "graphkeep: " #T " is not an aggregate (it has constructors, private members or " \
                 "virtual functions): describe it with GRAPHKEEP_DESCRIBE inside the class");      \
-  static_assert(::boost::pfr::tuple_size_v<T> == BOOST_PP_SEQ_SIZE(seq),                          \
+  static_assert(!::gk::detail::aggregate_has_base<T>(),                                          \
+                "graphkeep: " #T " derives from a base class, and GRAPHKEEP_AGGREGATE (Boost.PFR) " \
+                "cannot reflect inherited fields: describe " #T " inside the class with "         \
+                "GRAPHKEEP_DESCRIBE_DERIVED(" #T ", (Base), fields...), or hold the base as a "   \
+                "field and list it");                                                            \
+  static_assert(::gk::detail::pfr_field_count<T, BOOST_PP_SEQ_SIZE(seq)>() ==                     \
+                    BOOST_PP_SEQ_SIZE(seq),                                                       \
                 "graphkeep: " #T " has a different number of fields than GRAPHKEEP_AGGREGATE "    \
                 "lists (the note below gives both): list every field of " #T                      \
                 " in declaration order, tensors with a role, others bare");                       \

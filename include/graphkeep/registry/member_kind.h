@@ -69,6 +69,36 @@ template <class T> struct tensor_free_type<std::atomic<T>> : std::is_arithmetic<
 
 namespace detail {
 
+// Converts only to a proper base class of T: T{base_probe<T>{}} compiles
+// exactly when T is an aggregate whose first element is a base class.
+// Boost.PFR cannot reflect such a type (its own error, "Inherited types are
+// not supported", comes with a dozen more and names no member), so
+// graphkeep checks this first and says what to do.
+template <class T>
+struct base_probe {
+  template <class B, std::enable_if_t<std::is_base_of_v<B, T> && !std::is_same_v<B, T>, int> = 0>
+  constexpr operator B&() const noexcept;
+  template <class B, std::enable_if_t<std::is_base_of_v<B, T> && !std::is_same_v<B, T>, int> = 0>
+  constexpr operator B&&() const noexcept;
+};
+template <class T>
+constexpr bool aggregate_has_base() {
+  if constexpr (!std::is_aggregate_v<T>)
+    return false;
+  else
+    return requires { T{base_probe<T>{}}; };
+}
+// boost::pfr::tuple_size_v<T>, or `otherwise` for a type PFR cannot reflect
+// (an aggregate with a base), without instantiating PFR's diagnostics for it.
+template <class T, std::size_t otherwise = 0>
+constexpr std::size_t pfr_field_count() {
+  if constexpr (aggregate_has_base<T>())
+    return otherwise;
+  else
+    return boost::pfr::tuple_size_v<T>;
+}
+
+
 // Why a member type is rejected. The descriptor macros map each code to a
 // static_assert message that names the class, the member and the fix.
 enum class member_error : std::uint8_t {
@@ -230,7 +260,7 @@ constexpr member_kind classify() {
     return classify_alternatives<T>::value;
   } else if constexpr (std::is_class_v<T> && call_operator<T>) {
     return {.error = member_error::callable};  // a lambda or functor: captures are invisible
-  } else if constexpr (std::is_class_v<T> && std::is_aggregate_v<T>) {
+  } else if constexpr (std::is_class_v<T> && std::is_aggregate_v<T> && !aggregate_has_base<T>()) {
     // An unregistered aggregate: look inside with Boost.PFR. Configuration
     // structs pass; one that reaches a tensor must be registered.
     member_kind k = classify_pfr_fields<T>(std::make_index_sequence<boost::pfr::tuple_size_v<T>>{});

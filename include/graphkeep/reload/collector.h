@@ -52,6 +52,11 @@ CollectorReport collect_tensors(torch::nn::Module& model, const SlotPlan* plan =
 // The same walk, as re-resolvable records for the capture manifest.
 std::vector<ReachableTensor> reachable_tensors(torch::nn::Module& model, const SlotPlan& plan);
 
+// The members the collector cannot look into: opaque members and
+// unregistered dynamic types, as "path (owner): reason". Raw memory a graph
+// reads may be held by one of them.
+std::vector<std::string> opaque_members(torch::nn::Module& model);
+
 // Every planned slot whose field (any alias path, or the module's parameter)
 // no longer points at its captured storage: one message each. Empty = no drift.
 std::vector<std::string> lint_drift(const SlotPlan& plan);

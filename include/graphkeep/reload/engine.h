@@ -53,6 +53,8 @@ class ReplayBackend;
 class CaptureManifest;
 struct VerifyResult;
 
+enum class UnknownAddressPolicy { refuse, report };
+
 struct ReloadOptions {
   ReloadMode mode = ReloadMode::streaming;
   MismatchPolicy on_mismatch = MismatchPolicy::raise;
@@ -60,9 +62,23 @@ struct ReloadOptions {
   bool verify = true;
   // Treat a configuration value changed by PWAL as a mismatch.
   bool check_configs = true;
+  // PWAL may write into captured tensors in place (a declared member it is
+  // handed, a buffer it does not load, a view of a parameter's storage).
+  // true: before each layer's PWAL, copy those captured storages, and write
+  // them back if the layer fails (memory: one layer's such storages in
+  // streaming mode, all of them in transactional mode). false: no copy; a
+  // layer that fails after its PWAL started marks the model inconsistent
+  // (replay refused until a reload succeeds). docs/reload.md, "Modes".
+  bool restore_in_place_writes = true;
   // Full slot names whose copy-back is disabled: the fields keep PWAL's new
   // tensors, as without graphkeep. For demonstrations and negative tests.
+  // Each must be a slot name (ReloadEngine::slot_names(); Note [Slot names]
+  // in slot_plan.h): an unknown one is a gk::StateError naming the closest.
   std::vector<std::string> unprotected_slots;
+  // What track() does with a graph the manifest cannot vouch for (Note [Fail
+  // closed at capture] in reload_engine.cpp): refuse replay (default), or
+  // only report it in the manifest, for demonstrations and negative tests.
+  UnknownAddressPolicy on_unknown_address = UnknownAddressPolicy::refuse;
   // Called at each stage with (stage, layer prefix); throwing from it injects
   // a fault there. Stages: "detach", "load", "pwal", "check", "copy", "commit".
   std::function<void(std::string_view stage, const std::string& layer)> fault_hook;
@@ -106,8 +122,17 @@ class ReloadEngine {
 
   // Records `graph`'s capture manifest (classifying every address it uses)
   // and verifies it after each reload. The graph must outlive the engine or
-  // be untracked first.
+  // be untracked first. Fails closed: a graph that recorded nothing, reads
+  // none of the model's slots, or reads an address nothing owns (an
+  // undeclared tensor, a raw allocation) stays tracked, the engine refuses
+  // replay, and track() throws gk::DriftError naming each address's owner.
   void track(ReplayBackend& graph);
+  // Allows graphs to read [begin, begin + bytes) although no slot owns it: a
+  // library's own persistent workspace that never moves across reloads.
+  // Call before track(); `reason` is shown wherever the range is reported.
+  void allow_address_range(std::string name, const void* begin, std::size_t bytes, std::string reason);
+  // Every slot's name (Note [Slot names] in slot_plan.h).
+  std::vector<std::string> slot_names() const;
   void untrack(const ReplayBackend& graph);
   // Registers a persistent input or output buffer of the runner, so the
   // manifest classifies its addresses as static I/O.

@@ -8,7 +8,8 @@
 //              buffer or declared slot)
 //   pool       inside the graph's private memory pool
 //   static_io  inside a registered persistent input or output buffer
-//   library    inside a library's own persistent workspace (cuBLAS)
+//   library    inside a library's own persistent workspace (cuBLAS), or a
+//              range the engine was told to allow (allow_address_range)
 //   unknown    none of these: an undeclared tensor
 // After a reload, verify() checks each address again before the next replay:
 //   moved      the owning slot (or the undeclared tensor's path) now points at
@@ -83,12 +84,17 @@ class CaptureManifest {
   // runtime collector found (for naming undeclared tensors and detecting
   // expiry); `io`: persistent input/output buffers. Library workspaces come
   // from the backend.
+  // `allowed`: ranges the engine was told to trust (allow_address_range),
+  // classified as library memory.
   static CaptureManifest record(const ReplayBackend& graph, const SlotPlan& plan,
                                 const std::vector<StaticBuffer>& io,
-                                std::vector<ReachableTensor> reachable);
+                                std::vector<ReachableTensor> reachable,
+                                const std::vector<AddressRange>& allowed = {});
 
   const std::string& graph_name() const noexcept { return graph_; }
   const std::vector<ManifestEntry>& entries() const noexcept { return entries_; }
+  // The tensors the collector reached at capture (ManifestEntry::reachable).
+  const std::vector<ReachableTensor>& reachable() const noexcept { return reachable_; }
   std::size_t count(AddressClass c) const noexcept;
   // The unknown entries as a readable list ("node k: address in tensor <path>").
   std::vector<std::string> undeclared() const;

@@ -28,6 +28,10 @@
 // silently); dimensions must fit int64 (torch's limit; the reference allows
 // up to 2^64-1 when the element count is 0); and dtypes graphkeep does not
 // map to torch (U16, U32, U64, C64, F8_E8M0, F4, ...) are "unknown dtype".
+// Bounded as the reference is: a header over 100,000,000 bytes, or JSON
+// nested deeper than 127 levels anywhere (ignored members too), is rejected
+// before any JSON is parsed (tests/safetensors_interop.py checks both
+// against the reference).
 // Every failure raises gk::WeightError whose message starts with the file's
 // label and names the tensor; the parser never reads outside the span it is
 // given.
@@ -92,6 +96,13 @@ struct SafetensorsHeader {
   // The entry named `name`, or nullptr.
   const SafetensorsEntry* find(std::string_view name) const;
 };
+
+// The reference implementation's bounds (huggingface/safetensors): a header
+// of at most 100,000,000 bytes, and JSON nested at most 127 levels deep
+// (serde_json's recursion limit of 128). Larger or deeper is rejected before
+// the JSON is parsed.
+inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+inline constexpr std::size_t kMaxSafetensorsNesting = 127;
 
 // Parses and validates `file`, the whole file's bytes. `label` starts every
 // error message (e.g. "safetensors file 'model.safetensors'"). Raises

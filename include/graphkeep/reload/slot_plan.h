@@ -19,8 +19,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch::nn {
@@ -47,6 +49,12 @@ struct PlannedSlot {
   c10::Device device = c10::kCPU;
   std::size_t storage_nbytes = 0;
 
+  // The other slots (layer, slot indices) that view the same captured
+  // storage: exact aliases merge into one slot, but prefix, interior and
+  // strided views (q, k, v of a fused weight) are slots of their own. A graph
+  // reading the storage is verified against all of them (SlotPlan::index).
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> same_storage;
+
   bool defined() const noexcept { return captured.defined(); }
   // [storage base, storage base + storage_nbytes): the addresses this slot owns.
   std::uintptr_t storage_begin() const;
@@ -59,6 +67,7 @@ struct PlannedConfig {
   std::string name;
   SlotPath path;
   const ConfigOps* ops = nullptr;
+  std::shared_ptr<const void> captured;  // its value at prepare(), what the graphs were captured with
 };
 
 struct LayerPlan {
@@ -80,6 +89,21 @@ class SlotPlan {
   std::size_t num_slots() const noexcept;
   std::size_t num_declared_slots() const noexcept;
   std::size_t captured_bytes() const noexcept;
+
+  // Note [Slot names]
+  // ~~~~~~~~~~~~~~~~~
+  // A slot's name is its full path in the model: the module path, then the
+  // parameter or buffer name ("layers.0.mlp.weight"), or the declared
+  // member's path from the layer's registered root, with containers indexed
+  // by position or key ("layers.0.mlp.kernel_.workspace_",
+  // "moe.experts_[3].w13_"). Aliases of one slot are listed under the first
+  // path. These are the names ReloadOptions::unprotected_slots takes, and the
+  // ones errors and gk-slots print.
+  std::vector<std::string> slot_names() const;
+  // The slot of that name, or nullptr.
+  const PlannedSlot* find_slot(std::string_view name) const;
+  // Up to `n` slot names closest to `name` (edit distance), closest first.
+  std::vector<std::string> closest_slot_names(std::string_view name, std::size_t n = 3) const;
 
   struct Owner {
     const LayerPlan* layer;

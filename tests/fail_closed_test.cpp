@@ -1,0 +1,493 @@
+// Fail closed on model shapes graphkeep's own models do not have (issue 14):
+// several declared slots viewing one storage, a PWAL that writes captured
+// tensors in place and then fails, a failed PWAL that changed the object
+// tree, graphs the manifest cannot vouch for, and options that name no slot.
+//
+// The promise checked throughout: after every call, either replay is allowed
+// and bitwise equal to a freshly built model loaded with the last committed
+// weights, or replay is refused with an error that names the cause.
+#include "gk_test.h"
+
+#include <graphkeep/hostrt/host_stream.h>
+#include <graphkeep/registry.h>
+#include <graphkeep/reload/collector.h>
+#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/layer.h>
+#include <graphkeep/reload/manifest.h>
+#include <graphkeep/reload/replay.h>
+
+#include <c10/core/CPUAllocator.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+// What a layer's next PWAL does; kept outside the described classes, so a
+// test changing it is not a configuration change the engine would report.
+struct Behaviour {
+  bool in_place = false;          // write the derived storage in place instead of rebuilding it
+  bool throw_after_write = false; // throw once the derived values are written
+  bool shrink_experts = false;    // leave one expert of two (the object tree changes)
+  bool drop_extra = false;        // empty the optional member
+};
+std::map<const void*, Behaviour>& behaviours() {
+  static std::map<const void*, Behaviour> b;
+  return b;
+}
+
+// A term of the output: sum over the elements a view covers, with a weight
+// per position, read through the raw pointer and strides a kernel would get.
+struct ViewArg {
+  const float* p;
+  int64_t n, stride;
+  float weight;
+};
+float view_term(const ViewArg& v) {
+  float acc = 0.f;
+  for (int64_t i = 0; i < v.n; ++i) acc += v.p[i * v.stride] * (v.weight + 0.25f * static_cast<float>(i));
+  return acc;
+}
+ViewArg arg(const at::Tensor& t, float weight) {
+  return {t.data_ptr<float>(), t.numel(), t.dim() == 1 ? t.stride(0) : 1, weight};
+}
+
+// One expert of a container that PWAL may shrink.
+struct Expert {
+  gk::DerivedWeight w;
+};
+GRAPHKEEP_AGGREGATE(Expert, w);
+struct Extra {
+  gk::Scale s;
+};
+GRAPHKEEP_AGGREGATE(Extra, s);
+
+// A layer shaped like fused weights in real engines: one derived storage
+// `full_` viewed as an exact alias, a prefix (q of a fused QKV), an interior
+// view (k) and a strided view, all declared; plus a container of experts and
+// an optional member that PWAL rebuilds.
+class ViewsLayer : public torch::nn::Module, public gk::ReloadableLayer {
+ public:
+  explicit ViewsLayer(int64_t n) : n_(n) { bias_ = register_parameter("bias", at::zeros({n}), false); }
+
+  std::vector<gk::CheckpointParam> checkpoint_params() const override { return {{"bias", {{"bias", {n_}}}}}; }
+
+  void process_weights_after_loading() override {
+    const Behaviour b = behaviours()[this];
+    const at::Tensor values = bias_ * 2.0f + 1.0f;
+    if (b.in_place && full_.defined()) {
+      // into the captured storage; the views and the tree stay as they are
+      full_.copy_(values);
+      for (std::size_t e = 0; e < experts_.size(); ++e) experts_[e].w.copy_(values * static_cast<float>(3 + e));
+      if (extra_) extra_->s.copy_(values.flip(0));
+    } else {
+      full_ = values.clone();
+      alias_ = full_;
+      head_ = full_.narrow(0, 0, n_ / 2);
+      interior_ = full_.narrow(0, 1, n_ / 2);
+      strided_ = full_.slice(0, 0, n_, 2);
+      experts_.clear();
+      for (int e = 0; e < (b.shrink_experts ? 1 : 2); ++e) experts_.push_back({values * static_cast<float>(3 + e)});
+      extra_.reset();
+      if (!b.drop_extra) extra_ = Extra{values.flip(0).contiguous()};
+    }
+    if (b.throw_after_write) throw std::runtime_error("injected PWAL failure after writing derived tensors");
+  }
+
+  gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
+
+  // y = x + sum of every view (each with its own weights): a stale value in
+  // any slot changes y.
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = gk::hostrt::empty(x.sizes(), x.options());
+    std::vector<ViewArg> args{arg(full_, 1.f), arg(alias_, 0.5f), arg(head_, 2.f), arg(interior_, 3.f),
+                              arg(strided_, 5.f)};
+    for (std::size_t e = 0; e < experts_.size(); ++e) args.push_back(arg(experts_[e].w, 7.f + static_cast<float>(e)));
+    if (extra_) args.push_back(arg(extra_->s, 11.f));
+    std::vector<gk::hostrt::Access> acc{gk::hostrt::reads(x), gk::hostrt::writes(y), gk::hostrt::reads(full_)};
+    for (const auto& e : experts_) acc.push_back(gk::hostrt::reads(e.w));
+    if (extra_) acc.push_back(gk::hostrt::reads(extra_->s));
+    const float* xp = x.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const int64_t m = x.numel();
+    gk::hostrt::launch("views_sum", std::move(acc), [=] {
+      float t = 0.f;
+      for (const ViewArg& a : args) t += view_term(a);
+      for (int64_t i = 0; i < m; ++i) yp[i] = xp[i] + t;
+    });
+    return y;
+  }
+
+ private:
+  at::Tensor bias_;
+  at::Tensor full_, alias_, head_, interior_, strided_;
+  std::vector<Expert> experts_;
+  std::optional<Extra> extra_;
+  int64_t n_;
+  GRAPHKEEP_DESCRIBE_DERIVED(ViewsLayer, (torch::nn::Module, gk::ReloadableLayer), (bias_, gk::parameter),
+                             (full_, gk::derived_weight), (alias_, gk::derived_weight), (head_, gk::derived_weight),
+                             (interior_, gk::derived_weight), (strided_, gk::derived_weight), experts_, extra_, n_)
+};
+
+class ViewsModel : public torch::nn::Module {
+ public:
+  ViewsModel() {
+    l0 = register_module("l0", std::make_shared<ViewsLayer>(8));
+    l1 = register_module("l1", std::make_shared<ViewsLayer>(8));
+  }
+  at::Tensor forward(const at::Tensor& x) { return l1->forward(l0->forward(x)); }
+  static std::vector<gk::NamedTensor> checkpoint(int step) {
+    auto v = [&](double phase) { return at::sin(at::arange(8, at::kFloat) * 0.7 + phase + 0.37 * step); };
+    return {{"l0.bias", v(0.1), 0}, {"l1.bias", v(1.3), 0}};
+  }
+  std::shared_ptr<ViewsLayer> l0, l1;
+};
+
+struct Rig {
+  std::shared_ptr<ViewsModel> model = std::make_shared<ViewsModel>();
+  at::Tensor input = at::linspace(-1.0, 1.0, 4), output;
+  gk::HostReplay graph{"views"};
+  std::unique_ptr<gk::ReloadEngine> engine;
+
+  explicit Rig(gk::ReloadOptions opts = {}) {
+    behaviours().clear();
+    gk::InMemorySource src(ViewsModel::checkpoint(0));
+    gk::load_weights(*model, src);
+    engine = std::make_unique<gk::ReloadEngine>(*model, opts);
+    engine->prepare();
+    engine->add_static_io("input", input);
+    graph.capture([&] { output = model->forward(input); });
+    engine->track(graph);
+  }
+  gk::ReloadReport reload(int step, const gk::ReloadOptions& o) {
+    gk::InMemorySource src(ViewsModel::checkpoint(step));
+    return engine->reload(src, o);
+  }
+  at::Tensor replay() {
+    engine->check_replay_allowed();
+    graph.replay();
+    return output.clone();
+  }
+  // What replay computes whether or not the engine allows it.
+  at::Tensor replay_unchecked() {
+    graph.replay();
+    return output.clone();
+  }
+};
+
+at::Tensor fresh(int step, const at::Tensor& input) {
+  behaviours().clear();
+  auto m = std::make_shared<ViewsModel>();
+  gk::InMemorySource src(ViewsModel::checkpoint(step));
+  gk::load_weights(*m, src);
+  return m->forward(input);
+}
+
+gk::ReloadOptions with_mode(gk::ReloadMode mode) {
+  gk::ReloadOptions o;
+  o.mode = mode;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("slots that view one storage (alias, prefix, interior, strided) reload right in both modes") {
+  for (gk::ReloadMode mode : {gk::ReloadMode::streaming, gk::ReloadMode::transactional}) {
+    CAPTURE(static_cast<int>(mode));
+    Rig rig(with_mode(mode));
+    // The plan keeps the views as separate slots of one storage.
+    const gk::LayerPlan& l0 = rig.engine->plan().layers()[0];
+    const auto storage_of = [&](const std::string& local) {
+      for (const auto& s : l0.slots)
+        if (s.local == local) return s.storage_begin();
+      return std::uintptr_t{0};
+    };
+    REQUIRE(storage_of("full_") != 0);
+    CHECK(storage_of("head_") == storage_of("full_"));
+    CHECK(storage_of("interior_") == storage_of("full_"));
+    CHECK(storage_of("strided_") == storage_of("full_"));
+    CHECK(rig.replay().equal(fresh(0, rig.input)));
+    for (int step = 1; step <= 3; ++step) {
+      CAPTURE(step);
+      const gk::ReloadReport r = rig.reload(step, with_mode(mode));
+      CHECK(r.drift == 0);
+      CHECK(rig.engine->state() == gk::EngineState::ready);
+      // Bitwise equal to a fresh model: with the per-slot undo log the
+      // transactional commit left old values in the shared storage here.
+      CHECK(rig.replay().equal(fresh(step, rig.input)));
+    }
+  }
+}
+
+TEST_CASE("a transactional reload that fails after committing views of one storage restores the old values") {
+  Rig rig(with_mode(gk::ReloadMode::transactional));
+  const at::Tensor old = rig.replay();
+  gk::ReloadOptions o = with_mode(gk::ReloadMode::transactional);
+  int commits = 0;
+  // Fail at the second layer's commit: the first layer's commit is undone.
+  o.fault_hook = [&](std::string_view stage, const std::string&) {
+    if (stage == "copy" && ++commits == 2) throw std::runtime_error("injected fault at the second commit");
+  };
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), std::runtime_error, "injected fault at the second commit");
+  CHECK(rig.engine->state() == gk::EngineState::ready);
+  CHECK(rig.replay().equal(old));
+  CHECK(rig.reload(2, with_mode(gk::ReloadMode::transactional)).drift == 0);
+  CHECK(rig.replay().equal(fresh(2, rig.input)));
+}
+
+TEST_CASE("a PWAL that writes captured tensors in place and then throws: restored, or replay refused") {
+  SUBCASE("streaming, nothing committed yet: the scribbled values are written back") {
+    Rig rig;
+    rig.reload(1, {});
+    const at::Tensor before = rig.replay();
+    behaviours()[rig.model->l0.get()] = {.in_place = true, .throw_after_write = true};
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(2, {}), std::runtime_error, "injected PWAL failure");
+    CHECK(rig.engine->state() == gk::EngineState::ready);
+    // Before the fix the engine stayed ready here and replay read the
+    // values PWAL had written in place (step 2's), not step 1's.
+    CHECK(rig.replay().equal(before));
+    CHECK(rig.replay().equal(fresh(1, rig.input)));
+  }
+  SUBCASE("transactional: the same") {
+    Rig rig(with_mode(gk::ReloadMode::transactional));
+    behaviours()[rig.model->l1.get()] = {.in_place = true, .throw_after_write = true};
+    CHECK_THROWS_AS(rig.reload(1, with_mode(gk::ReloadMode::transactional)), std::runtime_error);
+    CHECK(rig.engine->state() == gk::EngineState::ready);
+    CHECK(rig.replay().equal(fresh(0, rig.input)));
+  }
+  SUBCASE("without the backup (restore_in_place_writes off) the model is marked inconsistent") {
+    gk::ReloadOptions o;
+    o.restore_in_place_writes = false;
+    Rig rig(o);
+    behaviours()[rig.model->l0.get()] = {.in_place = true, .throw_after_write = true};
+    CHECK_THROWS_AS(rig.reload(1, o), std::runtime_error);
+    CHECK(rig.engine->state() == gk::EngineState::inconsistent);
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->check_replay_allowed(), gk::StateError, "restore_in_place_writes off");
+    // The negative: what replay would serve is neither step's model.
+    CHECK_FALSE(rig.replay_unchecked().equal(fresh(0, rig.input)));
+    behaviours().clear();
+    rig.reload(2, o);
+    CHECK(rig.replay().equal(fresh(2, rig.input)));
+  }
+  SUBCASE("streaming, after an earlier layer committed: inconsistent until a reload succeeds") {
+    Rig rig;
+    behaviours()[rig.model->l1.get()] = {.in_place = true, .throw_after_write = true};
+    CHECK_THROWS_AS(rig.reload(1, {}), std::runtime_error);
+    CHECK(rig.engine->state() == gk::EngineState::inconsistent);
+    CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::StateError);
+    behaviours().clear();
+    rig.reload(3, {});
+    CHECK(rig.replay().equal(fresh(3, rig.input)));
+  }
+  SUBCASE("an in-place PWAL that succeeds is committed as is") {
+    Rig rig;
+    behaviours()[rig.model->l0.get()] = {.in_place = true};
+    behaviours()[rig.model->l1.get()] = {.in_place = true};
+    rig.reload(1, {});
+    CHECK(rig.replay().equal(fresh(1, rig.input)));
+  }
+}
+
+TEST_CASE("after a failed PWAL changed the object tree, the next reload recovers or fails with an error") {
+  for (gk::ReloadMode mode : {gk::ReloadMode::streaming, gk::ReloadMode::transactional}) {
+    for (const Behaviour broken : {Behaviour{.shrink_experts = true}, Behaviour{.drop_extra = true}}) {
+      CAPTURE(static_cast<int>(mode));
+      CAPTURE(broken.shrink_experts);
+      Rig rig(with_mode(mode));
+      behaviours()[rig.model->l0.get()] = broken;
+      GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, with_mode(mode)), gk::MismatchError, "no longer resolves");
+      CHECK(rig.engine->state() == gk::EngineState::inconsistent);
+      CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::StateError);
+      // PWAL still breaks the tree: an error again, never a crash (this
+      // reload used to dereference the path that no longer resolves).
+      CHECK_THROWS_AS(rig.reload(2, with_mode(mode)), gk::MismatchError);
+      CHECK(rig.engine->state() == gk::EngineState::inconsistent);
+      // PWAL builds the tree again: the reload recovers the model.
+      behaviours().clear();
+      const gk::ReloadReport r = rig.reload(3, with_mode(mode));
+      CHECK(r.drift == 0);
+      CHECK(rig.engine->state() == gk::EngineState::ready);
+      CHECK(gk::lint_drift(rig.engine->plan()).empty());
+      CHECK(rig.replay().equal(fresh(3, rig.input)));
+    }
+  }
+}
+
+namespace {
+
+// A kernel that keeps a raw allocation (a stand-in for a library handle's
+// workspace or a caching-allocator block) and reads it in its launch.
+class RawBlockKernel {
+ public:
+  RawBlockKernel() = default;
+  explicit RawBlockKernel(const at::Tensor& w)
+      : w_(w * 1.0f), block_(c10::GetCPUAllocator()->allocate(4 * sizeof(float))) {
+    float* b = static_cast<float*>(block_.get());
+    for (int i = 0; i < 4; ++i) b[i] = 0.5f * static_cast<float>(i);
+  }
+  at::Tensor forward(const at::Tensor& x) const {
+    at::Tensor y = gk::hostrt::empty(x.sizes(), x.options());
+    const float* xp = x.data_ptr<float>();
+    const float* wp = w_.data_ptr<float>();
+    const float* bp = static_cast<const float*>(block_.get());
+    float* yp = y.data_ptr<float>();
+    const int64_t n = x.numel();
+    gk::hostrt::launch("raw_block",
+                       {gk::hostrt::reads(x), gk::hostrt::reads(w_), gk::hostrt::reads(bp, 4 * sizeof(float)),
+                        gk::hostrt::writes(y)},
+                       [=] {
+                         for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] * wp[i] + bp[i % 4];
+                       });
+    return y;
+  }
+  const void* block() const { return block_.get(); }
+
+ private:
+  at::Tensor w_;
+  c10::DataPtr block_;
+  GRAPHKEEP_DESCRIBE(RawBlockKernel, (w_, gk::derived_weight),
+                     (block_, gk::opaque("a library workspace, allocated once per kernel")))
+};
+
+class RawLayer : public torch::nn::Module, public gk::ReloadableLayer {
+ public:
+  RawLayer() { weight_ = register_parameter("weight", at::ones({4}), false); }
+  std::vector<gk::CheckpointParam> checkpoint_params() const override { return {{"weight", {{"weight", {4}}}}}; }
+  void process_weights_after_loading() override { kernel_ = RawBlockKernel(weight_); }
+  gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
+  at::Tensor forward(const at::Tensor& x) { return kernel_.forward(x); }
+  const RawBlockKernel& kernel() const { return kernel_; }
+
+ private:
+  RawBlockKernel kernel_;
+  at::Tensor weight_;
+  GRAPHKEEP_DESCRIBE_DERIVED(RawLayer, (torch::nn::Module, gk::ReloadableLayer), kernel_, (weight_, gk::parameter))
+};
+
+class RawModel : public torch::nn::Module {
+ public:
+  RawModel() { layer = register_module("layer", std::make_shared<RawLayer>()); }
+  std::shared_ptr<RawLayer> layer;
+};
+
+// A model whose forward is plain ATen: nothing goes through gk::hostrt.
+class EagerModel : public torch::nn::Module {
+ public:
+  EagerModel() { weight = register_parameter("weight", at::ones({4}), false); }
+  at::Tensor forward(const at::Tensor& x) { return x * weight; }
+  at::Tensor weight;
+};
+
+gk::InMemorySource raw_weights(int step) {
+  return gk::InMemorySource({{"layer.weight", at::arange(4, at::kFloat) + static_cast<float>(step), 0}});
+}
+
+}  // namespace
+
+TEST_CASE("a graph reading memory that nothing owns is refused at capture, unless the range is allowed") {
+  auto model = std::make_shared<RawModel>();
+  gk::InMemorySource src = raw_weights(0);
+  gk::load_weights(*model, src);
+  const at::Tensor input = at::ones({4});
+  at::Tensor output;
+  SUBCASE("refused: the message names a raw allocation and the opaque member that may hold it") {
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    engine.add_static_io("input", input);
+    gk::HostReplay graph("raw");
+    graph.capture([&] { output = model->layer->forward(input); });
+    const std::string msg = gk::testing::message_of<gk::DriftError>([&] { engine.track(graph); });
+    INFO(msg);
+    CHECK(msg.find("replay refused at capture") != std::string::npos);
+    CHECK(msg.find("in no tensor the collector reaches (a raw allocation") != std::string::npos);
+    CHECK(msg.find("opaque members of the layers this node reads that could hold it: layer.kernel_.block_") !=
+          std::string::npos);
+    CHECK(msg.find("allow_address_range") != std::string::npos);
+    CHECK(engine.state() == gk::EngineState::drift);
+    CHECK_THROWS_AS(engine.check_replay_allowed(), gk::DriftError);
+    // Still refused after a reload: the graph stays tracked.
+    gk::InMemorySource next = raw_weights(1);
+    CHECK_THROWS_AS(engine.reload(next), gk::DriftError);
+    CHECK_THROWS_AS(engine.check_replay_allowed(), gk::DriftError);
+  }
+  SUBCASE("allowed by name, with a reason: tracked, replay allowed, the range named in the manifest") {
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    engine.add_static_io("input", input);
+    CHECK_THROWS_AS(engine.allow_address_range("block", model->layer->kernel().block(), 16, ""), gk::StateError);
+    engine.allow_address_range("kernel block", model->layer->kernel().block(), 4 * sizeof(float),
+                               "a library workspace, allocated once per kernel");
+    gk::HostReplay graph("raw");
+    graph.capture([&] { output = model->layer->forward(input); });
+    engine.track(graph);
+    CHECK(engine.replay_allowed());
+    const gk::CaptureManifest* m = engine.manifest(graph);
+    REQUIRE(m != nullptr);
+    bool named = false;
+    for (const auto& e : m->entries()) named = named || e.owner.find("kernel block (allowed: a library") == 0;
+    CHECK(named);
+  }
+}
+
+TEST_CASE("a capture that records nothing, or reads none of the model's slots, is refused") {
+  const at::Tensor input = at::ones({4});
+  at::Tensor output;
+  SUBCASE("plain ATen ops on the CPU backend record no launch") {
+    auto model = std::make_shared<EagerModel>();
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    gk::HostReplay graph("eager");
+    graph.capture([&] { output = model->forward(input); });
+    CHECK(graph.addresses().empty());
+    GK_CHECK_THROWS_WITH_SUBSTR(engine.track(graph), gk::DriftError,
+                                "recorded no launch and no address: on the CPU replay backend a forward must "
+                                "launch through gk::hostrt");
+    CHECK_THROWS_AS(engine.check_replay_allowed(), gk::DriftError);
+  }
+  SUBCASE("a graph that reads only its input") {
+    auto model = std::make_shared<RawModel>();
+    gk::InMemorySource src = raw_weights(0);
+    gk::load_weights(*model, src);
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    engine.add_static_io("input", input);
+    gk::HostReplay graph("copy");
+    graph.capture([&] {
+      output = gk::hostrt::empty({4}, input.options());
+      const float* x = input.data_ptr<float>();
+      float* y = output.data_ptr<float>();
+      gk::hostrt::launch("copy", {gk::hostrt::reads(input), gk::hostrt::writes(output)}, [=] {
+        for (int i = 0; i < 4; ++i) y[i] = x[i];
+      });
+    });
+    GK_CHECK_THROWS_WITH_SUBSTR(engine.track(graph), gk::DriftError, "reads none of the model's 2 slots");
+    CHECK_FALSE(engine.replay_allowed());
+  }
+}
+
+TEST_CASE("unprotected_slots must name slots: an unknown name is an error that suggests the closest") {
+  Rig rig;
+  const std::vector<std::string> names = rig.engine->slot_names();
+  CHECK(std::find(names.begin(), names.end(), "l0.head_") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "l1.experts_[1].w") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "l0.bias") != names.end());
+  // At reload: the model is untouched and replay stays allowed.
+  gk::ReloadOptions o;
+  o.unprotected_slots = {"l0.haed_"};
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), gk::StateError,
+                              "unprotected_slots names 'l0.haed_', which is no slot of the model; closest: 'l0.head_'");
+  CHECK(rig.engine->state() == gk::EngineState::ready);
+  CHECK(rig.replay().equal(fresh(0, rig.input)));
+  // At prepare(), for the engine's own options.
+  gk::ReloadEngine other(*rig.model, o);
+  CHECK_THROWS_AS(other.prepare(), gk::StateError);
+  // A real name is accepted and disables that slot's copy-back. The graph
+  // reads the storage through full_, which was copied; the head_ view moved
+  // anyway, and a moved view of a storage a graph reads is drift.
+  o.unprotected_slots = {"l0.head_"};
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), gk::DriftError, "l0.head_ now points at other storage");
+}
