@@ -26,10 +26,10 @@
 // module the engine has prepared (s_per_node: per graph node).
 //
 // Without a CUDA device it prints a message and exits 0.
-#include <graphkeep/reload/cuda_graph_addresses.h>
-#include <graphkeep/reload/engine.h>
+#include <graphkeep/capture/cuda_graph_addresses.h>
+#include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/reload/manifest.h>
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/capture/replay.h>
 
 #include <torch/nn/module.h>
 

@@ -22,10 +22,10 @@
 #include "engine/graph_runner.h"
 #include "engine/tiny_lm.h"
 
-#include <graphkeep/check.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/reload/copy_slots.h>
-#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/reload_engine.h>
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -51,10 +51,10 @@ using Clock = std::chrono::steady_clock;
 // Wall time of f in ms, device synchronized before and after.
 template <class F>
 double time_ms(c10::Device d, F&& f) {
-  gk::kernels::synchronize(d);
+  gk::runtime::synchronize(d);
   const auto t0 = Clock::now();
   f();
-  gk::kernels::synchronize(d);
+  gk::runtime::synchronize(d);
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
@@ -64,7 +64,7 @@ double device_ms(c10::Device d, F&& f) {
 #ifdef GRAPHKEEP_WITH_CUDA
   if (d.is_cuda()) {
     at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-    gk::kernels::synchronize(d);
+    gk::runtime::synchronize(d);
     start.record();
     f();
     stop.record();
@@ -122,7 +122,7 @@ nlohmann::json bench_size(const Size& s, c10::Device dev, int reps, const std::v
 #ifdef GRAPHKEEP_WITH_CUDA
     std::size_t base = 0;
     if (dev.is_cuda()) {
-      gk::kernels::synchronize(dev);
+      gk::runtime::synchronize(dev);
       c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
       base = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index())
                  .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
@@ -320,7 +320,7 @@ int main(int argc, char** argv) {
       return a == "--help" ? 0 : 2;
     }
   }
-  const bool cuda = device != "cpu" && gk::kernels::cuda_device_available();
+  const bool cuda = device != "cpu" && gk::runtime::cuda_device_available();
   if (device == "cuda" && !cuda) {
     std::puts("bench_reload: no CUDA device");
     return 0;

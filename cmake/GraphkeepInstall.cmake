@@ -1,10 +1,14 @@
-# `cmake --install` writes the headers, the library and a CMake package, so a
-# consumer writes `find_package(graphkeep)` and links `graphkeep::graphkeep`.
+# `cmake --install` writes the headers, the layer libraries and a CMake
+# package, so a consumer writes `find_package(graphkeep)` and links
+# `graphkeep::graphkeep` (every layer), or one layer (`graphkeep::registry`
+# for a kernel library that only declares its members).
 include_guard(GLOBAL)
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS graphkeep EXPORT graphkeepTargets
+get_property(_gk_layers GLOBAL PROPERTY GRAPHKEEP_LAYERS)
+list(TRANSFORM _gk_layers PREPEND graphkeep_)
+install(TARGETS graphkeep graphkeep_torch ${_gk_layers} EXPORT graphkeepTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

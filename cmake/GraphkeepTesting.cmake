@@ -35,7 +35,7 @@ endfunction()
 # path and break libstdc++'s #include_next <stdlib.h>, so implicit
 # directories are left out.
 function(_gk_compiler_flags out)
-  set(_flags -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_SOURCE_DIR})
+  set(_flags -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include)
   set(_dirs ${TORCH_INCLUDE_DIRS} ${Boost_INCLUDE_DIRS})
   if(CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES)
     list(REMOVE_ITEM _dirs ${CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES})

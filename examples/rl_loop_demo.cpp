@@ -12,9 +12,9 @@
 #include "engine/graph_runner.h"
 #include "engine/tiny_lm.h"
 
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/reload/collector.h>
-#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/reload/manifest.h>
 
 #include <ATen/ATen.h>
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gk-rl-demo: %s\n", e.what());
     return 2;
   }
-  const bool cuda = args.device == "cuda" || (args.device == "auto" && gk::kernels::cuda_device_available());
+  const bool cuda = args.device == "cuda" || (args.device == "auto" && gk::runtime::cuda_device_available());
   c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   at::manual_seed(0);
   at::NoGradGuard no_grad;

@@ -1,9 +1,9 @@
-#include <graphkeep/check.h>
-#include <graphkeep/hostrt/host_stream.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/host_stream.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/kernels/mla_attention.h>
 
-#include "kernels/cuda/mla_attention_launch.h"
+#include "cuda/mla_attention_launch.h"
 
 #include <ATen/ATen.h>
 
@@ -54,7 +54,7 @@ at::Tensor MlaAttention::forward(const at::Tensor& q, const at::Tensor& c) {
            "MlaAttention: q must be [T, ", heads_ * dn_, "] and c [T, ", latent_, "], got ", q.sizes(), " and ",
            c.sizes());
   const int64_t tokens = q.size(0);
-  at::Tensor y = kernels::empty({tokens, heads_ * dv_}, q.options());
+  at::Tensor y = runtime::empty({tokens, heads_ * dv_}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* cp = c.data_ptr<float>();
   const float* uk = W_UK_T_.data_ptr<float>();
@@ -63,7 +63,7 @@ at::Tensor MlaAttention::forward(const at::Tensor& q, const at::Tensor& c) {
   const int64_t H = heads_, dn = dn_, dv = dv_, L = latent_;
   if (q.is_cuda()) {
     GK_LAUNCH_CUDA("mla_absorbed", q,
-                   cuda::launch_mla_absorbed(qp, cp, uk, uv, yp, tokens, H, dn, dv, L, cuda_stream(q)));
+                   cuda::launch_mla_absorbed(qp, cp, uk, uv, yp, tokens, H, dn, dv, L, runtime::cuda_stream(q)));
   } else {
     hostrt::launch("mla_absorbed",
                    {hostrt::reads(q), hostrt::reads(c), hostrt::reads(W_UK_T_), hostrt::reads(W_UV_), hostrt::writes(y)},

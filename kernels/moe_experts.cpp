@@ -1,13 +1,13 @@
 // The experts objects of sites 4 and 10 and their grouped pipeline: CPU twins
 // (recorded through gk::hostrt) of the kernels in kernels/cuda/moe_grouped.cu,
 // computing every element with the same scalar code (moe_common.h).
-#include <graphkeep/check.h>
-#include <graphkeep/hostrt/host_stream.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/host_stream.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/kernels/moe_experts.h>
 
-#include "kernels/cuda/moe_common.h"
-#include "kernels/cuda/moe_launch.h"
+#include "cuda/moe_common.h"
+#include "cuda/moe_launch.h"
 
 #include <ATen/ATen.h>
 
@@ -99,8 +99,8 @@ struct Routing {
 Routing route(const at::Tensor& logits, int64_t E, int64_t topk) {
   const int64_t T = logits.size(0), M = T * topk;
   const auto iopt = logits.options().dtype(at::kInt);
-  Routing rt{kernels::empty({M}, iopt), kernels::empty({M}, logits.options()), kernels::empty({E + 1}, iopt),
-             kernels::empty({M}, iopt), kernels::empty({M}, iopt)};
+  Routing rt{runtime::empty({M}, iopt), runtime::empty({M}, logits.options()), runtime::empty({E + 1}, iopt),
+             runtime::empty({M}, iopt), runtime::empty({M}, iopt)};
   const float* lp = logits.data_ptr<float>();
   int32_t* ids = rt.ids.data_ptr<int32_t>();
   float* gates = rt.gates.data_ptr<float>();
@@ -108,7 +108,7 @@ Routing route(const at::Tensor& logits, int64_t E, int64_t topk) {
   int32_t* perm = rt.perm.data_ptr<int32_t>();
   int32_t* inv = rt.inv.data_ptr<int32_t>();
   if (logits.is_cuda()) {
-    GK_LAUNCH_CUDA("moe_route", logits, cuda::launch_moe_route(lp, ids, gates, off, perm, inv, T, E, topk, cuda_stream(logits)));
+    GK_LAUNCH_CUDA("moe_route", logits, cuda::launch_moe_route(lp, ids, gates, off, perm, inv, T, E, topk, runtime::cuda_stream(logits)));
   } else {
     hostrt::launch("moe_route",
                    {reads(logits), writes(rt.ids), writes(rt.gates), writes(rt.offsets), writes(rt.perm), writes(rt.inv)},
@@ -118,13 +118,13 @@ Routing route(const at::Tensor& logits, int64_t E, int64_t topk) {
 }
 
 at::Tensor finalize(const at::Tensor& c2, const Routing& rt, int64_t T, int64_t K, int64_t topk) {
-  at::Tensor y = kernels::empty({T, K}, c2.options());
+  at::Tensor y = runtime::empty({T, K}, c2.options());
   const float* cp = c2.data_ptr<float>();
   const float* gp = rt.gates.data_ptr<float>();
   const int32_t* ip = rt.inv.data_ptr<int32_t>();
   float* yp = y.data_ptr<float>();
   if (c2.is_cuda()) {
-    GK_LAUNCH_CUDA("moe_finalize", c2, cuda::launch_moe_finalize(cp, gp, ip, yp, T, K, topk, cuda_stream(c2)));
+    GK_LAUNCH_CUDA("moe_finalize", c2, cuda::launch_moe_finalize(cp, gp, ip, yp, T, K, topk, runtime::cuda_stream(c2)));
   } else {
     hostrt::launch("moe_finalize", {reads(c2), reads(rt.gates), reads(rt.inv), writes(y)},
                    [=] { finalize_cpu(cp, gp, ip, yp, T, K, topk); });
@@ -169,10 +169,10 @@ at::Tensor CutlassExpertsT<H>::apply(const MoeCall& call) const {
   check_strides(c_strides2_, E, "c_strides2");
   const int64_t T = x.size(0), M = T * topk;
   const Routing rt = route(call.logits, E, topk);
-  at::Tensor a1 = kernels::empty({M, K}, x.options());
-  at::Tensor c1 = kernels::empty({M, 2 * N}, x.options());
-  at::Tensor h = kernels::empty({M, N}, x.options());
-  at::Tensor c2 = kernels::empty({M, K}, x.options());
+  at::Tensor a1 = runtime::empty({M, K}, x.options());
+  at::Tensor c1 = runtime::empty({M, 2 * N}, x.options());
+  at::Tensor h = runtime::empty({M, N}, x.options());
+  at::Tensor c2 = runtime::empty({M, K}, x.options());
 
   const float* xp = x.data_ptr<float>();
   const int32_t* perm = rt.perm.data_ptr<int32_t>();
@@ -189,7 +189,7 @@ at::Tensor CutlassExpertsT<H>::apply(const MoeCall& call) const {
   float* c2p = c2.data_ptr<float>();
   if (x.is_cuda()) {
     GK_LAUNCH_CUDA("moe_cutlass_gemm", x, {
-      void* s = cuda_stream(x);
+      void* s = runtime::cuda_stream(x);
       cuda::launch_moe_gather_rows(xp, perm, a1p, M, K, topk, s);
       cuda::launch_moe_grouped_gemm_nt(a1p, w13, c1p, off, ab1, ab1, cs1, E, 2 * N, K, s);
       cuda::launch_moe_act_rows(c1p, hp, M, N, s);
@@ -244,10 +244,10 @@ at::Tensor CutlassW4A8ExpertsT<H>::apply(const MoeCall& call) const {
   const int64_t T = x.size(0), M = T * topk;
   const Routing rt = route(call.logits, E, topk);
   const auto i8 = x.options().dtype(at::kChar);
-  at::Tensor aq1 = kernels::empty({M, K}, i8), as1 = kernels::empty({M}, x.options());
-  at::Tensor c1 = kernels::empty({M, 2 * N}, x.options());
-  at::Tensor aq2 = kernels::empty({M, N}, i8), as2 = kernels::empty({M}, x.options());
-  at::Tensor c2 = kernels::empty({M, K}, x.options());
+  at::Tensor aq1 = runtime::empty({M, K}, i8), as1 = runtime::empty({M}, x.options());
+  at::Tensor c1 = runtime::empty({M, 2 * N}, x.options());
+  at::Tensor aq2 = runtime::empty({M, N}, i8), as2 = runtime::empty({M}, x.options());
+  at::Tensor c2 = runtime::empty({M, K}, x.options());
 
   const float* xp = x.data_ptr<float>();
   const int32_t* perm = rt.perm.data_ptr<int32_t>();
@@ -270,7 +270,7 @@ at::Tensor CutlassW4A8ExpertsT<H>::apply(const MoeCall& call) const {
   float* c2p = c2.data_ptr<float>();
   if (x.is_cuda()) {
     GK_LAUNCH_CUDA("moe_w4a8_gemm", x, {
-      void* s = cuda_stream(x);
+      void* s = runtime::cuda_stream(x);
       cuda::launch_moe_quant_rows(xp, perm, aq1p, as1p, M, K, topk, s);
       cuda::launch_moe_w4a8_grouped_gemm(aq1p, as1p, w13, s13, c1p, off, a1s, c1s, s1s, E, 2 * N, K, G, s);
       cuda::launch_moe_act_quant_rows(c1p, aq2p, as2p, M, N, s);

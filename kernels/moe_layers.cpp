@@ -1,16 +1,16 @@
 // The MoE layers of sites 2, 4, 10 and 11, the RDNA3 WNA16 kernel object
 // (site 11), and the CPU twins of the fused per-token kernels of
 // kernels/cuda/moe_fused.cu (same scalar code, moe_common.h).
-#include <graphkeep/check.h>
-#include <graphkeep/hostrt/host_stream.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/host_stream.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/kernels/moe_cutlass.h>
 #include <graphkeep/kernels/moe_shuffle.h>
 #include <graphkeep/kernels/moe_w4a8.h>
 #include <graphkeep/kernels/moe_wna16.h>
 
-#include "kernels/cuda/moe_common.h"
-#include "kernels/cuda/moe_launch.h"
+#include "cuda/moe_common.h"
+#include "cuda/moe_launch.h"
 
 #include <ATen/ATen.h>
 
@@ -128,14 +128,14 @@ template <bool H>
 at::Tensor ShuffledMoeT<H>::forward(const at::Tensor& x, const at::Tensor& logits) {
   check_inputs("ShuffledMoe", x, logits, hidden_, num_experts_);
   const int64_t T = x.size(0), E = num_experts_, K = hidden_, N = inter_, topk = topk_;
-  at::Tensor y = kernels::empty({T, K}, x.options());
+  at::Tensor y = runtime::empty({T, K}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* lp = logits.data_ptr<float>();
   const float* w13 = w13_shuffled_.data_ptr<float>();
   const float* w2 = w2_shuffled_.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   if (x.is_cuda()) {
-    GK_LAUNCH_CUDA("moe_shuffled", x, cuda::launch_moe_shuffled(xp, lp, w13, w2, yp, T, E, K, N, topk, cuda_stream(x)));
+    GK_LAUNCH_CUDA("moe_shuffled", x, cuda::launch_moe_shuffled(xp, lp, w13, w2, yp, T, E, K, N, topk, runtime::cuda_stream(x)));
   } else {
     hostrt::launch("moe_shuffled", {reads(x), reads(logits), reads(w13_shuffled_), reads(w2_shuffled_), writes(y)},
                    [=] { shuffled_cpu(xp, lp, w13, w2, yp, T, E, K, N, topk); });
@@ -246,7 +246,7 @@ at::Tensor Rdna3Wna16KernelT<H>::apply(const at::Tensor& x, const at::Tensor& lo
   check_inputs("Rdna3Wna16Kernel", x, logits, hidden_, num_experts_);
   const int64_t T = x.size(0), E = num_experts_, K = hidden_, N = inter_, topk = topk_;
   GK_CHECK(WeightError, T <= max_tokens_, "Rdna3Wna16Kernel: ", T, " tokens exceed the scratch's ", max_tokens_);
-  at::Tensor y = kernels::empty({T, K}, x.options());
+  at::Tensor y = runtime::empty({T, K}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* lp = logits.data_ptr<float>();
   const int8_t* w13 = w13_q.data_ptr<int8_t>();
@@ -259,7 +259,7 @@ at::Tensor Rdna3Wna16KernelT<H>::apply(const at::Tensor& x, const at::Tensor& lo
   if (x.is_cuda()) {
     GK_LAUNCH_CUDA("moe_rdna3_wna16", x,
                    cuda::launch_moe_rdna3_wna16(xp, lp, w13, s13, w2, s2, w1buf, actbuf, yp, T, E, K, N, topk,
-                                                cuda_stream(x)));
+                                                runtime::cuda_stream(x)));
   } else {
     hostrt::launch("moe_rdna3_wna16",
                    {reads(x), reads(logits), reads(w13_q), reads(w13_scale), reads(w2_q), reads(w2_scale),

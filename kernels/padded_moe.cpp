@@ -1,10 +1,10 @@
-#include <graphkeep/check.h>
-#include <graphkeep/hostrt/host_stream.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/host_stream.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/kernels/padded_moe.h>
 
-#include "kernels/cuda/padded_moe_launch.h"
-#include "quant/cuda/nvfp4_codec.h"
+#include "cuda/padded_moe_launch.h"
+#include <graphkeep/numerics/nvfp4_codec.h>
 
 #include <ATen/ATen.h>
 
@@ -85,7 +85,7 @@ at::Tensor PaddedMoe::forward(const at::Tensor& x) {
            "PaddedMoe: the weights' row strides ", w13_weight_.strides(), " / ", w2_weight_.strides(),
            " are not the padded ones PWAL set (", w13_row_stride_, ", ", w2_row_stride_, ")");
   const int64_t tokens = x.size(0);
-  at::Tensor y = kernels::empty({tokens, hidden_}, x.options());
+  at::Tensor y = runtime::empty({tokens, hidden_}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* gp = gate_.data_ptr<float>();
   const float* w13p = w13_weight_.data_ptr<float>();
@@ -97,7 +97,7 @@ at::Tensor PaddedMoe::forward(const at::Tensor& x) {
   if (x.is_cuda()) {
     GK_LAUNCH_CUDA("padded_moe", x,
                    cuda::launch_padded_moe(xp, gp, w13p, w2p, yp, tokens, E, K, N, es13, rs13, es2, rs2,
-                                           cuda_stream(x, "padded_moe")));
+                                           runtime::cuda_stream(x, "padded_moe")));
   } else {
     hostrt::launch("padded_moe",
                    {hostrt::reads(x), hostrt::reads(gate_), hostrt::reads(w13p, storage_extent(w13_weight_)),

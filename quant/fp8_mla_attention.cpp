@@ -1,10 +1,10 @@
-#include <graphkeep/check.h>
-#include <graphkeep/hostrt/host_stream.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/host_stream.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/quant/fp8_mla_attention.h>
 
-#include "quant/cuda/fp8_mla_attention_launch.h"
-#include "quant/cuda/nvfp4_codec.h"
+#include "cuda/fp8_mla_attention_launch.h"
+#include <graphkeep/numerics/nvfp4_codec.h>
 
 #include <ATen/ATen.h>
 
@@ -131,7 +131,7 @@ at::Tensor QuantizedMlaAttentionT<H>::forward(const at::Tensor& q, const at::Ten
            "QuantizedMlaAttention: q must be [T, ", heads_ * dn_, "] and c [T, ", latent_, "] (contiguous), got ",
            q.sizes(), " and ", c.sizes());
   const int64_t tokens = q.size(0);
-  at::Tensor y = kernels::empty({tokens, heads_ * dv_}, q.options());
+  at::Tensor y = runtime::empty({tokens, heads_ * dv_}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* cp = c.data_ptr<float>();
   const std::uint8_t* wk = W_K_.data_ptr<std::uint8_t>();
@@ -145,7 +145,7 @@ at::Tensor QuantizedMlaAttentionT<H>::forward(const at::Tensor& q, const at::Ten
   if (q.is_cuda()) {
     GK_LAUNCH_CUDA("quant_mla", q,
                    cuda::launch_quant_mla(qp, cp, wk, ks, wv, vs, yp, tokens, Hh, dn, dv, L, fmt, sm,
-                                          kernels::cuda_stream(q, "quant_mla")));
+                                          runtime::cuda_stream(q, "quant_mla")));
   } else {
     hostrt::launch("quant_mla",
                    {hostrt::reads(q), hostrt::reads(c), hostrt::reads(W_K_), hostrt::reads(W_K_scale_),

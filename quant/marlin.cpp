@@ -1,11 +1,11 @@
 // The Marlin family (sites 5 and 6): PWAL (repacking, sort indices, lock
 // workspaces) and the CPU twins of quant/cuda/marlin.cu.
-#include <graphkeep/check.h>
-#include <graphkeep/hostrt/host_stream.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/host_stream.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/quant/marlin.h>
 
-#include "quant/cuda/marlin_launch.h"
+#include "cuda/marlin_launch.h"
 
 #include <ATen/ATen.h>
 
@@ -59,18 +59,17 @@ m::SplitK make_split(const at::Tensor& workspace, const MarlinSplitK& split, int
   c.tile_n = split.tile_n;
   c.slices = split.slices;
   c.tiles = (n + split.tile_n - 1) / split.tile_n;
-  GK_CHECK(StateError, workspace.defined() && workspace.numel() >= c.groups * c.tiles, "graphkeep: ", kernel,
+  GK_CHECK(StateError, workspace.defined() && workspace.numel() >= c.groups * c.tiles, kernel,
            ": the lock workspace holds ", workspace.defined() ? workspace.numel() : 0, " counters but the grid needs ",
            c.groups * c.tiles);
-  GK_CHECK(WeightError, m_rows * (split.tile_n + 1) * 4 <= 48 * 1024, "graphkeep: ", kernel, ": ", m_rows,
+  GK_CHECK(WeightError, m_rows * (split.tile_n + 1) * 4 <= 48 * 1024, kernel, ": ", m_rows,
            " rows do not fit one block's shared memory (tile_n ", split.tile_n, ")");
   c.locks = workspace.data_ptr<int32_t>();
   return c;
 }
 
 void check_split(const MarlinSplitK& split, int64_t k, int64_t k_align, std::string_view kernel) {
-  GK_CHECK(WeightError, split.tile_n > 0 && split.slices > 0 && k % (split.slices * k_align) == 0, "graphkeep: ",
-           kernel, ": K = ", k, " must split into ", split.slices, " slices of a multiple of ", k_align,
+  GK_CHECK(WeightError, split.tile_n > 0 && split.slices > 0 && k % (split.slices * k_align) == 0, kernel, ": K = ", k, " must split into ", split.slices, " slices of a multiple of ", k_align,
            " channels (tile_n ", split.tile_n, ")");
 }
 
@@ -78,7 +77,7 @@ void check_input(const at::Tensor& x, int64_t k, const at::Tensor& like, std::st
   GK_CHECK(WeightError,
            x.dim() == 2 && x.size(1) == k && x.scalar_type() == at::kFloat && x.is_contiguous() &&
                x.device() == like.device(),
-           "graphkeep: ", kernel, ": x must be a contiguous float32 [M, ", k, "] tensor on ", like.device(), ", got ",
+           kernel, ": x must be a contiguous float32 [M, ", k, "] tensor on ", like.device(), ", got ",
            x.sizes(), " ", x.scalar_type(), " on ", x.device());
 }
 
@@ -95,7 +94,7 @@ at::Tensor splitk_apply(std::string_view kernel, const at::Tensor& x, Args a, co
                         std::vector<hostrt::Access> reads, CudaLaunch&& cuda_launch) {
   check_input(x, k, qweight, kernel);
   const int64_t rows = x.size(0);
-  at::Tensor y = kernels::empty({rows, n}, x.options());
+  at::Tensor y = runtime::empty({rows, n}, x.options());
   a.x = x.data_ptr<float>();
   a.qweight = qweight.data_ptr<int32_t>();
   a.out = y.data_ptr<float>();
@@ -104,7 +103,7 @@ at::Tensor splitk_apply(std::string_view kernel, const at::Tensor& x, Args a, co
   a.k = k;
   const m::SplitK c = make_split(workspace, split, rows, n, k, groups, kernel);
   if (x.is_cuda()) {
-    cuda_launch(a, c, kernels::cuda_stream(x, kernel));
+    cuda_launch(a, c, runtime::cuda_stream(x, kernel));
   } else {
     reads.insert(reads.begin(), {hostrt::reads(x), hostrt::reads(qweight)});
     reads.push_back(hostrt::writes(workspace));
@@ -143,7 +142,7 @@ template <bool H>
 MarlinW4A16KernelT<H>::MarlinW4A16KernelT(const at::Tensor& qweight, const at::Tensor& g_idx, MarlinSplitK split)
     : size_k_(g_idx.size(0)), size_n_(qweight.size(1)), split_(split) {
   GK_CHECK(WeightError, qweight.dim() == 2 && qweight.size(0) * 8 == size_k_ && g_idx.scalar_type() == at::kInt,
-           "graphkeep: MarlinW4A16Kernel: qweight must be [K/8, N] for g_idx [K] int32, got ", qweight.sizes(), " and ",
+           "MarlinW4A16Kernel: qweight must be [K/8, N] for g_idx [K] int32, got ", qweight.sizes(), " and ",
            g_idx.sizes());
   check_split(split, size_k_, 1, "marlin_w4a16");
   const at::Tensor perm = at::argsort(g_idx, /*stable=*/true);
@@ -170,7 +169,7 @@ MarlinW4A16LinearT<H>::MarlinW4A16LinearT(int64_t in, int64_t out, int64_t group
                                           MarlinSplitK split)
     : in_(in), out_(out), group_size_(group_size), split_(split) {
   GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
-           "graphkeep: MarlinW4A16Linear: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
+           "MarlinW4A16Linear: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
   const auto opts = at::TensorOptions().device(device);
   qweight_ = this->register_parameter("qweight", at::zeros({in / 8, out}, opts.dtype(at::kInt)), false);
   scales_ = this->register_parameter("scales", at::zeros({in / group_size, out}, opts.dtype(at::kFloat)), false);
@@ -205,7 +204,7 @@ template class MarlinW4A16LinearT<true>;
 MarlinFp8Kernel::MarlinFp8Kernel(const at::Tensor& weight, const at::Tensor& weight_scale, MarlinSplitK split)
     : size_k_(weight.size(1)), size_n_(weight.size(0)), split_(split) {
   GK_CHECK(WeightError, weight.scalar_type() == at::kFloat8_e4m3fn && weight_scale.numel() == size_n_,
-           "graphkeep: MarlinFp8Kernel: weight must be float8_e4m3fn [N, K] with weight_scale [N], got ",
+           "MarlinFp8Kernel: weight must be float8_e4m3fn [N, K] with weight_scale [N], got ",
            weight.scalar_type(), " ", weight.sizes(), " and ", weight_scale.sizes());
   check_split(split, size_k_, 4, "marlin_fp8");
   qweight_ = pack_int_rows(weight.view(at::kByte).t(), 4, 8);
@@ -251,7 +250,7 @@ MarlinFp4Kernel::MarlinFp4Kernel(const at::Tensor& weight, const at::Tensor& wei
            weight.scalar_type() == at::kByte && weight_scale.scalar_type() == at::kFloat8_e4m3fn &&
                weight_scale.dim() == 2 && weight_scale.size(0) == size_n_ && weight_scale.size(1) * kBlock == size_k_ &&
                weight_scale_2.numel() == 1,
-           "graphkeep: MarlinFp4Kernel: weight must be uint8 [N, K/2], weight_scale float8_e4m3fn [N, K/16] and "
+           "MarlinFp4Kernel: weight must be uint8 [N, K/2], weight_scale float8_e4m3fn [N, K/16] and "
            "weight_scale_2 [1], got ",
            weight.sizes(), ", ", weight_scale.sizes(), " and ", weight_scale_2.sizes());
   check_split(split, size_k_, 8, "marlin_fp4");
@@ -277,7 +276,7 @@ at::Tensor MarlinFp4Kernel::apply(const at::Tensor& x) const {
 
 MarlinFp4Linear::MarlinFp4Linear(int64_t in, int64_t out, c10::Device device, MarlinSplitK split)
     : in_(in), out_(out), split_(split) {
-  GK_CHECK(WeightError, in % MarlinFp4Kernel::kBlock == 0, "graphkeep: MarlinFp4Linear: in = ", in,
+  GK_CHECK(WeightError, in % MarlinFp4Kernel::kBlock == 0, "MarlinFp4Linear: in = ", in,
            " must be a multiple of ", MarlinFp4Kernel::kBlock);
   const auto opts = at::TensorOptions().device(device);
   weight_ = register_parameter("weight", at::zeros({out, in / 2}, opts.dtype(at::kByte)), false);
@@ -307,7 +306,7 @@ MarlinMoeKernel::MarlinMoeKernel(const at::Tensor& w, const at::Tensor& scales, 
   GK_CHECK(WeightError,
            w.dim() == 3 && scales.dim() == 3 && scales.size(0) == experts_ && scales.size(1) * group_size == size_k_ &&
                scales.size(2) == size_n_,
-           "graphkeep: MarlinMoeKernel: w must be [E, K/8, N] and scales [E, K/", group_size, ", N], got ", w.sizes(),
+           "MarlinMoeKernel: w must be [E, K/8, N] and scales [E, K/", group_size, ", N], got ", w.sizes(),
            " and ", scales.sizes());
   check_split(split, size_k_, 1, "marlin_moe");
   qweight_ = w.transpose(1, 2).clone(at::MemoryFormat::Contiguous);  // [E, N, K/8]
@@ -318,7 +317,7 @@ MarlinMoeKernel::MarlinMoeKernel(const at::Tensor& w, const at::Tensor& scales, 
 at::Tensor MarlinMoeKernel::apply(const at::Tensor& x, const at::Tensor& expert_ids) const {
   check_input(x, size_k_, qweight_, "marlin_moe");
   GK_CHECK(WeightError, expert_ids.scalar_type() == at::kInt && expert_ids.numel() == x.size(0),
-           "graphkeep: marlin_moe: expert_ids must be int32 [", x.size(0), "]");
+           "marlin_moe: expert_ids must be int32 [", x.size(0), "]");
   m::MoeArgs a;
   a.expert_ids = expert_ids.data_ptr<int32_t>();
   a.scales = scales_.data_ptr<float>();
@@ -334,7 +333,7 @@ MarlinMoeLayer::MarlinMoeLayer(int64_t experts, int64_t in, int64_t out, int64_t
                                MarlinSplitK split)
     : experts_(experts), in_(in), out_(out), group_size_(group_size), split_(split) {
   GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
-           "graphkeep: MarlinMoeLayer: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
+           "MarlinMoeLayer: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
   const auto opts = at::TensorOptions().device(device);
   gate_ = register_parameter("gate", at::zeros({experts, in}, opts.dtype(at::kFloat)), false);
   w_ = register_parameter("w", at::zeros({experts, in / 8, out}, opts.dtype(at::kInt)), false);
@@ -354,13 +353,13 @@ void MarlinMoeLayer::process_weights_after_loading() {
 at::Tensor MarlinMoeLayer::forward(const at::Tensor& x) {
   check_input(x, in_, gate_, "marlin_moe_route");
   const int64_t rows = x.size(0), experts = experts_, k = in_;
-  at::Tensor ids = kernels::empty({rows}, x.options().dtype(at::kInt));
+  at::Tensor ids = runtime::empty({rows}, x.options().dtype(at::kInt));
   const float* xp = x.data_ptr<float>();
   const float* gp = gate_.data_ptr<float>();
   int32_t* ip = ids.data_ptr<int32_t>();
   if (x.is_cuda()) {
     GK_LAUNCH_CUDA("marlin_moe_route", x,
-                   cuda::launch_marlin_moe_route(xp, gp, ip, rows, experts, k, kernels::cuda_stream(x)));
+                   cuda::launch_marlin_moe_route(xp, gp, ip, rows, experts, k, runtime::cuda_stream(x)));
   } else {
     hostrt::launch("marlin_moe_route", {hostrt::reads(x), hostrt::reads(gate_), hostrt::writes(ids)}, [=] {
       for (int64_t r = 0; r < rows; ++r) ip[r] = m::route_row(xp, gp, r, experts, k);

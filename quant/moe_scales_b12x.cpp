@@ -1,10 +1,10 @@
-#include <graphkeep/check.h>
-#include <graphkeep/hostrt/host_stream.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/host_stream.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/quant/moe_scales_b12x.h>
 
-#include "quant/cuda/moe_scales_b12x_launch.h"
-#include "quant/cuda/nvfp4_codec.h"
+#include "cuda/moe_scales_b12x_launch.h"
+#include <graphkeep/numerics/nvfp4_codec.h>
 
 #include <ATen/ATen.h>
 
@@ -142,7 +142,7 @@ at::Tensor B12xNvfp4MoeT<H>::forward(const at::Tensor& x) {
   GK_CHECK(WeightError, x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous() && x.scalar_type() == at::kFloat,
            "B12xNvfp4Moe: x must be a contiguous float32 [T, ", hidden_, "], got ", x.sizes());
   const int64_t tokens = x.size(0);
-  at::Tensor y = kernels::empty({tokens, hidden_}, x.options());
+  at::Tensor y = runtime::empty({tokens, hidden_}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* gp = gate_.data_ptr<float>();
   const std::uint8_t* w13 = w13_weight_.data_ptr<std::uint8_t>();
@@ -158,7 +158,7 @@ at::Tensor B12xNvfp4MoeT<H>::forward(const at::Tensor& x) {
   if (x.is_cuda()) {
     GK_LAUNCH_CUDA("b12x_moe", x,
                    cuda::launch_b12x_moe(xp, gp, w13, sf13, ws13, w2, sf2, ws2, fc1, fc2, yp, tokens, E, K, N,
-                                         kernels::cuda_stream(x, "b12x_moe")));
+                                         runtime::cuda_stream(x, "b12x_moe")));
   } else {
     hostrt::launch("b12x_moe",
                    {hostrt::reads(x), hostrt::reads(gate_), hostrt::reads(w13_weight_), hostrt::reads(w13_sf_mma_),

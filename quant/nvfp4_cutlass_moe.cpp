@@ -1,10 +1,10 @@
-#include <graphkeep/check.h>
-#include <graphkeep/hostrt/host_stream.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/host_stream.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/quant/nvfp4_cutlass_moe.h>
 
-#include "quant/cuda/nvfp4_codec.h"
-#include "quant/cuda/nvfp4_cutlass_moe_launch.h"
+#include <graphkeep/numerics/nvfp4_codec.h>
+#include "cuda/nvfp4_cutlass_moe_launch.h"
 
 #include <ATen/ATen.h>
 
@@ -112,7 +112,7 @@ at::Tensor Nvfp4CutlassMoeT<H>::forward(const at::Tensor& x) {
   GK_CHECK(WeightError, x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous() && x.scalar_type() == at::kFloat,
            "Nvfp4CutlassMoe: x must be a contiguous float32 [T, ", hidden_, "], got ", x.sizes());
   const int64_t tokens = x.size(0);
-  at::Tensor y = kernels::empty({tokens, hidden_}, x.options());
+  at::Tensor y = runtime::empty({tokens, hidden_}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* gp = gate_.data_ptr<float>();
   const std::uint8_t* w13 = w13_weight_.data_ptr<std::uint8_t>();
@@ -128,7 +128,7 @@ at::Tensor Nvfp4CutlassMoeT<H>::forward(const at::Tensor& x) {
   if (x.is_cuda()) {
     GK_LAUNCH_CUDA("nvfp4_cutlass_moe", x,
                    cuda::launch_nvfp4_cutlass_moe(xp, gp, w13, w13sf, w2, w2sf, g1, g2, a1, a2, yp, tokens, E, K, N,
-                                                  kernels::cuda_stream(x, "nvfp4_cutlass_moe")));
+                                                  runtime::cuda_stream(x, "nvfp4_cutlass_moe")));
   } else {
     hostrt::launch("nvfp4_cutlass_moe",
                    {hostrt::reads(x), hostrt::reads(gate_), hostrt::reads(w13_weight_), hostrt::reads(w13_weight_scale_),

@@ -1,11 +1,11 @@
 // Site 13: compressed-tensors W8A8 int8. PWAL (cloned scales) and the CPU
 // twins of quant/cuda/w8a8.cu.
-#include <graphkeep/check.h>
-#include <graphkeep/hostrt/host_stream.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/host_stream.h>
+#include <graphkeep/runtime/device.h>
 #include <graphkeep/quant/w8a8.h>
 
-#include "quant/cuda/w8a8_launch.h"
+#include "cuda/w8a8_launch.h"
 
 #include <ATen/ATen.h>
 
@@ -22,7 +22,7 @@ CompressedTensorsW8A8Int8T<H>::CompressedTensorsW8A8Int8T(const at::Tensor& weig
       size_n_(std::accumulate(shard_rows_.begin(), shard_rows_.end(), int64_t{0})) {
   const auto shards = static_cast<int64_t>(shard_rows_.size());
   GK_CHECK(WeightError, weight_scale.numel() == shards && input_scale.numel() == shards,
-           "graphkeep: CompressedTensorsW8A8Int8: expected one weight and one input scale per shard (", shards,
+           "CompressedTensorsW8A8Int8: expected one weight and one input scale per shard (", shards,
            "), got ", weight_scale.sizes(), " and ", input_scale.sizes());
   // static per-tensor activation scale: the largest of the shards' (vLLM: input_scale.max())
   input_scale_ = input_scale.to(at::kFloat).max().reshape({1}).clone();
@@ -36,11 +36,11 @@ at::Tensor CompressedTensorsW8A8Int8T<H>::apply(const at::Tensor& x, const at::T
   GK_CHECK(WeightError,
            x.dim() == 2 && x.size(1) == size_k_ && x.scalar_type() == at::kFloat && x.is_contiguous() &&
                x.device() == weight_scale_.device(),
-           "graphkeep: w8a8_int8: x must be a contiguous float32 [M, ", size_k_, "] tensor on ",
+           "w8a8_int8: x must be a contiguous float32 [M, ", size_k_, "] tensor on ",
            weight_scale_.device(), ", got ", x.sizes(), " ", x.scalar_type(), " on ", x.device());
   const int64_t rows = x.size(0), n = size_n_, k = size_k_;
-  at::Tensor xq = kernels::empty({rows, k}, x.options().dtype(at::kChar));
-  at::Tensor y = kernels::empty({rows, n}, x.options());
+  at::Tensor xq = runtime::empty({rows, k}, x.options().dtype(at::kChar));
+  at::Tensor y = runtime::empty({rows, n}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* si = input_scale_.data_ptr<float>();
   const float* sw = weight_scale_.data_ptr<float>();
@@ -48,9 +48,9 @@ at::Tensor CompressedTensorsW8A8Int8T<H>::apply(const at::Tensor& x, const at::T
   int8_t* qp = xq.data_ptr<int8_t>();
   float* yp = y.data_ptr<float>();
   if (x.is_cuda()) {
-    GK_LAUNCH_CUDA("w8a8_quant", x, cuda::launch_w8a8_quant(xp, si, qp, rows, k, kernels::cuda_stream(x, "w8a8")));
+    GK_LAUNCH_CUDA("w8a8_quant", x, cuda::launch_w8a8_quant(xp, si, qp, rows, k, runtime::cuda_stream(x, "w8a8")));
     GK_LAUNCH_CUDA("w8a8_gemm", x,
-                   cuda::launch_w8a8_gemm(qp, wp, si, sw, yp, rows, n, k, kernels::cuda_stream(x, "w8a8")));
+                   cuda::launch_w8a8_gemm(qp, wp, si, sw, yp, rows, n, k, runtime::cuda_stream(x, "w8a8")));
   } else {
     hostrt::launch("w8a8_quant", {hostrt::reads(x), hostrt::reads(input_scale_), hostrt::writes(xq)}, [=] {
       const float s = si[0];
@@ -73,7 +73,7 @@ W8A8Int8LinearT<H>::W8A8Int8LinearT(int64_t in, std::vector<std::string> shard_n
                                     c10::Device device)
     : in_(in), shard_names_(std::move(shard_names)), shard_rows_(std::move(shard_rows)) {
   GK_CHECK(WeightError, !shard_names_.empty() && shard_names_.size() == shard_rows_.size(),
-           "graphkeep: W8A8Int8Linear: give one row count per shard name");
+           "W8A8Int8Linear: give one row count per shard name");
   const int64_t n = std::accumulate(shard_rows_.begin(), shard_rows_.end(), int64_t{0});
   const auto shards = static_cast<int64_t>(shard_rows_.size());
   const auto opts = at::TensorOptions().device(device);

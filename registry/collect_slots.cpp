@@ -33,7 +33,7 @@ class SlotCollector final : public Walker {
       for (auto it = range.first; it != range.second; ++it) {
         Slot& s = slots_[it->second];
         if (!same_region(*s.tensor, t)) continue;
-        GK_CHECK(DeclarationError, s.role == role, "graphkeep: ", path.str(), " (", owner,
+        GK_CHECK(DeclarationError, s.role == role, path.str(), " (", owner,
                  ") and ", s.path(), " (", s.owner,
                  ") hold the same tensor but declare different roles (",
                  to_string(role.role), "/", to_string(role.effective_init()), " vs ",

@@ -60,11 +60,11 @@ void throw_unregistered_dynamic(const SlotPath& path, std::string_view owner,
                                 const std::type_info& dynamic_type,
                                 const std::type_info& static_type) {
   std::string dyn = demangle(dynamic_type.name());
-  throw DeclarationError(concat("graphkeep: ", path.str(), " (a member of ", owner, ") points to a ", dyn,
+  GK_THROW(DeclarationError, path.str(), " (a member of ", owner, ") points to a ", dyn,
                              ", which is not a registered dynamic type (the member's static type is ",
                              demangle(static_type.name()), "): describe ", dyn,
                              " with GRAPHKEEP_DESCRIBE_DERIVED and add GRAPHKEEP_REGISTER_TYPE(", dyn,
-                             ") to the .cpp file that defines it"));
+                             ") to the .cpp file that defines it");
 }
 
 }  // namespace detail

@@ -1,5 +1,5 @@
 // The runtime collector (see collector.h).
-#include <graphkeep/check.h>
+#include <graphkeep/core/check.h>
 #include <graphkeep/reload/collector.h>
 
 #include "reload_internal.h"

@@ -1,4 +1,4 @@
-#include <graphkeep/check.h>
+#include <graphkeep/core/check.h>
 #include <graphkeep/reload/copy_slots.h>
 
 #include <ATen/ATen.h>
@@ -11,7 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "reload/cuda/batched_copy.h"
+#include "cuda/batched_copy.h"
 #endif
 
 namespace gk {
@@ -64,7 +64,7 @@ void add_tasks(const at::Tensor& d, const at::Tensor& s, Open&& open) {
 
 void launch(const cuda::CopyBatch& batch, c10::Device device, void* stream) {
   const int err = cuda::launch_batched_copy(batch, stream);
-  GK_CHECK(StateError, err == 0, "graphkeep: the batched slot copy failed to launch on ", device, " (cudaError ", err,
+  GK_CHECK(StateError, err == 0, "the batched slot copy failed to launch on ", device, " (cudaError ", err,
            ")");
 }
 

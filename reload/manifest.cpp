@@ -1,5 +1,5 @@
 // The capture manifest (see manifest.h).
-#include <graphkeep/check.h>
+#include <graphkeep/core/check.h>
 #include <graphkeep/reload/manifest.h>
 
 #include "reload_internal.h"
@@ -93,7 +93,7 @@ CaptureManifest CaptureManifest::record(const ReplayBackend& graph, const SlotPl
                                         const std::vector<AddressRange>& allowed) {
   std::vector<StaticBuffer> library = graph.library_ranges();
   library.insert(library.end(), allowed.begin(), allowed.end());
-  GK_CHECK(StateError, graph.captured(), "graphkeep: graph '", graph.name(), "' has not been captured yet");
+  GK_CHECK(StateError, graph.captured(), "graph '", graph.name(), "' has not been captured yet");
   CaptureManifest m;
   m.graph_ = graph.name();
   m.backend_ = &graph;

@@ -1,10 +1,10 @@
 // The reload pipeline (see engine.h and docs/reload.md).
-#include <graphkeep/check.h>
+#include <graphkeep/core/check.h>
 #include <graphkeep/reload/collector.h>
 #include <graphkeep/reload/copy_slots.h>
-#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/reload/manifest.h>
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/capture/replay.h>
 
 #include "reload_internal.h"
 
@@ -149,7 +149,8 @@ struct ReloadEngine::Impl {
   std::unordered_map<std::string, Expected> expected;
   std::vector<std::size_t> expected_per_layer;
   struct Tracked {
-    ReplayBackend* graph;
+    ReplayBackend* graph;  // valid only while `alive` has not expired
+    std::weak_ptr<const void> alive;
     CaptureManifest manifest;
   };
   std::vector<Tracked> graphs;
@@ -170,10 +171,10 @@ struct ReloadEngine::Impl {
       if (plan.find_slot(name) != nullptr) continue;
       std::string near;
       for (const std::string& c : plan.closest_slot_names(name)) near += concat(near.empty() ? "" : ", ", "'", c, "'");
-      throw StateError(concat("graphkeep: ReloadOptions::unprotected_slots names '", name,
+      GK_THROW(StateError, "ReloadOptions::unprotected_slots names '", name,
                               "', which is no slot of the model", near.empty() ? "" : concat("; closest: ", near),
                               " (slot names: module path, then parameter or member path, as "
-                              "ReloadEngine::slot_names() lists them)"));
+                              "ReloadEngine::slot_names() lists them)");
     }
   }
 
@@ -186,7 +187,7 @@ struct ReloadEngine::Impl {
         for (std::size_t ti = 0; ti < lp.params[pi].tensors.size(); ++ti) {
           const CheckpointTensor& t = lp.params[pi].tensors[ti];
           std::string full = lp.full_name(t.name);
-          GK_CHECK(DeclarationError, !expected.count(full), "graphkeep: checkpoint tensor '", full,
+          GK_CHECK(DeclarationError, !expected.count(full), "checkpoint tensor '", full,
                    "' is expected by two parameters; each checkpoint tensor loads into one place");
           expected.emplace(full, Expected{li, pi, ti, expected_per_layer[li], t.shard_shape(), t.dtype, t.num_shards});
           expected_per_layer[li] += 1;
@@ -209,7 +210,7 @@ struct ReloadEngine::Impl {
       if (s.kind == PlannedSlot::Kind::declared) {
         const at::Tensor* field = s.paths.front().resolve_tensor(lp.root.ptr);
         if (field == nullptr) {
-          GK_CHECK(DriftError, recovering, "graphkeep: ", s.name,
+          GK_CHECK(DriftError, recovering, s.name,
                    " no longer resolves before the reload started (the object tree changed shape at step ",
                    s.paths.front().broken_at(lp.root.ptr) + 1, " of ", s.paths.front().depth(),
                    " outside a reload); the captured graphs read stale memory: recapture and prepare() again");
@@ -219,14 +220,14 @@ struct ReloadEngine::Impl {
       } else {
         cur = find_module_tensor(*lp.module, s);
       }
-      GK_CHECK(DriftError, same_storage_and_offset(cur, s.captured), "graphkeep: ", s.name,
+      GK_CHECK(DriftError, same_storage_and_offset(cur, s.captured), s.name,
                " no longer points at its captured storage before the reload started (something re-pointed it "
                "outside a reload); the captured graphs read stale memory: recapture and prepare() again");
     }
     run.configs.clear();
     for (const PlannedConfig& c : lp.configs) {
       void* p = c.path.resolve(lp.root.ptr);
-      GK_CHECK(DriftError, p != nullptr || recovering, "graphkeep: configuration value ", c.name,
+      GK_CHECK(DriftError, p != nullptr || recovering, "configuration value ", c.name,
                " no longer resolves before the reload started (the object tree changed outside a reload): "
                "recapture and prepare() again");
       run.configs.push_back(p != nullptr ? c.ops->copy(p) : nullptr);
@@ -368,11 +369,11 @@ struct ReloadEngine::Impl {
     }
     if (problems.empty()) return;
     if (o.on_mismatch == MismatchPolicy::raise) {
-      std::string msg = concat("graphkeep: PWAL of layer '", lp.prefix, "' changed ", problems.size(),
+      std::string msg = concat("PWAL of layer '", lp.prefix, "' changed ", problems.size(),
                             " captured slot(s); the captured graphs cannot be kept (recapture, or reload with "
                             "MismatchPolicy::needs_recapture):");
       for (const auto& p : problems) msg += "\n  " + p;
-      throw MismatchError(msg, paths);
+      ::gk::detail::fail<MismatchError>(__func__, __FILE__, __LINE__, std::move(msg), std::move(paths));
     }
     rep.needs_recapture = true;
     rep.mismatched.insert(rep.mismatched.end(), paths.begin(), paths.end());
@@ -472,9 +473,19 @@ struct ReloadEngine::Impl {
     return ok;
   }
 
+  // Drops the tracked graphs that were destroyed; returns their names.
+  std::vector<std::string> drop_destroyed() {
+    std::vector<std::string> names;
+    for (const Tracked& g : graphs)
+      if (g.alive.expired()) names.push_back(g.manifest.graph_name());
+    std::erase_if(graphs, [](const Tracked& g) { return g.alive.expired(); });
+    return names;
+  }
+
   VerifyResult verify_all() const {
     VerifyResult all;
     for (const Tracked& g : graphs) {
+      if (g.alive.expired()) continue;  // destroyed: nothing can replay it
       VerifyResult r = g.manifest.verify(plan);
       all.checked += r.checked;
       all.issues.insert(all.issues.end(), r.issues.begin(), r.issues.end());
@@ -487,9 +498,9 @@ struct ReloadEngine::Impl {
 
 ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOptions& o) {
   GK_CHECK(StateError, state != EngineState::unprepared,
-           "graphkeep: ReloadEngine::reload() before prepare(): call prepare() after the first load and PWAL, "
+           "ReloadEngine::reload() before prepare(): call prepare() after the first load and PWAL, "
            "before capturing graphs");
-  GK_CHECK(StateError, state != EngineState::needs_recapture, "graphkeep: reload refused: ", reason);
+  GK_CHECK(StateError, state != EngineState::needs_recapture, "reload refused: ", reason);
   if (!initial) validate(o);
   at::NoGradGuard no_grad;
   const auto t0 = Clock::now();
@@ -531,20 +542,20 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
       }
       if (!nt) break;
       auto it = expected.find(nt->name);
-      GK_CHECK(WeightError, it != expected.end(), "graphkeep: ", source.describe(), " has weight '", nt->name,
+      GK_CHECK(WeightError, it != expected.end(), source.describe(), " has weight '", nt->name,
                "', which the model does not expect (no layer lists it among its checkpoint tensors)");
       const Expected& e = it->second;
       LayerRun& run = runs[e.layer];
-      GK_CHECK(WeightError, nt->shard >= 0 && nt->shard < e.num_shards, "graphkeep: weight '", nt->name, "' shard ",
+      GK_CHECK(WeightError, nt->shard >= 0 && nt->shard < e.num_shards, "weight '", nt->name, "' shard ",
                nt->shard, " is out of range: the model expects ", e.num_shards, " shard(s)");
       GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !run.shards[e.flat][nt->shard],
-               "graphkeep: weight '", nt->name, "'", e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(),
+               "weight '", nt->name, "'", e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(),
                " was delivered twice by ", source.describe(), "; each checkpoint tensor loads exactly once");
-      GK_CHECK(WeightError, nt->value.defined(), "graphkeep: weight '", nt->name, "' is an undefined tensor");
-      GK_CHECK(WeightError, nt->value.sizes().equals(e.shard_shape), "graphkeep: weight '", nt->name, "'",
+      GK_CHECK(WeightError, nt->value.defined(), "weight '", nt->name, "' is an undefined tensor");
+      GK_CHECK(WeightError, nt->value.sizes().equals(e.shard_shape), "weight '", nt->name, "'",
                e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(), " has shape ", nt->value.sizes(),
                " but the model expects ", at::IntArrayRef(e.shard_shape));
-      GK_CHECK(WeightError, nt->value.scalar_type() == e.dtype, "graphkeep: weight '", nt->name, "' has dtype ",
+      GK_CHECK(WeightError, nt->value.scalar_type() == e.dtype, "weight '", nt->name, "' has dtype ",
                nt->value.scalar_type(), " but the model expects ", e.dtype);
       run.shards[e.flat][nt->shard] = true;
       rep.tensors_loaded += 1;
@@ -575,8 +586,8 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
       std::string list;
       for (std::size_t i = 0; i < missing.size() && i < 20; ++i) list += (i ? ", " : "") + missing[i];
       if (missing.size() > 20) list += concat(", ... (", missing.size() - 20, " more)");
-      throw WeightError(concat("graphkeep: ", source.describe(), " ended before the model was complete: ",
-                            missing.size(), " checkpoint tensor(s) missing: ", list));
+      GK_THROW(WeightError, source.describe(), " ended before the model was complete: ",
+                            missing.size(), " checkpoint tensor(s) missing: ", list);
     }
 
     if (o.mode == ReloadMode::transactional) {
@@ -614,6 +625,7 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
     state = EngineState::ready;
     reason.clear();
   }
+  rep.graphs_destroyed = drop_destroyed();
   if (o.verify && !initial && !graphs.empty() && !rep.needs_recapture) {
     Timer t(rep.times.verify_ms);
     VerifyResult r = verify_all();
@@ -623,8 +635,8 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
       state = EngineState::drift;
       reason = r.describe();
       rep.times.total_ms = ms_since(t0);
-      throw DriftError(concat("graphkeep: after the reload, ", r.issues.size(), " captured address(es) are not covered; "
-                           "replay is refused:\n", r.describe()));
+      GK_THROW(DriftError, "after the reload, ", r.issues.size(), " captured address(es) are not covered; "
+                           "replay is refused:\n", r.describe());
     }
   }
   rep.times.total_ms = ms_since(t0);
@@ -664,11 +676,11 @@ EngineState ReloadEngine::state() const noexcept { return impl_->state; }
 void ReloadEngine::check_replay_allowed() const {
   switch (impl_->state) {
     case EngineState::ready: return;
-    case EngineState::drift: throw DriftError("graphkeep: replay refused: " + impl_->reason);
+    case EngineState::drift: GK_THROW(DriftError, "replay refused: ", impl_->reason);
     case EngineState::unprepared:
-      throw StateError("graphkeep: replay refused: prepare() has not run, so no address is protected");
+      GK_THROW(StateError, "replay refused: prepare() has not run, so no address is protected");
     default:
-      throw StateError(concat("graphkeep: replay refused (", to_string(impl_->state), "): ", impl_->reason));
+      GK_THROW(StateError, "replay refused (", to_string(impl_->state), "): ", impl_->reason);
   }
 }
 
@@ -689,9 +701,9 @@ void ReloadEngine::check_replay_allowed() const {
 // name with allow_address_range().
 void ReloadEngine::track(ReplayBackend& graph) {
   GK_CHECK(StateError, impl_->state != EngineState::unprepared,
-           "graphkeep: track() before prepare(): the manifest classifies addresses against the slot plan");
+           "track() before prepare(): the manifest classifies addresses against the slot plan");
   untrack(graph);
-  impl_->graphs.push_back({&graph, CaptureManifest::record(graph, impl_->plan, impl_->io,
+  impl_->graphs.push_back({&graph, graph.lifetime(), CaptureManifest::record(graph, impl_->plan, impl_->io,
                                                            reachable_tensors(impl_->model, impl_->plan),
                                                            impl_->allowed)});
   const CaptureManifest& m = impl_->graphs.back().manifest;
@@ -757,13 +769,13 @@ void ReloadEngine::track(ReplayBackend& graph) {
   if (impl_->options.on_unknown_address == UnknownAddressPolicy::report) return;
   impl_->state = EngineState::drift;
   impl_->reason = problem;
-  throw DriftError(concat("graphkeep: replay refused at capture: ", problem));
+  GK_THROW(DriftError, "replay refused at capture: ", problem);
 }
 
 void ReloadEngine::allow_address_range(std::string name, const void* begin, std::size_t bytes, std::string reason) {
-  GK_CHECK(StateError, begin != nullptr && bytes > 0, "graphkeep: allow_address_range('", name,
+  GK_CHECK(StateError, begin != nullptr && bytes > 0, "allow_address_range('", name,
            "'): the range is empty or null");
-  GK_CHECK(StateError, !reason.empty(), "graphkeep: allow_address_range('", name,
+  GK_CHECK(StateError, !reason.empty(), "allow_address_range('", name,
            "') needs a reason (who owns the memory, and why it never moves across reloads)");
   const auto b = reinterpret_cast<std::uintptr_t>(begin);
   impl_->allowed.push_back({concat(name, " (allowed: ", reason, ")"), b, b + bytes});
@@ -773,11 +785,13 @@ std::vector<std::string> ReloadEngine::slot_names() const { return impl_->plan.s
 
 void ReloadEngine::untrack(const ReplayBackend& graph) {
   auto& g = impl_->graphs;
+  // A destroyed graph's address may be reused by `graph`: compare only live ones.
+  impl_->drop_destroyed();
   g.erase(std::remove_if(g.begin(), g.end(), [&](const Impl::Tracked& t) { return t.graph == &graph; }), g.end());
 }
 
 void ReloadEngine::add_static_io(std::string name, const at::Tensor& buffer) {
-  GK_CHECK(StateError, buffer.defined() && buffer.has_storage(), "graphkeep: static buffer '", name, "' is undefined");
+  GK_CHECK(StateError, buffer.defined() && buffer.has_storage(), "static buffer '", name, "' is undefined");
   const auto b = reinterpret_cast<std::uintptr_t>(buffer.storage().data());
   impl_->io.push_back({std::move(name), b, b + buffer.storage().nbytes()});
 }
@@ -786,7 +800,7 @@ VerifyResult ReloadEngine::verify() const { return impl_->verify_all(); }
 
 const CaptureManifest* ReloadEngine::manifest(const ReplayBackend& graph) const {
   for (const auto& t : impl_->graphs)
-    if (t.graph == &graph) return &t.manifest;
+    if (!t.alive.expired() && t.graph == &graph) return &t.manifest;
   return nullptr;
 }
 

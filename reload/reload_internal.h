@@ -12,7 +12,7 @@ class Module;
 #include <string>
 #include <vector>
 
-#include <graphkeep/check.h>
+#include <graphkeep/core/check.h>
 
 namespace gk {
 using detail::concat;

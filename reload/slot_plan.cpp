@@ -1,5 +1,5 @@
 // Builds the persistent slot plan (see slot_plan.h).
-#include <graphkeep/check.h>
+#include <graphkeep/core/check.h>
 #include <graphkeep/reload/slot_plan.h>
 
 #include "reload_internal.h"
@@ -185,6 +185,9 @@ std::vector<std::string> layout_differences(const PlannedSlot& s, const at::Tens
   if (!t.sizes().equals(s.sizes)) d.push_back(concat("shape ", at::IntArrayRef(s.sizes), " -> ", t.sizes()));
   if (t.scalar_type() != s.dtype) d.push_back(concat("dtype ", s.dtype, " -> ", t.scalar_type()));
   if (!t.strides().equals(s.strides)) d.push_back(concat("strides ", at::IntArrayRef(s.strides), " -> ", t.strides()));
+  if (t.storage_offset() != s.storage_offset)
+    d.push_back(concat("storage offset ", s.storage_offset, " -> ", t.storage_offset(),
+                       " (a view moved within its storage: copying it back would overwrite other slots)"));
   if (t.device() != s.device) d.push_back(concat("device ", s.device, " -> ", t.device()));
   if (t.storage().nbytes() != s.storage_nbytes)
     d.push_back(concat("storage size ", s.storage_nbytes, " -> ", t.storage().nbytes(), " bytes"));
@@ -243,7 +246,7 @@ SlotPlan build_slot_plan(torch::nn::Module& model) {
         lp.params.push_back(CheckpointParam{p.key(), {{p.key(), p.value().sizes().vec(), p.value().scalar_type()}}});
     }
     for (const CheckpointParam& cp : lp.params) {
-      GK_CHECK(DeclarationError, params.contains(cp.param) || buffers.contains(cp.param), "graphkeep: layer '",
+      GK_CHECK(DeclarationError, params.contains(cp.param) || buffers.contains(cp.param), "layer '",
                prefix, "' lists checkpoint param '", cp.param,
                "', which is neither a parameter nor a buffer of the module: register it in the constructor");
       (void)cp.shape();  // validates the tensor list
@@ -263,7 +266,7 @@ SlotPlan build_slot_plan(torch::nn::Module& model) {
         if (same != lp.slots.begin() + module_slots) {
           GK_CHECK(DeclarationError,
                    s.role.role == Role::parameter || s.role.effective_init() == Init::copy_new,
-                   "graphkeep: ", lp.full_name(s.path()), " is the ", same->kind == PlannedSlot::Kind::parameter ? "parameter '" : "buffer '",
+                   lp.full_name(s.path()), " is the ", same->kind == PlannedSlot::Kind::parameter ? "parameter '" : "buffer '",
                    same->local, "' of the module but declares init policy ", to_string(s.role.effective_init()),
                    ": a parameter takes the loaded value; declare it gk::parameter");
           for (const SlotPath& p : s.paths) {
@@ -272,7 +275,7 @@ SlotPlan build_slot_plan(torch::nn::Module& model) {
           }
           continue;
         }
-        GK_CHECK(DeclarationError, s.role.role != Role::parameter, "graphkeep: ", lp.full_name(s.path()), " (",
+        GK_CHECK(DeclarationError, s.role.role != Role::parameter, lp.full_name(s.path()), " (",
                  s.owner, ") is declared gk::parameter but is not a parameter or buffer of module '", prefix,
                  "': register it on the module, or give it the role of the tensor PWAL derives");
         PlannedSlot ps;

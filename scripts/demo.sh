@@ -3,5 +3,7 @@
 # CPU by default; with a CUDA device present the demo captures real CUDA graphs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# Only the demo and what it links: the library's layers it uses, not the
+# tests, fuzzers, benchmarks or compile checks.
+GK_BUILD_TARGETS=gk-rl-demo bash scripts/setup.sh
 "${GK_BUILD_DIR:-build}"/examples/gk-rl-demo "$@"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine for graphkeep and builds it.
 #   - installs the missing Debian packages (apt-get) and PyTorch 2.11.0 (pip);
-#   - configures with CMake (Ninja) into ${GK_BUILD_DIR:-build} and builds.
+#   - configures with CMake (Ninja) into ${GK_BUILD_DIR:-build} and builds
+#     everything, or only ${GK_BUILD_TARGETS} when set.
 # Extra arguments go to the CMake configure step, e.g. -DGRAPHKEEP_CUDA=OFF.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +33,5 @@ for mod_pkg in "safetensors:safetensors" "numpy:numpy"; do
 done
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${GK_BUILD_TYPE:-RelWithDebInfo}" -DPython3_EXECUTABLE="$(command -v "$PY")" "$@"
-cmake --build "$BUILD_DIR" -j"$(nproc)"
+# GK_BUILD_TARGETS: build only these targets (the demo builds only itself).
+cmake --build "$BUILD_DIR" -j"$(nproc)" ${GK_BUILD_TARGETS:+--target $GK_BUILD_TARGETS}

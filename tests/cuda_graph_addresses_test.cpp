@@ -4,7 +4,7 @@
 // conditional nodes. Needs a GPU (the binary reports "skipped" without one).
 #include "gk_test.h"
 
-#include <graphkeep/reload/cuda_graph_addresses.h>
+#include <graphkeep/capture/cuda_graph_addresses.h>
 
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>

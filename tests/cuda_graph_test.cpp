@@ -5,9 +5,9 @@
 
 #include <graphkeep/reload/collector.h>
 #include <graphkeep/reload/copy_slots.h>
-#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/reload/manifest.h>
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/capture/replay.h>
 
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>

@@ -12,9 +12,9 @@
 // CPU: what runs on the GPU is the communication path (see docs/distributed.md).
 #include "gk_test.h"
 
-#include <graphkeep/reload/distributed.h>
-#include <graphkeep/reload/engine.h>
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/distributed/distributed.h>
+#include <graphkeep/reload/reload_engine.h>
+#include <graphkeep/capture/replay.h>
 
 #include "toy_model.h"
 
@@ -761,8 +761,8 @@ TEST_CASE("one rank over Gloo: the distributed reload commits, or rolls back and
       faulty.reload(b);
       FAIL("expected an abort");
     } catch (const gk::ReloadAbortedError& e) {
-      CHECK(std::string(e.what()) ==
-            "graphkeep: distributed reload aborted on every rank, each keeps its old weights: rank 0 (trainer + tp "
+      CHECK(e.message() ==
+            "distributed reload aborted on every rank, each keeps its old weights: rank 0 (trainer + tp "
             "0/1): std::runtime_error: injected");
       REQUIRE(e.failures().size() == 1);
       CHECK(e.failures()[0].rank == 0);

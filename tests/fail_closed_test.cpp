@@ -8,13 +8,13 @@
 // weights, or replay is refused with an error that names the cause.
 #include "gk_test.h"
 
-#include <graphkeep/hostrt/host_stream.h>
+#include <graphkeep/runtime/host_stream.h>
 #include <graphkeep/registry.h>
 #include <graphkeep/reload/collector.h>
-#include <graphkeep/reload/engine.h>
-#include <graphkeep/reload/layer.h>
+#include <graphkeep/reload/reload_engine.h>
+#include <graphkeep/model/layer.h>
 #include <graphkeep/reload/manifest.h>
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/capture/replay.h>
 
 #include <c10/core/CPUAllocator.h>
 
@@ -490,4 +490,41 @@ TEST_CASE("unprotected_slots must name slots: an unknown name is an error that s
   // anyway, and a moved view of a storage a graph reads is drift.
   o.unprotected_slots = {"l0.head_"};
   GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), gk::DriftError, "l0.head_ now points at other storage");
+}
+
+TEST_CASE("a graph destroyed while tracked is dropped and reported, never used") {
+  behaviours().clear();
+  auto model = std::make_shared<ViewsModel>();
+  gk::InMemorySource src(ViewsModel::checkpoint(0));
+  gk::load_weights(*model, src);
+  gk::ReloadEngine engine(*model);
+  engine.prepare();
+  const at::Tensor input = at::linspace(-1.0, 1.0, 4);
+  engine.add_static_io("input", input);
+  at::Tensor output;
+  {
+    // Declared after the engine, so destroyed first: the order a user's
+    // code easily has.
+    auto graph = std::make_unique<gk::HostReplay>("short-lived");
+    graph->capture([&] { output = model->forward(input); });
+    engine.track(*graph);
+    CHECK(engine.manifest(*graph) != nullptr);
+  }
+  // A new graph (the allocator may well give it the same address) has no
+  // manifest: the destroyed one's is not found through a reused pointer.
+  auto again = std::make_unique<gk::HostReplay>("again");
+  CHECK(engine.manifest(*again) == nullptr);
+  gk::InMemorySource next(ViewsModel::checkpoint(1));
+  const gk::ReloadReport r = engine.reload(next);
+  REQUIRE(r.graphs_destroyed.size() == 1);
+  CHECK(r.graphs_destroyed[0] == "short-lived");
+  CHECK(engine.verify().ok());
+  // A copy of a graph has a lifetime of its own.
+  gk::HostReplay a("a");
+  a.capture([&] { output = model->forward(input); });
+  {
+    gk::HostReplay b = a;
+    CHECK_FALSE(b.lifetime().expired());
+  }
+  CHECK_FALSE(a.lifetime().expired());
 }

@@ -4,9 +4,9 @@
 
 #include <graphkeep/reload/collector.h>
 #include <graphkeep/reload/copy_slots.h>
-#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/reload/manifest.h>
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/capture/replay.h>
 
 #include "toy_model.h"
 

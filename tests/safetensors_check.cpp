@@ -8,8 +8,8 @@
 //   tensor  NAME  DTYPE  [d0,d1,...]  NBYTES  FNV1A64-HEX  zero-copy|copied|written
 // and one line per metadata entry: meta  KEY  VALUE.
 // On a gk::Error, the message goes to stderr and the exit code is 2.
-#include <graphkeep/check.h>
-#include <graphkeep/reload/safetensors_source.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/sources/safetensors_source.h>
 
 #include <ATen/ATen.h>
 

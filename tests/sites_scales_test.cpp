@@ -11,7 +11,7 @@
 
 // The number formats the kernels decode (host side here: the checkpoint
 // quantizer and the codec checks).
-#include "quant/cuda/nvfp4_codec.h"
+#include <graphkeep/numerics/nvfp4_codec.h>
 
 #include <c10/util/Float8_e4m3fn.h>
 

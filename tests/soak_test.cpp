@@ -8,7 +8,7 @@
 #include "engine/tiny_lm.h"
 
 #include <graphkeep/reload/collector.h>
-#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/reload_engine.h>
 
 #include <fstream>
 #include <random>

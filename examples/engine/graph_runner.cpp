@@ -2,8 +2,8 @@
 
 #include "ops.h"
 
-#include <graphkeep/check.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/device.h>
 
 #include <ATen/ATen.h>
 
@@ -22,7 +22,7 @@ void GraphRunner::capture() {
   const auto t0 = std::chrono::steady_clock::now();
   engine_.add_static_io("input_ids", ids_);
   (void)model_.forward(ids_);  // warm-up outside any capture
-  gk::kernels::synchronize(model_.device());
+  gk::runtime::synchronize(model_.device());
   graphs_.clear();
   for (int64_t b : batch_sizes_) {
     Graph g{b, gk::make_replay(model_.device(), "decode_bs" + std::to_string(b)), {}};
@@ -31,7 +31,7 @@ void GraphRunner::capture() {
     engine_.track(*g.graph);
     graphs_.push_back(std::move(g));
   }
-  gk::kernels::synchronize(model_.device());
+  gk::runtime::synchronize(model_.device());
   capture_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -44,7 +44,7 @@ at::Tensor GraphRunner::step(const at::Tensor& ids, bool checked) {
   ids_.zero_();
   ids_.narrow(0, 0, n).copy_(ids);
   it->graph->replay();
-  gk::kernels::synchronize(model_.device());
+  gk::runtime::synchronize(model_.device());
   return it->logits.narrow(0, 0, n).to(at::kCPU).clone();
 }
 
@@ -65,7 +65,7 @@ std::pair<at::Tensor, at::Tensor> generate_eager(TinyLM& model, const at::Tensor
   std::vector<at::Tensor> toks, logits;
   for (int64_t t = 0; t < tokens; ++t) {
     at::Tensor l = model.forward(cur);
-    gk::kernels::synchronize(model.device());
+    gk::runtime::synchronize(model.device());
     l = l.to(at::kCPU).clone();
     logits.push_back(l);
     cur = l.argmax(-1);

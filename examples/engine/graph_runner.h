@@ -12,8 +12,8 @@
 
 #include "tiny_lm.h"
 
-#include <graphkeep/reload/engine.h>
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/reload/reload_engine.h>
+#include <graphkeep/capture/replay.h>
 
 #include <memory>
 #include <vector>

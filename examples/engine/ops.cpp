@@ -1,7 +1,7 @@
 #include "ops.h"
 
-#include <graphkeep/hostrt/host_stream.h>
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/runtime/host_stream.h>
+#include <graphkeep/runtime/device.h>
 
 #include <ATen/ATen.h>
 
@@ -12,7 +12,7 @@ using Body = gk::hostrt::AtenBody;
 
 at::Tensor run(const char* name, std::vector<at::Tensor> inputs, at::IntArrayRef out_sizes,
                const at::TensorOptions& options, Body body) {
-  at::Tensor out = gk::kernels::empty(out_sizes, options);
+  at::Tensor out = gk::runtime::empty(out_sizes, options);
   if (out.is_cuda()) {
     std::vector<at::Tensor> outs{out};
     body(inputs, outs);

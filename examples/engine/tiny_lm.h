@@ -18,7 +18,7 @@
 #include <graphkeep/kernels/mla_attention.h>
 #include <graphkeep/kernels/moe_cutlass.h>
 #include <graphkeep/quant/marlin.h>
-#include <graphkeep/reload/weight_source.h>
+#include <graphkeep/sources/weight_source.h>
 
 #include <torch/nn/module.h>
 

@@ -3,7 +3,7 @@
 // its tensors are back at the captured addresses, with the new values.
 #include "router_layer.h"
 
-#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/reload_engine.h>
 
 #include <cstdio>
 

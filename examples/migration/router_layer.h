@@ -4,7 +4,7 @@
 
 #include "router_kernel.h"
 
-#include <graphkeep/reload/layer.h>
+#include <graphkeep/model/layer.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>

@@ -9,7 +9,7 @@
 
 #include <graphkeep/kernels/catalog.h>
 #include <graphkeep/quant/catalog.h>
-#include <graphkeep/registry/registry.h>
+#include <graphkeep/registry/type_registry.h>
 
 namespace gk {
 using ProjectTypes = concat_t<kernels::Types, quant::Types>;

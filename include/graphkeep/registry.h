@@ -13,12 +13,12 @@
 //   };
 #pragma once
 
-#include <graphkeep/check.h>
+#include <graphkeep/core/check.h>
 #include <graphkeep/registry/aggregate.h>
 #include <graphkeep/registry/describe.h>
 #include <graphkeep/registry/for_each_slot.h>
 #include <graphkeep/registry/reflect.h>
-#include <graphkeep/registry/registry.h>
+#include <graphkeep/registry/type_registry.h>
 #include <graphkeep/registry/role.h>
 #include <graphkeep/registry/slot_table.h>
 #include <graphkeep/registry/walk.h>

@@ -1,4 +1,4 @@
-#include "kernels/cuda/mla_attention_launch.h"
+#include "mla_attention_launch.h"
 
 #include <cuda_runtime.h>
 

@@ -11,7 +11,7 @@
 // No Torch, no Boost: this header is included by .cu files.
 #pragma once
 
-#include "numerics/exact_math.h"
+#include <graphkeep/numerics/exact_math.h>
 
 #include <cstdint>
 

@@ -3,8 +3,8 @@
 // token; thread 0 routes, the block's threads share the per-element work, and
 // every element is computed by the scalar code of moe_common.h that the CPU
 // twins also run, so both paths agree bitwise.
-#include "kernels/cuda/moe_common.h"
-#include "kernels/cuda/moe_launch.h"
+#include "moe_common.h"
+#include "moe_launch.h"
 
 #include <cuda_runtime.h>
 

@@ -5,8 +5,8 @@
 // leading-dimension strides from device memory per group, like CUTLASS's
 // ptr-array grouped kernels: a freed or stale stride array is an illegal
 // access or a wrong result, never silently right by construction.
-#include "kernels/cuda/moe_common.h"
-#include "kernels/cuda/moe_launch.h"
+#include "moe_common.h"
+#include "moe_launch.h"
 
 #include <cuda_runtime.h>
 

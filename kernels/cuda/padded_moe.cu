@@ -1,6 +1,6 @@
-#include "kernels/cuda/padded_moe_launch.h"
+#include "padded_moe_launch.h"
 
-#include "quant/cuda/nvfp4_codec.h"
+#include <graphkeep/numerics/nvfp4_codec.h>
 
 #include <cuda_runtime.h>
 

@@ -1,5 +1,5 @@
 // quant/cuda/act_order.cu: site 12, Machete act-order (gather + W4A16 GEMM).
-#include "quant/cuda/act_order_launch.h"
+#include "act_order_launch.h"
 
 #include <cuda_runtime.h>
 

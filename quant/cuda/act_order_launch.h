@@ -3,7 +3,7 @@
 // quant/act_order.cpp.
 #pragma once
 
-#include "quant/cuda/marlin_splitk.h"
+#include "marlin_splitk.h"
 
 #include <cstdint>
 

@@ -1,6 +1,6 @@
-#include "quant/cuda/fp8_mla_attention_launch.h"
+#include "fp8_mla_attention_launch.h"
 
-#include "quant/cuda/nvfp4_codec.h"
+#include <graphkeep/numerics/nvfp4_codec.h>
 
 #include <cuda_runtime.h>
 

@@ -3,7 +3,7 @@
 // One kernel template, marlin_splitk_kernel<Variant>, holds the lock protocol
 // shared by every format (W4A16 act-order, FP8, FP4, MoE); the variants in
 // marlin_splitk.h only say how a partial sum over a K range is computed.
-#include "quant/cuda/marlin_launch.h"
+#include "marlin_launch.h"
 
 #include <cuda_runtime.h>
 

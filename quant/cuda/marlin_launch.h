@@ -3,7 +3,7 @@
 // the CPU twins in quant/marlin.cpp.
 #pragma once
 
-#include "quant/cuda/marlin_splitk.h"
+#include "marlin_splitk.h"
 
 #include <cstdint>
 

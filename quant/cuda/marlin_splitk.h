@@ -21,8 +21,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "numerics/exact_math.h"
-#include "quant/cuda/nvfp4_codec.h"
+#include <graphkeep/numerics/exact_math.h>
+#include <graphkeep/numerics/nvfp4_codec.h>
 
 namespace gk::quant::marlin {
 

@@ -1,6 +1,6 @@
-#include "quant/cuda/moe_scales_b12x_launch.h"
+#include "moe_scales_b12x_launch.h"
 
-#include "quant/cuda/nvfp4_codec.h"
+#include <graphkeep/numerics/nvfp4_codec.h>
 
 #include <cuda_runtime.h>
 

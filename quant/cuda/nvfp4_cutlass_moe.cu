@@ -1,6 +1,6 @@
-#include "quant/cuda/nvfp4_cutlass_moe_launch.h"
+#include "nvfp4_cutlass_moe_launch.h"
 
-#include "quant/cuda/nvfp4_codec.h"
+#include <graphkeep/numerics/nvfp4_codec.h>
 
 #include <cuda_runtime.h>
 

@@ -1,6 +1,6 @@
 // quant/cuda/w8a8.cu: site 13, W8A8 int8 with a static per-tensor input scale
 // and per-channel weight scales (both read from device memory).
-#include "quant/cuda/w8a8_launch.h"
+#include "w8a8_launch.h"
 
 #include <cuda_runtime.h>
 

@@ -3,7 +3,7 @@
 // in quant/w8a8.cpp.
 #pragma once
 
-#include "quant/cuda/marlin_splitk.h"
+#include "marlin_splitk.h"
 
 #include <cmath>
 #include <cstdint>

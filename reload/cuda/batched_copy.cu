@@ -3,7 +3,7 @@
 // [Copy tasks travel as kernel parameters] in batched_copy.h), 16-byte
 // vector loads and stores where both ends are aligned, four in flight per
 // thread.
-#include "reload/cuda/batched_copy.h"
+#include "batched_copy.h"
 
 #include <cuda_runtime.h>
 

@@ -9,9 +9,9 @@
 //     bit) or, after a failed streaming reload, refuses replay.
 // Anything else — a crash, a sanitizer report, another exception — is a bug.
 #include <graphkeep/reload/collector.h>
-#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/reload/manifest.h>
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/capture/replay.h>
 
 #include "toy_model.h"
 

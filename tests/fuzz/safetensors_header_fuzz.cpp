@@ -6,8 +6,8 @@
 // A gk::WeightError is the parser's answer to bad input; anything else (a
 // crash, a sanitizer report, another exception, an accepted header that
 // breaks the parser's own guarantees) is a bug.
-#include <graphkeep/check.h>
-#include <graphkeep/reload/safetensors_format.h>
+#include <graphkeep/core/check.h>
+#include <graphkeep/sources/safetensors_format.h>
 
 #include <cstddef>
 #include <cstdint>

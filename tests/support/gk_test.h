@@ -36,7 +36,7 @@
 
 #include <doctest/doctest.h>
 
-#include <graphkeep/check.h>
+#include <graphkeep/core/check.h>
 
 #include <string>
 

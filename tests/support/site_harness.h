@@ -26,9 +26,9 @@
 #include "gk_test.h"
 
 #include <graphkeep/reload/collector.h>
-#include <graphkeep/reload/engine.h>
+#include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/reload/manifest.h>
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/capture/replay.h>
 
 #include <memory>
 #include <string>

@@ -8,7 +8,7 @@
 // A binary containing GK_TEST_REQUIRES_GPU() behaves as if --gk-gpu were given.
 #include "gk_test.h"
 
-#include <graphkeep/kernels/device.h>
+#include <graphkeep/runtime/device.h>
 
 #include <unistd.h>
 
@@ -20,7 +20,7 @@
 
 namespace gk::testing {
 
-bool cuda_available() { return gk::kernels::cuda_device_available(); }
+bool cuda_available() { return gk::runtime::cuda_device_available(); }
 
 namespace {
 std::map<std::string, int (*)()>& children() {

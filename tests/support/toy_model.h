@@ -7,9 +7,9 @@
 // so a host capture burns addresses in exactly like a CUDA graph.
 #pragma once
 
-#include <graphkeep/hostrt/host_stream.h>
+#include <graphkeep/runtime/host_stream.h>
 #include <graphkeep/registry.h>
-#include <graphkeep/reload/layer.h>
+#include <graphkeep/model/layer.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>

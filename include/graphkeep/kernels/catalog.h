@@ -7,7 +7,7 @@
 #include <graphkeep/kernels/catalog_moe.h>
 #include <graphkeep/kernels/mla_attention.h>
 #include <graphkeep/kernels/padded_moe.h>
-#include <graphkeep/registry/registry.h>
+#include <graphkeep/registry/type_registry.h>
 
 namespace gk::kernels {
 using Types = concat_t<TypeList<MlaAttention, PaddedMoe>, MoeTypes>;

@@ -8,7 +8,7 @@
 #include <graphkeep/kernels/moe_shuffle.h>
 #include <graphkeep/kernels/moe_w4a8.h>
 #include <graphkeep/kernels/moe_wna16.h>
-#include <graphkeep/registry/registry.h>
+#include <graphkeep/registry/type_registry.h>
 
 namespace gk::kernels {
 using MoeTypes = TypeList<ShuffledMoe, MoeExperts, CutlassExperts, CutlassMoe, CutlassW4A8Experts, W4A8Moe,

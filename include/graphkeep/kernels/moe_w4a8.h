@@ -15,7 +15,7 @@
 
 #include <graphkeep/kernels/moe_experts.h>
 #include <graphkeep/registry.h>
-#include <graphkeep/reload/layer.h>
+#include <graphkeep/model/layer.h>
 
 #include <torch/nn/module.h>
 

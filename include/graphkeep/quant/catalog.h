@@ -15,7 +15,7 @@
 #include <graphkeep/quant/moe_scales_b12x.h>
 #include <graphkeep/quant/nvfp4_cutlass_moe.h>
 #include <graphkeep/quant/w8a8.h>
-#include <graphkeep/registry/registry.h>
+#include <graphkeep/registry/type_registry.h>
 
 namespace gk::quant {
 using MarlinTypes = TypeList<MarlinW4A16Kernel, MarlinW4A16Linear, MarlinFp8Kernel, MarlinFp8Linear, MarlinFp4Kernel,

@@ -30,7 +30,7 @@
 #pragma once
 
 #include <graphkeep/registry.h>
-#include <graphkeep/reload/layer.h>
+#include <graphkeep/model/layer.h>
 
 #include <torch/nn/module.h>
 

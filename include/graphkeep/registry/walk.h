@@ -25,7 +25,7 @@
 // gk::DeclarationError that names it and the path.
 #pragma once
 
-#include <graphkeep/check.h>
+#include <graphkeep/core/check.h>
 #include <graphkeep/registry/reflect.h>
 #include <graphkeep/registry/slot_path.h>
 

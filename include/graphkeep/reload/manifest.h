@@ -23,7 +23,7 @@
 //   if (!r.ok()) throw gk::DriftError(r.describe());
 #pragma once
 
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/capture/replay.h>
 #include <graphkeep/reload/slot_plan.h>
 
 #include <c10/core/Storage.h>

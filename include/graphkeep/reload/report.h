@@ -49,6 +49,9 @@ struct ReloadReport {
   std::size_t addresses_verified = 0;
   bool needs_recapture = false;
   std::vector<std::string> mismatched;  // slot paths, when needs_recapture
+  // Graphs destroyed while tracked: dropped before verification (untrack a
+  // graph before destroying it, or destroy it after the engine).
+  std::vector<std::string> graphs_destroyed;
   PhaseTimes times;
 
   std::string summary() const;

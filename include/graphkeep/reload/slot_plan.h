@@ -14,7 +14,7 @@
 #pragma once
 
 #include <graphkeep/registry/for_each_slot.h>
-#include <graphkeep/reload/layer.h>
+#include <graphkeep/model/layer.h>
 
 #include <ATen/core/Tensor.h>
 

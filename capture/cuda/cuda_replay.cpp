@@ -1,0 +1,124 @@
+// The CUDA replay backend: at::cuda::CUDAGraph(keep_graph=true), captured on
+// a side stream; its addresses come from walking the kept graph with the
+// driver API (cuda_graph_addresses.cpp), filtered to memory the caching
+// allocator or a library workspace owns.
+#include <graphkeep/core/check.h>
+#include <graphkeep/capture/cuda_graph_addresses.h>
+#include <graphkeep/capture/replay.h>
+
+#include <ATen/cuda/CUDAContextLight.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <mutex>
+#include <shared_mutex>
+
+namespace gk {
+namespace {
+
+struct Ranges {
+  std::vector<AddressRange> r;  // sorted by begin
+  void sort() {
+    std::sort(r.begin(), r.end(), [](const AddressRange& a, const AddressRange& b) { return a.begin < b.begin; });
+  }
+  bool contains(std::uintptr_t a) const {
+    auto it = std::upper_bound(r.begin(), r.end(), a, [](std::uintptr_t x, const AddressRange& y) { return x < y.begin; });
+    return it != r.begin() && std::prev(it)->contains(a);
+  }
+};
+
+class CudaReplay final : public ReplayBackend {
+ public:
+  explicit CudaReplay(std::string name) : name_(std::move(name)), graph_(/*keep_graph=*/true) {}
+
+  void capture(const std::function<void()>& forward) override {
+    GK_CHECK(StateError, !captured_, "CUDA graph '", name_, "' is already captured");
+    device_ = c10::Device(c10::kCUDA, c10::cuda::current_device());
+    c10::cuda::device_synchronize();
+    at::cuda::CUDAStream side = at::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      graph_.capture_begin();
+      try {
+        forward();
+      } catch (...) {
+        try {
+          graph_.capture_end();
+        } catch (...) {
+        }
+        throw;
+      }
+      graph_.capture_end();
+    }
+    graph_.instantiate();
+    captured_ = true;
+    record_memory();
+    scan_ = cuda::scan_graph(graph_.raw_cuda_graph(), [this](std::uint64_t w) {
+      const auto a = static_cast<std::uintptr_t>(w);
+      return cuda::default_plausible(w) && (segments_.contains(a) || library_.contains(a));
+    });
+  }
+
+  void replay() override {
+    GK_CHECK(StateError, captured_, "replay of CUDA graph '", name_, "' before capture");
+    graph_.replay();
+  }
+  bool captured() const override { return captured_; }
+
+  std::vector<CapturedAddress> addresses() const override {
+    std::vector<CapturedAddress> out;
+    out.reserve(scan_.words.size());
+    for (const cuda::GraphAddress& w : scan_.words)
+      out.push_back({static_cast<std::uintptr_t>(w.address), w.node, w.node_name, 0,
+                     w.kind == cuda::GraphAddress::NodeKind::memcpy && w.param_index == cuda::kMemcpyDstParam});
+    return out;
+  }
+  bool in_private_pool(std::uintptr_t address) const override { return pool_.contains(address); }
+  std::vector<AddressRange> library_ranges() const override { return library_.r; }
+  std::string name() const override { return name_; }
+  c10::Device device() const override { return device_; }
+
+ private:
+  void record_memory() {
+    const auto pool = graph_.pool();
+    const auto snap = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, /*include_traces=*/false);
+    for (const auto& seg : snap.segments) {
+      if (seg.device != device_.index()) continue;
+      AddressRange r{"segment", static_cast<std::uintptr_t>(seg.address),
+                     static_cast<std::uintptr_t>(seg.address + seg.total_size)};
+      segments_.r.push_back(r);
+      if (seg.owner_private_pool_id == pool) pool_.r.push_back(r);
+    }
+    segments_.sort();
+    pool_.sort();
+    auto add_workspaces = [&](at::cuda::WorkspaceMapWithMutex& m, std::size_t size, const char* what) {
+      std::shared_lock<std::shared_mutex> lock(m.mutex);
+      for (const auto& [key, ptr] : m.map) {
+        const auto b = reinterpret_cast<std::uintptr_t>(ptr.get());
+        if (b != 0) library_.r.push_back({what, b, b + size});
+      }
+    };
+    add_workspaces(at::cuda::cublas_handle_stream_to_workspace(), at::cuda::getChosenWorkspaceSize(),
+                   "cuBLAS workspace");
+    add_workspaces(at::cuda::cublaslt_handle_stream_to_workspace(), at::cuda::getCUDABlasLtWorkspaceSize(),
+                   "cuBLASLt workspace");
+    library_.sort();
+  }
+
+  std::string name_;
+  at::cuda::CUDAGraph graph_;
+  bool captured_ = false;
+  c10::Device device_{c10::kCUDA, 0};
+  cuda::GraphScan scan_;
+  Ranges segments_, pool_, library_;
+};
+
+}  // namespace
+
+std::unique_ptr<ReplayBackend> make_cuda_replay(std::string name) { return std::make_unique<CudaReplay>(std::move(name)); }
+
+}  // namespace gk

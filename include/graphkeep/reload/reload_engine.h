@@ -1,0 +1,161 @@
+// graphkeep/reload/reload_engine.h
+//
+// The reload engine: reloads a libtorch model's weights so that every tensor
+// a captured graph may read keeps its address and holds the new values.
+//
+//   gk::ReloadEngine engine(model);        // model: a torch::nn::Module tree
+//   engine.prepare();                       // after the first load + PWAL, before capture
+//   graph.capture([&] { out = model.forward(in); });
+//   engine.track(graph);                    // its capture manifest is verified after reloads
+//   ...
+//   gk::InMemorySource src(new_weights);
+//   gk::ReloadReport r = engine.reload(src);  // throws on any failure; see below
+//   engine.check_replay_allowed();          // throws if replay must not resume
+//   graph.replay();
+//
+// Per layer, a reload snapshots the captured tensors, detaches the
+// checkpoint-format parameters from their storage, buffers the incoming
+// weights and, once the layer's weights are complete, materializes, loads and
+// runs PWAL, checks every slot's layout against the captured one, copies the
+// new values into the captured storage, points the fields back at the
+// captured tensors, applies init policies, and releases the new storage.
+//
+// Failure guarantees (see docs/reload.md):
+//   transactional  any error: every layer keeps its old weights, the model
+//                  stays usable and replay stays allowed.
+//   streaming      an error before a layer's copy-back leaves that layer on its
+//                  old weights; layers already committed hold new weights, so
+//                  the engine marks the model inconsistent and refuses replay
+//                  until a reload succeeds. Captured storage is never freed.
+//   both           a mismatch (PWAL changed a slot's layout) throws
+//                  gk::MismatchError, or with MismatchPolicy::needs_recapture
+//                  finishes and reports the paths; replay is then refused until
+//                  prepare() runs again after recapture.
+#pragma once
+
+#include <graphkeep/reload/report.h>
+#include <graphkeep/reload/slot_plan.h>
+#include <graphkeep/sources/weight_source.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace gk {
+
+class ReplayBackend;
+class CaptureManifest;
+struct VerifyResult;
+
+enum class UnknownAddressPolicy { refuse, report };
+
+struct ReloadOptions {
+  ReloadMode mode = ReloadMode::streaming;
+  MismatchPolicy on_mismatch = MismatchPolicy::raise;
+  // Verify the capture manifests of tracked graphs after each reload.
+  bool verify = true;
+  // Treat a configuration value changed by PWAL as a mismatch.
+  bool check_configs = true;
+  // PWAL may write into captured tensors in place (a declared member it is
+  // handed, a buffer it does not load, a view of a parameter's storage).
+  // true: before each layer's PWAL, copy those captured storages, and write
+  // them back if the layer fails (memory: one layer's such storages in
+  // streaming mode, all of them in transactional mode). false: no copy; a
+  // layer that fails after its PWAL started marks the model inconsistent
+  // (replay refused until a reload succeeds). docs/reload.md, "Modes".
+  bool restore_in_place_writes = true;
+  // Full slot names whose copy-back is disabled: the fields keep PWAL's new
+  // tensors, as without graphkeep. For demonstrations and negative tests.
+  // Each must be a slot name (ReloadEngine::slot_names(); Note [Slot names]
+  // in slot_plan.h): an unknown one is a gk::StateError naming the closest.
+  std::vector<std::string> unprotected_slots;
+  // What track() does with a graph the manifest cannot vouch for (Note [Fail
+  // closed at capture] in reload_engine.cpp): refuse replay (default), or
+  // only report it in the manifest, for demonstrations and negative tests.
+  UnknownAddressPolicy on_unknown_address = UnknownAddressPolicy::refuse;
+  // Called at each stage with (stage, layer prefix); throwing from it injects
+  // a fault there. Stages: "detach", "load", "pwal", "check", "copy", "commit".
+  std::function<void(std::string_view stage, const std::string& layer)> fault_hook;
+  // Transactional mode only: called once after every layer is loaded, PWAL'd
+  // and checked and the completion gate passed, right before the first
+  // commit. Throwing from it aborts the reload with a full rollback (every
+  // layer keeps its old weights), like a fault at the "commit" stage; the
+  // exception propagates out of reload(). The distributed reload votes here
+  // (include/graphkeep/distributed/distributed.h). Not called in streaming mode.
+  std::function<void()> before_commit;
+};
+
+enum class EngineState {
+  unprepared,       // prepare() has not run
+  ready,            // replay allowed
+  inconsistent,     // a streaming reload failed midway; reload again
+  needs_recapture,  // a mismatch was accepted; recapture, then prepare()
+  drift,            // manifest verification failed; replay refused
+};
+std::string_view to_string(EngineState s) noexcept;
+
+// The first load, before prepare(): materializes every layer's
+// checkpoint-format parameters, loads `source` through the layers' loaders
+// with the same completion gate and checks as a reload, and runs PWAL.
+// Nothing is captured yet, so nothing is copied back.
+ReloadReport load_weights(torch::nn::Module& model, WeightSource& source);
+
+class ReloadEngine {
+ public:
+  explicit ReloadEngine(torch::nn::Module& model, ReloadOptions options = {});
+  ~ReloadEngine();
+  ReloadEngine(const ReloadEngine&) = delete;
+  ReloadEngine& operator=(const ReloadEngine&) = delete;
+
+  // Builds the slot plan. Call after the first load and PWAL, before any
+  // capture; call again after a recapture.
+  void prepare();
+
+  ReloadReport reload(WeightSource& source);
+  ReloadReport reload(WeightSource& source, const ReloadOptions& options);
+
+  // Records `graph`'s capture manifest (classifying every address it uses)
+  // and verifies it after each reload. The graph must outlive the engine or
+  // be untracked first. Fails closed: a graph that recorded nothing, reads
+  // none of the model's slots, or reads an address nothing owns (an
+  // undeclared tensor, a raw allocation) stays tracked, the engine refuses
+  // replay, and track() throws gk::DriftError naming each address's owner.
+  void track(ReplayBackend& graph);
+  // Allows graphs to read [begin, begin + bytes) although no slot owns it: a
+  // library's own persistent workspace that never moves across reloads.
+  // Call before track(); `reason` is shown wherever the range is reported.
+  void allow_address_range(std::string name, const void* begin, std::size_t bytes, std::string reason);
+  // Every slot's name (Note [Slot names] in slot_plan.h).
+  std::vector<std::string> slot_names() const;
+  void untrack(const ReplayBackend& graph);
+  // Registers a persistent input or output buffer of the runner, so the
+  // manifest classifies its addresses as static I/O.
+  void add_static_io(std::string name, const at::Tensor& buffer);
+  // Verifies every tracked graph's manifest now.
+  VerifyResult verify() const;
+  // The manifest recorded for a tracked graph (nullptr if untracked).
+  const CaptureManifest* manifest(const ReplayBackend& graph) const;
+
+  EngineState state() const noexcept;
+  bool replay_allowed() const noexcept { return state() == EngineState::ready; }
+  // Throws gk::StateError or gk::DriftError (with the reason) when replay
+  // must not resume.
+  void check_replay_allowed() const;
+
+  const SlotPlan& plan() const;
+  const ReloadOptions& options() const noexcept;
+  torch::nn::Module& model() noexcept;
+
+ private:
+  friend ReloadReport load_weights(torch::nn::Module& model, WeightSource& source);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gk

@@ -1,0 +1,50 @@
+#include <graphkeep/core/check.h>
+#include <graphkeep/model/layer.h>
+
+namespace gk {
+
+std::vector<std::int64_t> CheckpointTensor::shard_shape() const {
+  std::vector<std::int64_t> s = shape;
+  GK_CHECK(DeclarationError, num_shards >= 1 && shard_dim >= 0 && shard_dim < static_cast<std::int64_t>(s.size()) &&
+                                 s[shard_dim] % num_shards == 0,
+           "checkpoint tensor '", name, "' with shape ", at::IntArrayRef(shape), " cannot be split into ",
+           num_shards, " shards along dim ", shard_dim);
+  s[shard_dim] /= num_shards;
+  return s;
+}
+
+std::vector<std::int64_t> CheckpointParam::shape() const {
+  GK_CHECK(DeclarationError, !tensors.empty(), "checkpoint param '", param, "' lists no tensors");
+  std::vector<std::int64_t> s = tensors.front().shape;
+  for (std::size_t i = 1; i < tensors.size(); ++i) {
+    const auto& t = tensors[i].shape;
+    GK_CHECK(DeclarationError, !s.empty() && t.size() == s.size() && std::equal(t.begin() + 1, t.end(), s.begin() + 1),
+             "checkpoint tensors of param '", param, "' cannot be concatenated along dim 0: ",
+             at::IntArrayRef(s), " and ", at::IntArrayRef(t));
+    s[0] += t[0];
+  }
+  return s;
+}
+
+at::ScalarType CheckpointParam::dtype() const {
+  GK_CHECK(DeclarationError, !tensors.empty(), "checkpoint param '", param, "' lists no tensors");
+  for (const auto& t : tensors)
+    GK_CHECK(DeclarationError, t.dtype == tensors.front().dtype, "checkpoint tensors of param '", param,
+             "' have different dtypes");
+  return tensors.front().dtype;
+}
+
+void default_load(const LoadRequest& r) {
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < r.tensor_index; ++i) offset += r.param.tensors[i].shape.at(0);
+  const CheckpointTensor& t = r.param.tensors.at(r.tensor_index);
+  at::Tensor dst = r.target;
+  if (r.param.tensors.size() > 1) dst = dst.narrow(0, offset, t.shape.at(0));
+  if (t.num_shards > 1) {
+    const std::int64_t len = t.shape.at(t.shard_dim) / t.num_shards;
+    dst = dst.narrow(t.shard_dim, r.shard * len, len);
+  }
+  dst.copy_(r.value);
+}
+
+}  // namespace gk
