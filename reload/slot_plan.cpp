@@ -185,6 +185,9 @@ std::vector<std::string> layout_differences(const PlannedSlot& s, const at::Tens
   if (!t.sizes().equals(s.sizes)) d.push_back(concat("shape ", at::IntArrayRef(s.sizes), " -> ", t.sizes()));
   if (t.scalar_type() != s.dtype) d.push_back(concat("dtype ", s.dtype, " -> ", t.scalar_type()));
   if (!t.strides().equals(s.strides)) d.push_back(concat("strides ", at::IntArrayRef(s.strides), " -> ", t.strides()));
+  if (t.storage_offset() != s.storage_offset)
+    d.push_back(concat("storage offset ", s.storage_offset, " -> ", t.storage_offset(),
+                       " (a view moved within its storage: copying it back would overwrite other slots)"));
   if (t.device() != s.device) d.push_back(concat("device ", s.device, " -> ", t.device()));
   if (t.storage().nbytes() != s.storage_nbytes)
     d.push_back(concat("storage size ", s.storage_nbytes, " -> ", t.storage().nbytes(), " bytes"));
