@@ -50,12 +50,12 @@
 // unprotected_slots (both end in a recapture, which has no fresh-model oracle).
 #include "gk_test.h"
 
-#include <graphkeep/reload/engine.h>
-#include <graphkeep/reload/replay.h>
+#include <graphkeep/reload/reload_engine.h>
+#include <graphkeep/capture/replay.h>
 
-#include <graphkeep/hostrt/host_stream.h>
+#include <graphkeep/runtime/host_stream.h>
 #include <graphkeep/registry.h>
-#include <graphkeep/reload/layer.h>
+#include <graphkeep/model/layer.h>
 
 #include <ATen/Parallel.h>
 
