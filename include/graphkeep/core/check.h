@@ -9,6 +9,7 @@
 //   gk::DeclarationError  a class is annotated wrongly; fix the class
 //   gk::WeightError       the weight set is incomplete or bad; fix the source
 //   gk::MismatchError     PWAL changed a slot's layout; recapture the graphs
+//                         (graphkeep/reload/errors.h: the reload layer's own)
 //   gk::DriftError        a captured address is no longer covered; a bug,
 //                         the engine refuses to replay
 //   gk::StateError        the call is not allowed in the current state
@@ -75,23 +76,6 @@ class DeclarationError : public Error {
 class WeightError : public Error {
  public:
   explicit WeightError(std::string m, SourceLocation w = {}) : Error(ErrorKind::weights, std::move(m), w) {}
-};
-// PWAL changed a slot's shape, dtype, strides, device or storage size, or a
-// captured configuration value: the graphs must be recaptured. `paths()`
-// lists every affected slot.
-class MismatchError : public Error {
- public:
-  MismatchError(std::string m, std::vector<std::string> paths = {}, SourceLocation w = {})
-      : Error(ErrorKind::mismatch, std::move(m), w), paths_(std::move(paths)) {}
-  explicit MismatchError(std::string m) : MismatchError(std::move(m), {}) {}
-  const std::vector<std::string>& paths() const noexcept { return paths_; }
-
- private:
-  std::vector<std::string> paths_;
-};
-class DriftError : public Error {
- public:
-  explicit DriftError(std::string m, SourceLocation w = {}) : Error(ErrorKind::drift, std::move(m), w) {}
 };
 class StateError : public Error {
  public:

@@ -33,6 +33,7 @@
 //                  prepare() runs again after recapture.
 #pragma once
 
+#include <graphkeep/reload/errors.h>
 #include <graphkeep/reload/report.h>
 #include <graphkeep/reload/slot_plan.h>
 #include <graphkeep/sources/weight_source.h>
