@@ -90,7 +90,7 @@ class ReloadableLayer {
   virtual std::vector<CheckpointParam> checkpoint_params() const = 0;
 
   // Loads one tensor or shard. Return false to use gk::default_load.
-  virtual bool load_weight(const LoadRequest& r) { return false; }
+  virtual bool load_weight(const LoadRequest& /*r*/) { return false; }
 
   // PWAL. Runs after every checkpoint tensor of the layer has been loaded.
   virtual void process_weights_after_loading() {}

@@ -73,13 +73,13 @@ class Walker {
   virtual ~Walker() = default;
   virtual void tensor(const SlotPath& path, const RoleSpec& role, std::string_view owner,
                       at::Tensor& t) = 0;
-  virtual void config(const SlotPath& path, std::string_view owner, ConfigRef value) {}
-  virtual void opaque(const SlotPath& path, std::string_view owner, std::string_view reason) {}
-  virtual void module(const SlotPath& path, std::string_view owner) {}
+  virtual void config(const SlotPath& /*path*/, std::string_view /*owner*/, ConfigRef /*value*/) {}
+  virtual void opaque(const SlotPath& /*path*/, std::string_view /*owner*/, std::string_view /*reason*/) {}
+  virtual void module(const SlotPath& /*path*/, std::string_view /*owner*/) {}
   // A polymorphic member holds a dynamic type that is not registered. Return
   // true to skip it (a lint collector); the default raises gk::DeclarationError.
-  virtual bool unregistered_dynamic(const SlotPath& path, std::string_view owner,
-                                    const std::type_info& dynamic_type) {
+  virtual bool unregistered_dynamic(const SlotPath& /*path*/, std::string_view /*owner*/,
+                                    const std::type_info& /*dynamic_type*/) {
     return false;
   }
 
