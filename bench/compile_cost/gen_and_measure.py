@@ -131,13 +131,13 @@ struct SinkWalker final : gk::Walker {
 # graphkeep's own preprocessor helpers in describe.h.
 NOCHECKS_PRELUDE = """
 #define BENCH_DESCRIBE_NOCHECKS_I(C, seq)                                                  \\
-  BOOST_DESCRIBE_CLASS(C, (), (), (), (GK_PP_NAMES(seq)))                                   \\
+  BOOST_DESCRIBE_CLASS(C, (), (), (), (GK_DETAIL_NAMES(seq)))                                   \\
   friend struct ::gk::detail::access;                                                      \\
   friend constexpr ::gk::detail::described<C> gk_reflect(C*) noexcept { return {}; }       \\
   static constexpr ::std::string_view gk_type_name() noexcept { return #C; }               \\
   static constexpr auto gk_members() noexcept {                                            \\
     return ::std::array<::gk::detail::member_spec, BOOST_PP_SEQ_SIZE(seq)>{                \\
-        {BOOST_PP_SEQ_FOR_EACH_I(GK_PP_SPEC_OP, ~, seq)}};                                 \\
+        {BOOST_PP_SEQ_FOR_EACH_I(GK_DETAIL_SPEC_OP, ~, seq)}};                                 \\
   }                                                                                        \\
   static void gk_static_checks() noexcept {}
 #define BENCH_DESCRIBE_NOCHECKS(C, ...) BENCH_DESCRIBE_NOCHECKS_I(C, BOOST_PP_VARIADIC_TO_SEQ(__VA_ARGS__))

@@ -103,7 +103,7 @@ constexpr std::size_t pfr_field_count() {
 // static_assert message that names the class, the member and the fix.
 enum class member_error : std::uint8_t {
   ok,
-  tensor_without_role,
+  tensor_without_role,  // see tensor_holder_kind for what the member is
   role_on_non_tensor,
   role_twice,
   workspace_without_init,
@@ -169,6 +169,11 @@ struct map_like<std::unordered_map<K, E, H, Q, A>> : std::true_type { using key 
 
 template <class T> struct variant_like : std::false_type {};
 template <class... Es> struct variant_like<std::variant<Es...>> : std::true_type {};
+
+template <class T, template <class...> class Tmpl>
+inline constexpr bool is_instance_of = false;
+template <template <class...> class Tmpl, class... As>
+inline constexpr bool is_instance_of<Tmpl<As...>, Tmpl> = true;
 
 template <class T> struct tuple_like : std::false_type {};
 template <class A, class B> struct tuple_like<std::pair<A, B>> : std::true_type {};
@@ -272,6 +277,43 @@ constexpr member_kind classify() {
   } else {
     return {.error = member_error::unknown_class};
   }
+}
+
+// What a member with member_error::tensor_without_role is: a bare at::Tensor
+// or a container of tensors, by its outermost template, so the message can say
+// "is a std::vector of at::Tensor with no role".
+enum class tensor_holder : std::uint8_t {
+  tensor,  // at::Tensor itself
+  vector,
+  deque,
+  array,    // std::array
+  c_array,  // T[N]
+  optional,
+  unique_ptr,
+  shared_ptr,
+  map,
+  unordered_map,
+  variant,
+  pair,
+  tuple,
+};
+
+template <class M>
+constexpr tensor_holder tensor_holder_kind() {
+  using T = std::remove_cv_t<M>;
+  if constexpr (std::is_array_v<T>) return tensor_holder::c_array;
+  else if constexpr (is_instance_of<T, std::vector>) return tensor_holder::vector;
+  else if constexpr (is_instance_of<T, std::deque>) return tensor_holder::deque;
+  else if constexpr (sequence_like<T>::value) return tensor_holder::array;
+  else if constexpr (is_instance_of<T, std::optional>) return tensor_holder::optional;
+  else if constexpr (is_instance_of<T, std::unique_ptr>) return tensor_holder::unique_ptr;
+  else if constexpr (is_instance_of<T, std::shared_ptr>) return tensor_holder::shared_ptr;
+  else if constexpr (is_instance_of<T, std::map>) return tensor_holder::map;
+  else if constexpr (is_instance_of<T, std::unordered_map>) return tensor_holder::unordered_map;
+  else if constexpr (is_instance_of<T, std::variant>) return tensor_holder::variant;
+  else if constexpr (is_instance_of<T, std::pair>) return tensor_holder::pair;
+  else if constexpr (is_instance_of<T, std::tuple>) return tensor_holder::tuple;
+  else return tensor_holder::tensor;
 }
 
 // The verdict on one member: its type, and the role its descriptor gave it.

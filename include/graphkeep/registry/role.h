@@ -145,6 +145,7 @@ inline constexpr detail::reasoned_role<Role::opaque> opaque{};
 template <std::size_t N>
 struct fixed_string {
   char chars[N]{};
+  constexpr fixed_string() noexcept = default;  // all '\0', for strings built at compile time
   constexpr fixed_string(const char (&s)[N]) noexcept { std::copy_n(s, N, chars); }
   constexpr std::string_view view() const noexcept { return {chars, N - 1}; }
 };
