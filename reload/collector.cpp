@@ -20,12 +20,20 @@ std::size_t CollectorReport::count(CollectedTensor::Coverage c) const noexcept {
 namespace {
 
 // Visits every tensor reachable from the model, calling `on_tensor(path,
-// role, tensor, resolve)` and `on_flag(message)`.
+// role, tensor, resolve)` and `on_flag(message)`; for a member the walk
+// cannot look into (opaque, an unregistered dynamic type), also
+// `on_blind(member)`, the flag's text without its "opaque: " head.
 struct ModelWalk {
   using OnTensor = std::function<void(const std::string&, const RoleSpec&, const at::Tensor&,
                                       std::function<at::Tensor()>)>;
   OnTensor on_tensor;
   std::function<void(std::string)> on_flag;
+  std::function<void(const std::string&)> on_blind;
+
+  void blind(std::string_view head, const std::string& member) {
+    if (on_blind) on_blind(member);
+    if (on_flag) on_flag(concat(head, member));
+  }
 
   struct MemberWalker final : Walker {
     ModelWalk& w;
@@ -42,11 +50,11 @@ struct ModelWalk {
       });
     }
     void opaque(const SlotPath& p, std::string_view owner, std::string_view reason) override {
-      w.on_flag(concat("opaque: ", full(p), " (", owner, ") is not looked into: ", reason));
+      w.blind("opaque: ", concat(full(p), " (", owner, ") is not looked into: ", reason));
     }
     bool unregistered_dynamic(const SlotPath& p, std::string_view owner, const std::type_info& t) override {
-      w.on_flag(concat("unregistered dynamic type: ", full(p), " (", owner, ") holds a ", demangle(t.name()),
-                    "; its tensors are invisible to the registry"));
+      w.blind("unregistered dynamic type: ", concat(full(p), " (", owner, ") holds a ", demangle(t.name()),
+                                                    "; its tensors are invisible to the registry"));
       return true;
     }
   };
@@ -149,12 +157,7 @@ std::vector<std::string> opaque_members(torch::nn::Module& model) {
   std::vector<std::string> out;
   ModelWalk w;
   w.on_tensor = [](const std::string&, const RoleSpec&, const at::Tensor&, std::function<at::Tensor()>) {};
-  w.on_flag = [&](std::string f) {
-    // "opaque: <path> (<owner>) is not looked into: <reason>" and
-    // "unregistered dynamic type: <path> (<owner>) holds a <type>; ..."
-    for (std::string_view head : {"opaque: ", "unregistered dynamic type: "})
-      if (f.rfind(head, 0) == 0) out.push_back(f.substr(head.size()));
-  };
+  w.on_blind = [&](const std::string& member) { out.push_back(member); };
   w.run(model);
   return out;
 }

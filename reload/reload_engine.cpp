@@ -90,24 +90,12 @@ class StorageBackups {
     bytes.set_(t.storage(), 0, {static_cast<std::int64_t>(t.storage().nbytes())}, {1});
     entries_.push_back({key, bytes, bytes.clone()});
   }
-  bool holds(const at::Tensor& t) const {
-    if (!t.defined() || !t.has_storage()) return false;
-    const void* key = t.storage().unsafeGetStorageImpl();
-    for (const Entry& e : entries_)
-      if (e.key == key) return true;
-    return false;
-  }
   // Writes every saved storage back (newest first) and forgets them.
   void restore() {
     for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) it->storage.copy_(it->saved);
     entries_.clear();
   }
   void release() { entries_.clear(); }
-  std::size_t bytes() const {
-    std::size_t n = 0;
-    for (const Entry& e : entries_) n += e.saved.nbytes();
-    return n;
-  }
 
  private:
   struct Entry {
