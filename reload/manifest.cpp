@@ -172,11 +172,12 @@ VerifyResult CaptureManifest::verify(const SlotPlan& plan) const {
       case AddressClass::slot: {
         GK_INTERNAL_ASSERT(e.layer < plan.layers().size() && e.slot < plan.layers()[e.layer].slots.size(),
                            "manifest of graph ", graph_, " refers to a slot the plan no longer has");
-        const std::string* verdict = &slot_verdict(e.layer, e.slot);
         // Any slot viewing the same storage counts: a view whose field moved
         // no longer describes what the graph reads (conservative, fail-closed).
-        for (const auto& [l, s] : plan.layers()[e.layer].slots[e.slot].same_storage)
-          if (verdict->empty()) verdict = &slot_verdict(l, s);
+        const std::string* verdict = &slot_verdict(e.layer, e.slot);
+        plan.for_each_sharing_storage(plan.layers()[e.layer].slots[e.slot], [&](std::size_t l, std::size_t s) {
+          if (verdict->empty() && (l != e.layer || s != e.slot)) verdict = &slot_verdict(l, s);
+        });
         if (!verdict->empty()) issue(VerifyIssue::Kind::moved, e, *verdict);
         break;
       }

@@ -92,15 +92,18 @@ void SlotPlan::index() {
       if (s.defined() && s.storage_nbytes > 0) ranges_.push_back({s.storage_begin(), s.storage_end(), li, si});
     }
   std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  // Slots viewing one storage: equal storage bases, adjacent after the sort.
+  // Slots viewing one storage have equal storage bases: adjacent after the
+  // sort, so each group is one range of the index.
   for (auto& l : layers_)
-    for (auto& s : l.slots) s.same_storage.clear();
+    for (auto& s : l.slots) s.storage_group_begin = s.storage_group_end = 0;
   for (std::size_t i = 0; i < ranges_.size();) {
     std::size_t j = i;
     while (j < ranges_.size() && ranges_[j].begin == ranges_[i].begin) ++j;
-    for (std::size_t a = i; j - i > 1 && a < j; ++a)
-      for (std::size_t b = i; b < j; ++b)
-        if (a != b) layers_[ranges_[a].layer].slots[ranges_[a].slot].same_storage.emplace_back(ranges_[b].layer, ranges_[b].slot);
+    for (std::size_t a = i; a < j; ++a) {
+      PlannedSlot& s = layers_[ranges_[a].layer].slots[ranges_[a].slot];
+      s.storage_group_begin = static_cast<std::uint32_t>(i);
+      s.storage_group_end = static_cast<std::uint32_t>(j);
+    }
     i = j;
   }
 }

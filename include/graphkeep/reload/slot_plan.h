@@ -22,7 +22,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace torch::nn {
@@ -49,11 +48,13 @@ struct PlannedSlot {
   c10::Device device = c10::kCPU;
   std::size_t storage_nbytes = 0;
 
-  // The other slots (layer, slot indices) that view the same captured
-  // storage: exact aliases merge into one slot, but prefix, interior and
-  // strided views (q, k, v of a fused weight) are slots of their own. A graph
-  // reading the storage is verified against all of them (SlotPlan::index).
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> same_storage;
+  // The slots that view the same captured storage, this one included, as a
+  // range of the plan's address index (set by SlotPlan::index; empty for a
+  // slot without storage). Exact aliases merge into one slot, but prefix,
+  // interior and strided views (q, k, v of a fused weight) are slots of
+  // their own; a graph reading the storage is verified against all of them
+  // (SlotPlan::for_each_sharing_storage).
+  std::uint32_t storage_group_begin = 0, storage_group_end = 0;
 
   bool defined() const noexcept { return captured.defined(); }
   // [storage base, storage base + storage_nbytes): the addresses this slot owns.
@@ -114,6 +115,12 @@ class SlotPlan {
   std::optional<Owner> find_owner(std::uintptr_t address) const;
   // Builds the address index used by find_owner (done by build_slot_plan).
   void index();
+  // Calls f(layer index, slot index) for every slot whose captured storage
+  // is s's, s included. O(group size), no allocation.
+  template <class F>
+  void for_each_sharing_storage(const PlannedSlot& s, F&& f) const {
+    for (std::uint32_t k = s.storage_group_begin; k < s.storage_group_end; ++k) f(ranges_[k].layer, ranges_[k].slot);
+  }
 
  private:
   std::vector<LayerPlan> layers_;
