@@ -27,9 +27,13 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   "$PY" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
 fi
 # Optional Python packages used by some tests (reference implementations).
-for mod_pkg in "safetensors:safetensors" "numpy:numpy"; do
+# A pinned entry (pkg==version) is reinstalled when the installed version differs
+# (transformers: the oracle of tests/hf/make_reference.py).
+for mod_pkg in "safetensors:safetensors" "numpy:numpy" "transformers:transformers==4.57.6"; do
   mod=${mod_pkg%%:*}; pkg=${mod_pkg##*:}
-  "$PY" -c "import $mod" 2>/dev/null || "$PY" -m pip install --quiet --disable-pip-version-check "$pkg" || true
+  want=""; case "$pkg" in *==*) want=${pkg##*==} ;; esac
+  "$PY" -c "import $mod, sys; sys.exit(0 if '$want' in ('', $mod.__version__) else 1)" 2>/dev/null ||
+    "$PY" -m pip install --quiet --disable-pip-version-check "$pkg" || true
 done
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${GK_BUILD_TYPE:-RelWithDebInfo}" -DPython3_EXECUTABLE="$(command -v "$PY")" "$@"

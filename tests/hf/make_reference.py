@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Reference models and checkpoints from Hugging Face transformers (the oracle).
+
+Builds a small random Llama / Qwen3 / Qwen3-MoE model with transformers==4.57.6,
+saves sharded safetensors checkpoints of it before and after a few training
+updates, and records what transformers computes for each checkpoint, so that a
+C++ engine that loads the same checkpoints can be checked against it.
+
+    python3 tests/hf/make_reference.py --arch {llama,qwen3,qwen3_moe} --out DIR
+        [--size tiny|small] [--dtype float32|bfloat16] [--steps N] [--shard-size SIZE]
+        [--seed 0] [--tied] [--device cpu|cuda] [--threads 1]
+
+Writes
+    DIR/step{k}/   k = 0..steps: config.json, generation_config.json,
+                   model-0000i-of-0000n.safetensors + model.safetensors.index.json
+                   (save_pretrained(max_shard_size=shard_size, safe_serialization=True),
+                   shard_size 200KB for tiny (3-4 shards), 20MB for small;
+                   a single model.safetensors when everything fits in one shard)
+    DIR/reference.safetensors, per step k:
+        step{k}.tokens            [B=3, T=12]  int64    prompts (same for every k)
+        step{k}.logits            [B, T, V]    float32  full forward, no cache
+        step{k}.generated         [B, 4+6]     int64    4 prompt tokens + 6 greedy tokens
+        step{k}.generated_logits  [B, 6, V]    float32  logits of each greedy decode step
+                                                        (the KV-cache path; extra)
+        metadata: arch, size, dtype, steps, seed, tied, shard_size, transformers, torch
+
+    The outputs of step k are computed by a model loaded back from DIR/step{k} with
+    from_pretrained(dtype=<dtype>, attn_implementation="eager"): they are what
+    transformers gives for that checkpoint as stored on disk.
+
+Training between checkpoints: per step, 3 AdamW updates (lr 1e-2) on the causal
+LM loss of the prompts, on a float32 master copy; the checkpoint is the master
+cast to --dtype. Every weight (the norms' too, which start at 1) moves.
+
+Tensor names written (listed from the saved index; layer 0 shown, layers 0..L-1):
+  all archs
+    model.embed_tokens.weight                      [V, H]
+    model.layers.0.input_layernorm.weight          [H]
+    model.layers.0.post_attention_layernorm.weight [H]
+    model.layers.0.self_attn.q_proj.weight         [nH*D, H]
+    model.layers.0.self_attn.k_proj.weight         [nKV*D, H]
+    model.layers.0.self_attn.v_proj.weight         [nKV*D, H]
+    model.layers.0.self_attn.o_proj.weight         [H, nH*D]
+    model.norm.weight                              [H]
+    lm_head.weight                                 [V, H]  (absent with --tied)
+  qwen3, qwen3_moe in addition
+    model.layers.0.self_attn.q_norm.weight         [D]
+    model.layers.0.self_attn.k_norm.weight         [D]
+  llama, qwen3 (dense MLP)
+    model.layers.0.mlp.gate_proj.weight            [I, H]
+    model.layers.0.mlp.up_proj.weight              [I, H]
+    model.layers.0.mlp.down_proj.weight            [H, I]
+  qwen3_moe (every layer sparse: decoder_sparse_step 1, mlp_only_layers [])
+    model.layers.0.mlp.gate.weight                 [E, H]  (router)
+    model.layers.0.mlp.experts.{e}.gate_proj.weight [Im, H]  e = 0..E-1
+    model.layers.0.mlp.experts.{e}.up_proj.weight   [Im, H]
+    model.layers.0.mlp.experts.{e}.down_proj.weight [H, Im]
+  No biases anywhere (attention_bias, mlp_bias false; Qwen3 MLPs have none).
+  The forward semantics are in tests/hf/README.md; tests/hf/check_reference.py
+  re-implements them in plain torch and checks DIR against the oracle.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+# Before torch is imported: deterministic cuBLAS (only matters with --device cuda),
+# and no hub access (everything is local).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+TRANSFORMERS_PIN = "4.57.6"
+B, T = 3, 12          # prompts
+PROMPT, GEN = 4, 6    # greedy generation: first PROMPT tokens, GEN new tokens
+UPDATES_PER_STEP = 3
+LR = 1e-2
+
+SIZES = {
+    "tiny": dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                 num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32),
+    "small": dict(vocab_size=4096, hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=4, head_dim=64, intermediate_size=1408,
+                  num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256),
+}
+
+
+def die(msg):
+    print(f"make_reference: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", required=True, choices=["llama", "qwen3", "qwen3_moe"])
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--size", default="tiny", choices=sorted(SIZES))
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--steps", type=int, default=2, help="training steps after step 0 (default 2)")
+    p.add_argument("--shard-size", default=None,
+                   help="save_pretrained max_shard_size (default 200KB for tiny, 20MB for small)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tied", action="store_true", help="tie_word_embeddings=True (no lm_head.weight)")
+    p.add_argument("--device", default="cpu", help="torch device for the run (default cpu)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads (default 1: fastest for tiny models on a busy machine, "
+                        "and the float32 results do not depend on the thread count)")
+    a = p.parse_args()
+    if a.steps < 0:
+        die("--steps must be >= 0")
+    if a.shard_size is None:
+        a.shard_size = "200KB" if a.size == "tiny" else "20MB"
+    return a
+
+
+def import_libs():
+    try:
+        import torch
+        import safetensors.torch
+        import transformers
+    except ImportError as e:
+        die(f"{e}; install with: python3 -m pip install transformers=={TRANSFORMERS_PIN} safetensors "
+            "(scripts/setup.sh does)")
+    if transformers.__version__ != TRANSFORMERS_PIN:
+        die(f"transformers {transformers.__version__} is installed, the reference is pinned to "
+            f"{TRANSFORMERS_PIN} (later versions change the MoE weight layout); "
+            f"python3 -m pip install transformers=={TRANSFORMERS_PIN}")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return torch, safetensors.torch, transformers
+
+
+def make_config(transformers, arch, size, tied):
+    s = SIZES[size]
+    common = dict(
+        vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
+        num_hidden_layers=s["num_hidden_layers"], num_attention_heads=s["num_attention_heads"],
+        num_key_value_heads=s["num_key_value_heads"], head_dim=s["head_dim"],
+        intermediate_size=s["intermediate_size"], hidden_act="silu",
+        rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, max_position_embeddings=256,
+        attention_bias=False, attention_dropout=0.0, initializer_range=0.02,
+        tie_word_embeddings=tied, use_cache=True,
+        # No special tokens: greedy generation never stops early on an EOS and
+        # no embedding row is zeroed as padding.
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    if arch == "llama":
+        return transformers.LlamaConfig(mlp_bias=False, pretraining_tp=1, **common)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(use_sliding_window=False, **common)
+    return transformers.Qwen3MoeConfig(
+        use_sliding_window=False, num_experts=s["num_experts"],
+        num_experts_per_tok=s["num_experts_per_tok"], moe_intermediate_size=s["moe_intermediate_size"],
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        output_router_logits=False, **common)
+
+
+def count_shards(step_dir):
+    index = os.path.join(step_dir, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return 1  # a single model.safetensors
+    with open(index) as f:
+        return len(set(json.load(f)["weight_map"].values()))
+
+
+def main():
+    args = parse_args()
+    torch, st, transformers = import_libs()
+    from transformers import AutoModelForCausalLM
+
+    t_start = time.time()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    try:
+        torch.use_deterministic_algorithms(True)
+    except Exception as e:  # noqa: BLE001 - best effort
+        print(f"make_reference: note: deterministic algorithms unavailable: {e}", file=sys.stderr)
+    try:
+        device = torch.device(args.device)
+        torch.empty(1, device=device)
+    except Exception as e:  # noqa: BLE001
+        die(f"device {args.device!r} is not usable: {e}")
+    dtype = getattr(torch, args.dtype)
+
+    out = os.path.abspath(args.out)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        die(f"cannot create {out}: {e}")
+    # Clear what an earlier run of this script left (only our own names).
+    for name in os.listdir(out):
+        path = os.path.join(out, name)
+        if name.startswith("step") and name[4:].isdigit() and os.path.isdir(path):
+            shutil.rmtree(path)
+    if os.path.exists(os.path.join(out, "reference.safetensors")):
+        os.remove(os.path.join(out, "reference.safetensors"))
+
+    config = make_config(transformers, args.arch, args.size, args.tied)
+    # The float32 master, random init under the seed (transformers' _init_weights:
+    # Linear/Embedding ~ N(0, 0.02), RMSNorm weights 1).
+    torch.manual_seed(args.seed)
+    master = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    master.to(device).eval()
+    n_params = sum(p.numel() for p in master.parameters())
+
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    tokens = torch.randint(0, config.vocab_size, (B, T), generator=gen, dtype=torch.int64)
+
+    opt = torch.optim.AdamW(master.parameters(), lr=LR)
+    refs = {}
+    prev_logits = None
+    first_logits = None
+    print(f"make_reference: {args.arch} {args.size} {args.dtype} params={n_params} "
+          f"transformers={transformers.__version__} torch={torch.__version__} device={device} -> {out}")
+    for k in range(args.steps + 1):
+        t0 = time.time()
+        loss_val = None
+        if k > 0:
+            master.train()
+            for _ in range(UPDATES_PER_STEP):
+                opt.zero_grad(set_to_none=True)
+                loss = master(input_ids=tokens.to(device), labels=tokens.to(device), use_cache=False).loss
+                if not torch.isfinite(loss):
+                    die(f"step {k}: loss is {loss.item()}")
+                loss.backward()
+                opt.step()
+                loss_val = loss.item()
+            master.eval()
+
+        step_dir = os.path.join(out, f"step{k}")
+        # The checkpoint: the master cast to the chosen dtype.
+        if dtype == torch.float32:
+            to_save = master
+        else:
+            to_save = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=dtype)
+            to_save.load_state_dict({n: v.to(dtype) for n, v in master.state_dict().items()})
+        to_save.save_pretrained(step_dir, max_shard_size=args.shard_size, safe_serialization=True)
+        del to_save
+
+        # The oracle: the checkpoint as transformers loads it.
+        model = AutoModelForCausalLM.from_pretrained(step_dir, dtype=dtype, attn_implementation="eager")
+        model.to(device).eval()
+        with torch.no_grad():
+            logits = model(input_ids=tokens.to(device), use_cache=False).logits.float().cpu()
+            g = model.generate(
+                input_ids=tokens[:, :PROMPT].to(device),
+                attention_mask=torch.ones(B, PROMPT, dtype=torch.int64, device=device),
+                do_sample=False, num_beams=1, max_new_tokens=GEN, min_new_tokens=GEN, use_cache=True,
+                temperature=None, top_p=None, top_k=None,
+                return_dict_in_generate=True, output_logits=True)
+        generated = g.sequences.cpu()
+        if tuple(generated.shape) != (B, PROMPT + GEN):
+            die(f"step {k}: generate returned shape {tuple(generated.shape)}, expected {(B, PROMPT + GEN)}")
+        gen_logits = torch.stack([x.float().cpu() for x in g.logits], dim=1)
+        if not torch.isfinite(logits).all():
+            die(f"step {k}: non-finite logits")
+        del model
+
+        refs[f"step{k}.tokens"] = tokens.clone()
+        refs[f"step{k}.logits"] = logits.contiguous()
+        refs[f"step{k}.generated"] = generated.contiguous()
+        refs[f"step{k}.generated_logits"] = gen_logits.contiguous()
+
+        shards = count_shards(step_dir)
+        d_prev = (logits - prev_logits).abs().max().item() if prev_logits is not None else 0.0
+        d_first = (logits - first_logits).abs().max().item() if first_logits is not None else 0.0
+        print(f"step {k}: train loss={'-' if loss_val is None else f'{loss_val:.4f}'} max|logit|={logits.abs().max().item():.4g} "
+              f"max|dlogit| vs prev={d_prev:.4g} vs step0={d_first:.4g} shards={shards} "
+              f"generated[0]={generated[0, PROMPT:].tolist()} ({time.time() - t0:.2f}s)")
+        prev_logits = logits
+        if first_logits is None:
+            first_logits = logits
+
+    meta = {
+        "arch": args.arch, "size": args.size, "dtype": args.dtype, "steps": str(args.steps),
+        "seed": str(args.seed), "tied": str(args.tied).lower(), "shard_size": args.shard_size,
+        "B": str(B), "T": str(T), "prompt_len": str(PROMPT), "new_tokens": str(GEN),
+        "transformers": transformers.__version__, "torch": torch.__version__,
+    }
+    st.save_file(refs, os.path.join(out, "reference.safetensors"), metadata=meta)
+    print(f"make_reference: wrote {len(refs)} tensors to {os.path.join(out, 'reference.safetensors')} "
+          f"({time.time() - t_start:.2f}s)")
+
+
+if __name__ == "__main__":
+    main()
