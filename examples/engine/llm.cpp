@@ -1,0 +1,388 @@
+#include "llm.h"
+
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/device.h>
+#include <graphkeep/runtime/host_stream.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <cmath>
+#include <limits>
+
+namespace demo {
+namespace {
+
+// Note [Ops that both backends capture]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every computation of the forward is one `op`: an ATen body over its input
+// and output tensors. On CUDA the body runs at once and the CUDA graph being
+// captured records its kernels. On the CPU it becomes a host-graph launch
+// (gk::hostrt::launch_aten), which burns in the tensors' pointers exactly as
+// a CUDA graph burns in kernel arguments, so a CPU run shows the same
+// failures a GPU run would. Outputs come from gk::runtime::empty: the
+// capture's private pool while capturing.
+using Body = gk::hostrt::AtenBody;
+
+at::Tensor op(const char* name, const std::vector<at::Tensor>& in, at::IntArrayRef out_shape,
+              const at::TensorOptions& options, Body body) {
+  at::Tensor out = gk::runtime::empty(out_shape, options);
+  if (out.is_cuda()) {
+    std::vector<at::Tensor> inputs = in, outs{out};
+    body(inputs, outs);
+  } else {
+    gk::hostrt::launch_aten(name, in, {out}, std::move(body));
+  }
+  return out;
+}
+
+// transformers' RMSNorm: in float32, then back to the input dtype, times the weight.
+at::Tensor rms_norm_math(const at::Tensor& x, const at::Tensor& w, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor r = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return w * (xf * r).to(x.scalar_type());
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t h = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
+}
+
+at::Tensor linear(const char* name, const at::Tensor& x, const at::Tensor& w) {
+  return op(name, {x, w}, {x.size(0), w.size(0)}, x.options(),
+            [](auto& in, auto& out) { at::mm_out(out[0], in[0], in[1].t()); });
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  return op("rms_norm", {x, w}, x.sizes(), x.options(),
+            [eps](auto& in, auto& out) { out[0].copy_(rms_norm_math(in[0], in[1], eps)); });
+}
+
+at::Tensor residual(const at::Tensor& a, const at::Tensor& b) {
+  return op("add", {a, b}, a.sizes(), a.options(), [](auto& in, auto& out) { at::add_out(out[0], in[0], in[1]); });
+}
+
+// Fused SwiGLU activation: [T, 2I] (gate, then up) -> silu(gate) * up [T, I].
+at::Tensor silu_and_mul(const at::Tensor& h) {
+  const int64_t i = h.size(1) / 2;
+  return op("silu_and_mul", {h}, {h.size(0), i}, h.options(), [i](auto& in, auto& out) {
+    at::mul_out(out[0], at::silu(in[0].narrow(1, 0, i)), in[0].narrow(1, i, i));
+  });
+}
+
+// One entry per fused parameter: the checkpoint tensors it is made of, in
+// order (concatenated along dim 0), relative to the layer's module path.
+// "{e}" expands to every expert index.
+struct HfTensorRule {
+  const char* layer;  // the engine's module (the checkpoint's module path ends with it)
+  const char* param;  // the module's parameter
+  std::vector<const char*> tensors;
+};
+// The one table from Hugging Face tensor names to the engine's parameters.
+// Tensors not listed here load into plain modules under their own name
+// (model.embed_tokens.weight, *.input_layernorm.weight, *.post_attention_layernorm.weight,
+// self_attn.q_norm.weight, self_attn.k_norm.weight, model.norm.weight, lm_head.weight).
+const std::vector<HfTensorRule>& hf_tensor_table() {
+  static const std::vector<HfTensorRule> table{
+      {"self_attn", "qkv_proj", {"q_proj.weight", "k_proj.weight", "v_proj.weight"}},
+      {"self_attn", "o_proj", {"o_proj.weight"}},
+      {"mlp", "gate_up_proj", {"gate_proj.weight", "up_proj.weight"}},
+      {"mlp", "down_proj", {"down_proj.weight"}},
+      {"mlp (moe)", "gate", {"gate.weight"}},
+      {"mlp (moe)", "w13", {"experts.{e}.gate_proj.weight", "experts.{e}.up_proj.weight"}},
+      {"mlp (moe)", "w2", {"experts.{e}.down_proj.weight"}},
+  };
+  return table;
+}
+
+const HfTensorRule& rule(std::string_view layer, std::string_view param) {
+  for (const HfTensorRule& r : hf_tensor_table())
+    if (layer == r.layer && param == r.param) return r;
+  GK_THROW(gk::InternalError, "no checkpoint rule for ", layer, ".", param);
+}
+
+// The checkpoint param `param` of `layer`, from the table: `rows` are the
+// dim-0 sizes of each tensor of the rule (per expert for "{e}" rules).
+gk::CheckpointParam checkpoint_param(std::string_view layer, std::string_view param, std::vector<int64_t> rows,
+                                     int64_t cols, at::ScalarType dtype, int64_t experts = 0) {
+  const HfTensorRule& r = rule(layer, param);
+  gk::CheckpointParam cp{std::string(param), {}};
+  auto add = [&](const std::string& name, int64_t n) { cp.tensors.push_back({name, {n, cols}, dtype}); };
+  if (experts == 0) {
+    for (std::size_t i = 0; i < r.tensors.size(); ++i) add(r.tensors[i], rows.at(i));
+    return cp;
+  }
+  for (int64_t e = 0; e < experts; ++e)
+    for (std::size_t i = 0; i < r.tensors.size(); ++i) {
+      std::string n = r.tensors[i];
+      n.replace(n.find("{e}"), 3, std::to_string(e));
+      add(n, rows.at(i));
+    }
+  return cp;
+}
+
+}  // namespace
+
+WeightFormat parse_weight_format(std::string_view name) {
+  if (name == "dense" || name == "bf16" || name == "none") return WeightFormat::dense;
+  if (name == "fp8") return WeightFormat::fp8;
+  GK_THROW(gk::StateError, "unknown weight format '", name, "' (dense or fp8)");
+}
+
+std::string_view to_string(WeightFormat f) { return f == WeightFormat::fp8 ? "fp8" : "dense"; }
+
+RopeTables make_rope_tables(const HfConfig& c, int64_t max_len, c10::Device device) {
+  // transformers' default rope: inv_freq = 1 / theta^(2i / d), angles = position * inv_freq
+  const at::Tensor exps = at::arange(0, c.head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(c.head_dim);
+  const at::Tensor inv_freq = at::reciprocal(at::pow(c.rope_theta, exps));
+  const at::Tensor pos = at::arange(max_len, at::kLong).to(at::kFloat);
+  const at::Tensor freqs = at::outer(pos, inv_freq);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(device).contiguous(), emb.sin().to(device).contiguous()};
+}
+
+Plain::Plain(std::vector<int64_t> shape, at::TensorOptions options) {
+  weight = register_parameter("weight", at::zeros(shape, options), false);
+}
+
+// Note [FP8 CPU twin]
+// ~~~~~~~~~~~~~~~~~~~
+// W8A8 with a scale per output channel (weights, made in PWAL) and per token
+// (activations, at run time):
+//   sw[n] = max_k |W[n,k]| / 448,  Wq = e4m3(W / sw)       (PWAL)
+//   sx[t] = max_k |x[t,k]| / 448,  xq = e4m3(x / sx)       (each call)
+//   y[t,n] = sx[t] * sw[n] * sum_k xq[t,k] Wq[n,k]
+// On CUDA the sum is at::_scaled_mm (cuBLASLt, float32 accumulation). On the
+// CPU the e4m3 values are widened to float32, where each product is exact (4
+// significant bits each), and summed by at::mm in float32: the same value up
+// to the order of the additions. tests/hf/make_reference.py computes the same
+// quantization inside transformers for the oracle.
+void Fp8Weights::build(const at::Tensor& dense) {
+  const at::Tensor w = dense.to(at::kFloat);
+  const at::Tensor s = (w.abs().amax(1) / 448.0).clamp_min(1e-12);
+  qweight_ = (w / s.unsqueeze(1)).clamp(-448.0, 448.0).to(at::kFloat8_e4m3fn).contiguous();
+  scale_ = s.contiguous();
+}
+
+at::Tensor Fp8Weights::apply(const at::Tensor& x) const {
+  GK_CHECK(gk::StateError, built(), "Fp8Weights::apply before PWAL built the weights");
+  return op("fp8_linear", {x, qweight_, scale_}, {x.size(0), qweight_.size(0)}, x.options(), [](auto& in, auto& out) {
+    const at::Tensor xf = in[0].to(at::kFloat);
+    const at::Tensor sx = (xf.abs().amax(1, /*keepdim=*/true) / 448.0).clamp_min(1e-12);
+    const at::Tensor xq = (xf / sx).clamp(-448.0, 448.0).to(at::kFloat8_e4m3fn);
+    if (in[0].is_cuda()) {
+      out[0].copy_(at::_scaled_mm(xq, in[1].t(), sx, in[2].view({1, -1}), std::nullopt, std::nullopt,
+                                  out[0].scalar_type()));
+    } else {
+      out[0].copy_((at::mm(xq.to(at::kFloat), in[1].to(at::kFloat).t()) * sx * in[2].view({1, -1}))
+                       .to(out[0].scalar_type()));
+    }
+  });
+}
+
+Attention::Attention(const HfConfig& c, c10::Device device, WeightFormat format)
+    : hidden_(c.hidden_size),
+      heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim),
+      eps_(c.rms_norm_eps),
+      format_(format) {
+  const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
+  qkv_proj_ = register_parameter("qkv_proj", at::zeros({(heads_ + 2 * kv_heads_) * head_dim_, hidden_}, opts), false);
+  o_proj_ = register_parameter("o_proj", at::zeros({hidden_, heads_ * head_dim_}, opts), false);
+  if (c.has_qk_norm()) {
+    q_norm_ = register_module("q_norm", std::make_shared<Plain>(std::vector<int64_t>{head_dim_}, opts));
+    k_norm_ = register_module("k_norm", std::make_shared<Plain>(std::vector<int64_t>{head_dim_}, opts));
+  }
+}
+
+std::vector<gk::CheckpointParam> Attention::checkpoint_params() const {
+  const at::ScalarType dt = qkv_proj_.scalar_type();
+  return {checkpoint_param("self_attn", "qkv_proj", {heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_},
+                           hidden_, dt),
+          checkpoint_param("self_attn", "o_proj", {hidden_}, heads_ * head_dim_, dt)};
+}
+
+void Attention::process_weights_after_loading() {
+  if (format_ != WeightFormat::fp8) return;
+  qkv_fp8_.build(qkv_proj_);
+  o_fp8_.build(o_proj_);
+}
+
+at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
+                              const RopeTables& rope) {
+  const at::Tensor qkv = format_ == WeightFormat::fp8 ? qkv_fp8_.apply(x) : linear("qkv_proj", x, qkv_proj_);
+  std::vector<at::Tensor> in{qkv, batch.positions, batch.seqs, cache.k, cache.v, rope.cos, rope.sin};
+  const bool qk_norm = q_norm_ != nullptr;
+  if (qk_norm) {
+    in.push_back(q_norm_->weight);
+    in.push_back(k_norm_->weight);
+  }
+  const int64_t H = heads_, KV = kv_heads_, D = head_dim_, L = cache.max_len;
+  const double eps = eps_, scale = 1.0 / std::sqrt(static_cast<double>(D));
+  at::Tensor a = op("attention", in, {x.size(0), H * D}, x.options(), [=](auto& t, auto& out) {
+    const int64_t T = t[0].size(0);
+    const at::ScalarType dt = t[0].scalar_type();
+    at::Tensor q = t[0].narrow(1, 0, H * D).reshape({T, H, D});
+    at::Tensor k = t[0].narrow(1, H * D, KV * D).reshape({T, KV, D});
+    const at::Tensor v = t[0].narrow(1, (H + KV) * D, KV * D).reshape({T, KV, D});
+    if (qk_norm) {
+      q = rms_norm_math(q, t[7], eps);
+      k = rms_norm_math(k, t[8], eps);
+    }
+    const at::Tensor& pos = t[1];
+    const at::Tensor cos = t[5].index_select(0, pos).unsqueeze(1).to(dt);  // [T, 1, D]
+    const at::Tensor sin = t[6].index_select(0, pos).unsqueeze(1).to(dt);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    // write this batch's keys and values, then attend over each sequence's cache
+    const at::Tensor rows = t[2] * L + pos;
+    t[3].index_copy_(0, rows, k);
+    t[4].index_copy_(0, rows, v);
+    const int64_t S = t[3].size(0) / L, G = H / KV;
+    auto gather = [&](const at::Tensor& c) {  // [T, L, KV, D] -> [T, H, L, D] (head h reads kv head h / G)
+      return c.view({S, L, KV, D}).index_select(0, t[2]).unsqueeze(3).expand({T, L, KV, G, D}).reshape({T, L, H, D})
+          .permute({0, 2, 1, 3});
+    };
+    const at::Tensor K = gather(t[3]), V = gather(t[4]);
+    at::Tensor scores = at::matmul(q.unsqueeze(2), K.transpose(2, 3)) * scale;  // [T, H, 1, L]
+    const at::Tensor future = at::arange(L, pos.options()).view({1, L}) > pos.view({T, 1});
+    scores = scores.masked_fill(future.view({T, 1, 1, L}), -std::numeric_limits<double>::infinity());
+    const at::Tensor p = at::softmax(scores, -1, at::kFloat).to(dt);
+    out[0].copy_(at::matmul(p, V).reshape({T, H * D}));
+  });
+  return format_ == WeightFormat::fp8 ? o_fp8_.apply(a) : linear("o_proj", a, o_proj_);
+}
+
+Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format)
+    : hidden_(c.hidden_size), inter_(c.intermediate_size), format_(format) {
+  const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
+  gate_up_proj_ = register_parameter("gate_up_proj", at::zeros({2 * inter_, hidden_}, opts), false);
+  down_proj_ = register_parameter("down_proj", at::zeros({hidden_, inter_}, opts), false);
+}
+
+std::vector<gk::CheckpointParam> Mlp::checkpoint_params() const {
+  const at::ScalarType dt = gate_up_proj_.scalar_type();
+  return {checkpoint_param("mlp", "gate_up_proj", {inter_, inter_}, hidden_, dt),
+          checkpoint_param("mlp", "down_proj", {hidden_}, inter_, dt)};
+}
+
+void Mlp::process_weights_after_loading() {
+  if (format_ != WeightFormat::fp8) return;
+  gate_up_fp8_.build(gate_up_proj_);
+  down_fp8_.build(down_proj_);
+}
+
+at::Tensor Mlp::forward(const at::Tensor& x) {
+  if (format_ == WeightFormat::fp8) return down_fp8_.apply(silu_and_mul(gate_up_fp8_.apply(x)));
+  return linear("down_proj", silu_and_mul(linear("gate_up_proj", x, gate_up_proj_)), down_proj_);
+}
+
+SparseMoe::SparseMoe(const HfConfig& c, c10::Device device)
+    : hidden_(c.hidden_size),
+      inter_(c.moe_intermediate_size),
+      experts_(c.num_experts),
+      topk_(c.num_experts_per_tok),
+      norm_topk_(c.norm_topk_prob) {
+  const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
+  gate_ = register_parameter("gate", at::zeros({experts_, hidden_}, opts), false);
+  w13_ = register_parameter("w13", at::zeros({experts_ * 2 * inter_, hidden_}, opts), false);
+  w2_ = register_parameter("w2", at::zeros({experts_ * hidden_, inter_}, opts), false);
+}
+
+std::vector<gk::CheckpointParam> SparseMoe::checkpoint_params() const {
+  const at::ScalarType dt = gate_.scalar_type();
+  return {checkpoint_param("mlp (moe)", "gate", {experts_}, hidden_, dt),
+          checkpoint_param("mlp (moe)", "w13", {inter_, inter_}, hidden_, dt, experts_),
+          checkpoint_param("mlp (moe)", "w2", {hidden_}, inter_, dt, experts_)};
+}
+
+at::Tensor SparseMoe::forward(const at::Tensor& x) {
+  const at::Tensor logits = linear("router", x, gate_);
+  const int64_t E = experts_, I = inter_, Hd = hidden_, K = topk_;
+  const bool norm = norm_topk_;
+  // Every expert on every token, weighted by the sparse routing weights (zero
+  // for experts not chosen): fixed shapes, so the block captures as is.
+  return op("moe_experts", {x, logits, w13_, w2_}, x.sizes(), x.options(), [=](auto& t, auto& out) {
+    const at::ScalarType dt = t[0].scalar_type();
+    const at::Tensor probs = at::softmax(t[1], 1, at::kFloat);
+    auto [w, idx] = at::topk(probs, K, 1);
+    if (norm) w = w / w.sum(-1, /*keepdim=*/true);
+    const at::Tensor gates = at::zeros({t[0].size(0), E}, t[0].options()).scatter(1, idx, w.to(dt));  // [T, E]
+    const at::Tensor h = at::matmul(t[0].unsqueeze(0), t[2].view({E, 2 * I, Hd}).transpose(1, 2));     // [E, T, 2I]
+    const at::Tensor a = at::silu(h.narrow(2, 0, I)) * h.narrow(2, I, I);
+    const at::Tensor o = at::matmul(a, t[3].view({E, Hd, I}).transpose(1, 2));                         // [E, T, Hd]
+    out[0].copy_((o * gates.t().unsqueeze(-1)).sum(0));
+  });
+}
+
+DecoderLayer::DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format) : eps_(c.rms_norm_eps) {
+  const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
+  input_layernorm_ = register_module("input_layernorm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));
+  self_attn_ = register_module("self_attn", std::make_shared<Attention>(c, device, format));
+  post_attention_layernorm_ =
+      register_module("post_attention_layernorm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));
+  if (c.is_moe())
+    moe_ = register_module("mlp", std::make_shared<SparseMoe>(c, device));
+  else
+    mlp_ = register_module("mlp", std::make_shared<Mlp>(c, device, format));
+}
+
+at::Tensor DecoderLayer::forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
+                                 const RopeTables& rope) {
+  const at::Tensor h = residual(x, self_attn_->forward(rms_norm(x, input_layernorm_->weight, eps_), batch, cache, rope));
+  const at::Tensor n = rms_norm(h, post_attention_layernorm_->weight, eps_);
+  return residual(h, moe_ ? moe_->forward(n) : mlp_->forward(n));
+}
+
+CausalLM::CausalLM(const HfConfig& c, c10::Device device, WeightFormat format)
+    : config_(c), device_(device), format_(format) {
+  const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
+  auto model = register_module("model", std::make_shared<torch::nn::Module>());
+  embed_tokens_ = model->register_module(
+      "embed_tokens", std::make_shared<Plain>(std::vector<int64_t>{c.vocab_size, c.hidden_size}, opts));
+  auto list = model->register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers_.push_back(std::make_shared<DecoderLayer>(c, device, format));
+    list->push_back(layers_.back());
+  }
+  norm_ = model->register_module("norm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));
+  if (!c.tie_word_embeddings)
+    lm_head_ = register_module("lm_head", std::make_shared<Plain>(std::vector<int64_t>{c.vocab_size, c.hidden_size}, opts));
+}
+
+at::Tensor CausalLM::forward(const at::Tensor& ids, const TokenBatch& batch, const std::vector<KvCache>& caches,
+                             const RopeTables& rope) {
+  GK_CHECK(gk::StateError, caches.size() == layers_.size(), "CausalLM: ", caches.size(), " caches for ",
+           layers_.size(), " layers");
+  at::Tensor x = op("embedding", {embed_tokens_->weight, ids}, {ids.size(0), config_.hidden_size},
+                    embed_tokens_->weight.options(),
+                    [](auto& in, auto& out) { at::index_select_out(out[0], in[0], 0, in[1]); });
+  for (std::size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, batch, caches[i], rope);
+  x = rms_norm(x, norm_->weight, config_.rms_norm_eps);
+  const at::Tensor& head = lm_head_ ? lm_head_->weight : embed_tokens_->weight;
+  return op("lm_head", {x, head}, {x.size(0), config_.vocab_size}, x.options().dtype(at::kFloat),
+            [](auto& in, auto& out) { out[0].copy_(at::mm(in[0], in[1].t())); });
+}
+
+std::vector<gk::CheckpointTensor> expected_checkpoint(torch::nn::Module& model) {
+  std::vector<gk::CheckpointTensor> out;
+  std::vector<std::pair<std::string, torch::nn::Module*>> modules{{"", &model}};
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) modules.emplace_back(item.key(), item.value().get());
+  for (auto& [prefix, m] : modules) {
+    const std::string p = prefix.empty() ? "" : prefix + ".";
+    if (auto* layer = dynamic_cast<gk::ReloadableLayer*>(m)) {
+      for (const auto& cp : layer->checkpoint_params())
+        for (gk::CheckpointTensor t : cp.tensors) {
+          t.name = p + t.name;
+          out.push_back(std::move(t));
+        }
+    } else {
+      for (const auto& item : m->named_parameters(/*recurse=*/false))
+        out.push_back({p + item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+    }
+  }
+  return out;
+}
+
+}  // namespace demo

@@ -1,0 +1,204 @@
+// examples/engine/llm.h
+//
+// The example engine's model: a Llama / Qwen3 / Qwen3-MoE decoder read from a
+// Hugging Face config, with the shapes real serving engines give it, built on
+// graphkeep's layer contract so its weights reload under captured graphs.
+//
+//   lm_head(norm(x_L)),  x_{l+1} = h + mlp(post_attention_layernorm(h)),
+//                        h = x_l + self_attn(input_layernorm(x_l))
+//
+// Module paths mirror the checkpoint's tensor names ("model.layers.3.self_attn",
+// "model.norm", "lm_head"), so a Hugging Face directory loads without renaming;
+// what each layer fuses from the checkpoint is the one table kHfTensorTable in
+// llm.cpp:
+//   self_attn.qkv_proj     = [q_proj; k_proj; v_proj]   one storage (fused QKV)
+//   mlp.gate_up_proj       = [gate_proj; up_proj]       one storage (fused gate_up)
+//   mlp.w13 / mlp.w2       = every expert's [gate; up] / down, one storage each (MoE)
+//
+// Weight formats, chosen per run (WeightFormat):
+//   dense  the checkpoint's dtype through cuBLAS (or ATen on the CPU);
+//   fp8    W8A8 made in PWAL from the checkpoint: float8_e4m3fn weights with
+//          a float32 scale per output channel, activations quantized per token
+//          at run time (dynamic scale); at::_scaled_mm on CUDA, an exact CPU
+//          twin (Note [FP8 CPU twin] in llm.cpp). The router, norms, embedding,
+//          lm_head and MoE experts stay dense.
+// PWAL builds the FP8 weights and scales at new addresses on every reload:
+// they are derived tensors, declared gk::derived_weight and gk::scale, and
+// graphkeep copies them back into the storage the graphs captured.
+//
+//   demo::HfConfig cfg = demo::read_hf_config(dir);
+//   auto lm = std::make_shared<demo::CausalLM>(cfg, device, demo::WeightFormat::fp8);
+//   ... gk::load_weights(*lm, source); then demo::LlmRunner (llm_runner.h) serves it.
+#pragma once
+
+#include "hf_config.h"
+
+#include <graphkeep/model/layer.h>
+#include <graphkeep/registry.h>
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace demo {
+
+enum class WeightFormat { dense, fp8 };
+WeightFormat parse_weight_format(std::string_view name);  // "dense" (or "bf16"), "fp8"
+std::string_view to_string(WeightFormat f);
+
+// Where a batch of tokens sits in the KV cache: token t is at position
+// positions[t] of sequence seqs[t] (both [T] int64 on the model's device).
+// The decoder writes each token's key and value there, then attends over
+// positions 0..positions[t] of that sequence.
+struct TokenBatch {
+  at::Tensor positions, seqs;
+};
+
+// One layer's cache: [max_seqs * max_len, kv_heads, head_dim] for keys and
+// values, row = seq * max_len + position. Owned by the runner (static I/O of
+// the graphs), not by the model: a reload never touches it.
+struct KvCache {
+  at::Tensor k, v;
+  std::int64_t max_len = 0;
+};
+
+// Rotary tables [max_len, head_dim] float32: cos and sin of position * inv_freq,
+// each frequency twice (the rotate_half convention).
+struct RopeTables {
+  at::Tensor cos, sin;
+};
+RopeTables make_rope_tables(const HfConfig& c, std::int64_t max_len, c10::Device device);
+
+// A module with one plain parameter "weight" (embedding, norms, lm_head):
+// reloaded as is, no PWAL.
+class Plain : public torch::nn::Module {
+ public:
+  Plain(std::vector<std::int64_t> shape, at::TensorOptions options);
+  at::Tensor weight;
+};
+
+// A linear layer's kernel-format weights, built by PWAL from its dense
+// checkpoint-format parameter. Empty in the dense format.
+class Fp8Weights {
+ public:
+  void build(const at::Tensor& dense);            // dense: [N, K] -> qweight [N, K] e4m3, scale [N]
+  at::Tensor apply(const at::Tensor& x) const;    // x [T, K] model dtype -> [T, N] model dtype
+  bool built() const { return qweight_.defined(); }
+
+ private:
+  at::Tensor qweight_;  // [N, K] float8_e4m3fn
+  at::Tensor scale_;    // [N] float32, dequantization scale per output channel
+  GRAPHKEEP_DESCRIBE(Fp8Weights, (qweight_, gk::derived_weight), (scale_, gk::scale))
+};
+
+// Self-attention with fused QKV, Qwen3's per-head q/k norms (child modules
+// q_norm / k_norm, absent for Llama), RoPE, grouped-query attention over the
+// KV cache, and o_proj.
+class Attention : public torch::nn::Module, public gk::ReloadableLayer {
+ public:
+  Attention(const HfConfig& c, c10::Device device, WeightFormat format);
+  std::vector<gk::CheckpointParam> checkpoint_params() const override;
+  void process_weights_after_loading() override;
+  gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
+
+  // x [T, hidden] -> [T, hidden]; writes the batch's keys and values into `cache`.
+  at::Tensor forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache, const RopeTables& rope);
+
+ private:
+  at::Tensor qkv_proj_;  // [(H + 2 KV) D, hidden]
+  at::Tensor o_proj_;    // [hidden, H D]
+  Fp8Weights qkv_fp8_, o_fp8_;
+  std::shared_ptr<Plain> q_norm_, k_norm_;  // Qwen3 only
+  std::int64_t hidden_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  double eps_ = 1e-6;
+  WeightFormat format_ = WeightFormat::dense;
+
+  GRAPHKEEP_DESCRIBE_DERIVED(Attention, (torch::nn::Module, gk::ReloadableLayer), (qkv_proj_, gk::parameter),
+                             (o_proj_, gk::parameter), qkv_fp8_, o_fp8_,
+                             (q_norm_, gk::opaque("a child module: its weight is a module parameter, reloaded as one")),
+                             (k_norm_, gk::opaque("a child module: its weight is a module parameter, reloaded as one")),
+                             hidden_, heads_, kv_heads_, head_dim_, eps_, format_)
+};
+
+// The SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up fused.
+class Mlp : public torch::nn::Module, public gk::ReloadableLayer {
+ public:
+  Mlp(const HfConfig& c, c10::Device device, WeightFormat format);
+  std::vector<gk::CheckpointParam> checkpoint_params() const override;
+  void process_weights_after_loading() override;
+  gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  at::Tensor gate_up_proj_;  // [2 I, hidden]
+  at::Tensor down_proj_;     // [hidden, I]
+  Fp8Weights gate_up_fp8_, down_fp8_;
+  std::int64_t hidden_ = 0, inter_ = 0;
+  WeightFormat format_ = WeightFormat::dense;
+
+  GRAPHKEEP_DESCRIBE_DERIVED(Mlp, (torch::nn::Module, gk::ReloadableLayer), (gate_up_proj_, gk::parameter),
+                             (down_proj_, gk::parameter), gate_up_fp8_, down_fp8_, hidden_, inter_, format_)
+};
+
+// Qwen3-MoE's sparse block: a router (gate), softmax over the experts in
+// float32, top-k, renormalized when norm_topk_prob; each chosen expert is a
+// SwiGLU MLP. The experts' weights are one storage each for w13 and w2.
+class SparseMoe : public torch::nn::Module, public gk::ReloadableLayer {
+ public:
+  SparseMoe(const HfConfig& c, c10::Device device);
+  std::vector<gk::CheckpointParam> checkpoint_params() const override;
+  gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  at::Tensor gate_;  // [E, hidden] router
+  at::Tensor w13_;   // [E * 2 I, hidden]: expert e's gate rows, then its up rows
+  at::Tensor w2_;    // [E * hidden, I]
+  std::int64_t hidden_ = 0, inter_ = 0, experts_ = 0, topk_ = 0;
+  bool norm_topk_ = true;
+
+  GRAPHKEEP_DESCRIBE_DERIVED(SparseMoe, (torch::nn::Module, gk::ReloadableLayer), (gate_, gk::parameter),
+                             (w13_, gk::parameter), (w2_, gk::parameter), hidden_, inter_, experts_, topk_, norm_topk_)
+};
+
+class DecoderLayer : public torch::nn::Module {
+ public:
+  DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format);
+  at::Tensor forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache, const RopeTables& rope);
+
+ private:
+  std::shared_ptr<Plain> input_layernorm_, post_attention_layernorm_;
+  std::shared_ptr<Attention> self_attn_;
+  std::shared_ptr<Mlp> mlp_;
+  std::shared_ptr<SparseMoe> moe_;
+  double eps_;
+};
+
+class CausalLM : public torch::nn::Module {
+ public:
+  CausalLM(const HfConfig& config, c10::Device device, WeightFormat format);
+
+  // ids [T] int64 -> logits [T, vocab] float32. caches: one per layer.
+  at::Tensor forward(const at::Tensor& ids, const TokenBatch& batch, const std::vector<KvCache>& caches,
+                     const RopeTables& rope);
+
+  const HfConfig& config() const { return config_; }
+  c10::Device device() const { return device_; }
+  WeightFormat format() const { return format_; }
+
+ private:
+  HfConfig config_;
+  c10::Device device_;
+  WeightFormat format_;
+  std::shared_ptr<Plain> embed_tokens_, norm_, lm_head_;
+  std::vector<std::shared_ptr<DecoderLayer>> layers_;
+};
+
+// Every checkpoint tensor the model expects, with its full name, shape and
+// dtype (for gk::HfCheckpointSource::check).
+std::vector<gk::CheckpointTensor> expected_checkpoint(torch::nn::Module& model);
+
+}  // namespace demo

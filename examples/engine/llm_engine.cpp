@@ -1,0 +1,184 @@
+#include "llm_engine.h"
+
+#include <graphkeep/core/check.h>
+#include <graphkeep/runtime/device.h>
+#include <graphkeep/sources/hf_checkpoint.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace demo {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The checkpoint of `dir`, checked against the model's expectations before
+// any tensor is read. Names are Hugging Face's (module paths mirror them);
+// rotary tables some checkpoints carry are recomputed here, so skipped.
+std::unique_ptr<gk::HfCheckpointSource> open_checkpoint(const std::string& dir, torch::nn::Module& model) {
+  auto src = std::make_unique<gk::HfCheckpointSource>(dir, [](std::string_view hf) -> std::string {
+    if (hf.ends_with(".rotary_emb.inv_freq")) return "";
+    return std::string(hf);
+  });
+  std::vector<gk::ExpectedTensor> expected;
+  for (gk::CheckpointTensor& t : expected_checkpoint(model))
+    expected.push_back({std::move(t.name), std::move(t.shape), t.dtype});
+  src->check(expected);
+  return src;
+}
+
+// A reload must bring the same architecture: compares what shapes the model.
+void check_same_architecture(const HfConfig& have, const HfConfig& next, const std::string& dir) {
+  auto same = [&](const char* field, auto a, auto b) {
+    GK_CHECK(gk::WeightError, a == b, dir, "/config.json: ", field, " is ", b, " but the served model has ", a,
+             " (a reload keeps the architecture; start a new engine for another model)");
+  };
+  same("model_type", have.model_type, next.model_type);
+  same("vocab_size", have.vocab_size, next.vocab_size);
+  same("hidden_size", have.hidden_size, next.hidden_size);
+  same("intermediate_size", have.intermediate_size, next.intermediate_size);
+  same("num_hidden_layers", have.num_hidden_layers, next.num_hidden_layers);
+  same("num_attention_heads", have.num_attention_heads, next.num_attention_heads);
+  same("num_key_value_heads", have.num_key_value_heads, next.num_key_value_heads);
+  same("head_dim", have.head_dim, next.head_dim);
+  same("rms_norm_eps", have.rms_norm_eps, next.rms_norm_eps);
+  same("rope_theta", have.rope_theta, next.rope_theta);
+  same("tie_word_embeddings", have.tie_word_embeddings, next.tie_word_embeddings);
+  same("torch_dtype", std::string(c10::toString(have.dtype)), std::string(c10::toString(next.dtype)));
+  same("num_experts", have.num_experts, next.num_experts);
+  same("num_experts_per_tok", have.num_experts_per_tok, next.num_experts_per_tok);
+  same("moe_intermediate_size", have.moe_intermediate_size, next.moe_intermediate_size);
+  same("norm_topk_prob", have.norm_topk_prob, next.norm_topk_prob);
+}
+
+}  // namespace
+
+std::vector<std::int64_t> LlmEngineOptions::default_batch_sizes() {
+  std::vector<std::int64_t> s{1, 2, 4};
+  for (std::int64_t b = 8; b <= 256; b += 8) s.push_back(b);
+  return s;
+}
+
+LlmEngine::LlmEngine(const std::string& dir, c10::Device device, WeightFormat format, LlmEngineOptions options)
+    : options_(std::move(options)) {
+  const HfConfig cfg = read_hf_config(dir);
+  model_ = std::make_shared<CausalLM>(cfg, device, format);
+  {
+    auto src = open_checkpoint(dir, *model_);
+    gk::load_weights(*model_, *src);
+  }
+  std::sort(options_.batch_sizes.begin(), options_.batch_sizes.end());
+  const std::int64_t max_batch = options_.batch_sizes.empty() ? 1 : options_.batch_sizes.back();
+  GK_CHECK(gk::StateError, options_.max_len > 0 && options_.max_len <= cfg.max_position_embeddings,
+           "LlmEngine: max_len ", options_.max_len, " must be in 1..max_position_embeddings (",
+           cfg.max_position_embeddings, ")");
+  const auto opts = at::TensorOptions().dtype(cfg.dtype).device(device);
+  for (std::int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::vector<std::int64_t> shape{max_batch * options_.max_len, cfg.num_key_value_heads, cfg.head_dim};
+    caches_.push_back({at::zeros(shape, opts), at::zeros(shape, opts), options_.max_len});
+  }
+  rope_ = make_rope_tables(cfg, options_.max_len, device);
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+  ids_ = at::zeros({max_batch}, longs);
+  positions_ = at::zeros({max_batch}, longs);
+  seqs_ = at::arange(max_batch, longs);
+
+  engine_ = std::make_unique<gk::ReloadEngine>(*model_, options_.reload);
+  engine_->prepare();
+  for (std::size_t l = 0; l < caches_.size(); ++l) {
+    engine_->add_static_io("kv_cache." + std::to_string(l) + ".k", caches_[l].k);
+    engine_->add_static_io("kv_cache." + std::to_string(l) + ".v", caches_[l].v);
+  }
+  engine_->add_static_io("rope.cos", rope_.cos);
+  engine_->add_static_io("rope.sin", rope_.sin);
+  engine_->add_static_io("input_ids", ids_);
+  engine_->add_static_io("positions", positions_);
+  engine_->add_static_io("seqs", seqs_);
+  capture_graphs();
+}
+
+LlmEngine::~LlmEngine() {
+  for (auto& g : graphs_) engine_->untrack(*g.graph);
+}
+
+void LlmEngine::capture_graphs() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const c10::Device device = model_->device();
+  for (auto& g : graphs_) engine_->untrack(*g.graph);
+  graphs_.clear();
+  if (!options_.batch_sizes.empty()) {
+    positions_.zero_();
+    (void)model_->forward(ids_, {positions_, seqs_}, caches_, rope_);  // warm-up outside any capture
+    gk::runtime::synchronize(device);
+  }
+  for (std::int64_t b : options_.batch_sizes) {
+    Graph g{b, gk::make_replay(device, "decode_bs" + std::to_string(b)), {}};
+    const TokenBatch batch{positions_.narrow(0, 0, b), seqs_.narrow(0, 0, b)};
+    const at::Tensor ids = ids_.narrow(0, 0, b);
+    g.graph->capture([&] { g.logits = model_->forward(ids, batch, caches_, rope_); });
+    engine_->track(*g.graph);
+    graphs_.push_back(std::move(g));
+  }
+  gk::runtime::synchronize(device);
+  capture_ms_ = ms_since(t0);
+}
+
+double LlmEngine::recapture() {
+  engine_->prepare();
+  capture_graphs();
+  return capture_ms_;
+}
+
+at::Tensor LlmEngine::run_eager(const at::Tensor& ids, const TokenBatch& batch) {
+  at::Tensor logits = model_->forward(ids, batch, caches_, rope_);
+  gk::runtime::synchronize(model_->device());
+  return logits.to(at::kCPU).clone();
+}
+
+at::Tensor LlmEngine::prefill(std::int64_t seq, const at::Tensor& tokens) {
+  const std::int64_t t = tokens.size(0);
+  GK_CHECK(gk::StateError, seq >= 0 && seq < ids_.size(0), "prefill: sequence ", seq, " is outside 0..",
+           ids_.size(0) - 1);
+  GK_CHECK(gk::StateError, t > 0 && t <= options_.max_len, "prefill: ", t, " tokens do not fit max_len ",
+           options_.max_len);
+  engine_->check_replay_allowed();  // the weights must be consistent for eager runs too
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(model_->device());
+  const TokenBatch batch{at::arange(t, longs), at::full({t}, seq, longs)};
+  return run_eager(tokens.to(longs), batch);
+}
+
+at::Tensor LlmEngine::decode_eager(const at::Tensor& tokens, const at::Tensor& positions) {
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(model_->device());
+  const std::int64_t n = tokens.size(0);
+  return run_eager(tokens.to(longs), {positions.to(longs), at::arange(n, longs)});
+}
+
+at::Tensor LlmEngine::decode(const at::Tensor& tokens, const at::Tensor& positions, bool checked) {
+  const std::int64_t n = tokens.size(0);
+  auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const Graph& g) { return g.batch >= n; });
+  GK_CHECK(gk::StateError, it != graphs_.end(), "decode: a batch of ", n, " exceeds the largest captured graph");
+  GK_CHECK(gk::StateError, positions.size(0) == n && positions.max().item<std::int64_t>() < options_.max_len,
+           "decode: positions must be [", n, "] and below max_len ", options_.max_len);
+  if (checked) engine_->check_replay_allowed();
+  ids_.zero_();
+  positions_.zero_();
+  ids_.narrow(0, 0, n).copy_(tokens);
+  positions_.narrow(0, 0, n).copy_(positions);
+  it->graph->replay();
+  gk::runtime::synchronize(model_->device());
+  return it->logits.narrow(0, 0, n).to(at::kCPU).clone();
+}
+
+gk::ReloadReport LlmEngine::reload(const std::string& dir) { return reload(dir, engine_->options()); }
+
+gk::ReloadReport LlmEngine::reload(const std::string& dir, const gk::ReloadOptions& options) {
+  check_same_architecture(model_->config(), read_hf_config(dir), dir);
+  auto src = open_checkpoint(dir, *model_);
+  return engine_->reload(*src, options);
+}
+
+}  // namespace demo

@@ -1,0 +1,97 @@
+// examples/engine/llm_engine.h
+//
+// A small serving engine over demo::CausalLM, shaped like the real ones:
+// weights from a Hugging Face model directory, a static KV cache, eager
+// prefill, and decode through CUDA graphs captured once for 35 batch sizes
+// (1, 2, 4, then 8 to 256 in steps of 8); on a machine without a GPU, host
+// graphs stand in for CUDA graphs with the same burn-in semantics. Weight
+// updates go through gk::ReloadEngine, so the graphs stay captured.
+//
+//   demo::LlmEngine eng("ckpt/step0", device, demo::WeightFormat::fp8);
+//   at::Tensor l0 = eng.prefill(/*seq=*/0, prompt);       // [T, vocab], eager
+//   at::Tensor l1 = eng.decode(next_tokens, positions);   // [B, vocab], a graph replay
+//   gk::ReloadReport r = eng.reload("ckpt/step1");        // no recapture
+//
+// Sequences are rows 0..max_seqs-1 of the KV cache; decode(tokens, positions)
+// advances sequences 0..B-1 by one token each. A graph captured for more rows
+// than B also writes the cache of sequences B..graph size-1 (at position 0):
+// keep the sequences in use at the low rows, as here.
+#pragma once
+
+#include "llm.h"
+
+#include <graphkeep/capture/replay.h>
+#include <graphkeep/reload/reload_engine.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace demo {
+
+struct LlmEngineOptions {
+  // The decode graphs' batch sizes; empty: none captured (eager decode only).
+  std::vector<std::int64_t> batch_sizes = default_batch_sizes();
+  std::int64_t max_len = 64;  // KV cache length per sequence
+  gk::ReloadOptions reload;
+
+  // 1, 2, 4, then 8 to 256 in steps of 8 (35 sizes).
+  static std::vector<std::int64_t> default_batch_sizes();
+};
+
+class LlmEngine {
+ public:
+  // Reads dir/config.json, builds the model on `device` in `format`, loads
+  // the directory's weights (checked against the model first), prepares the
+  // reload engine and captures the decode graphs.
+  LlmEngine(const std::string& dir, c10::Device device, WeightFormat format, LlmEngineOptions options = {});
+  ~LlmEngine();
+
+  // Eager prefill of sequence `seq` with `tokens` [T] at positions 0..T-1:
+  // logits [T, vocab] float32 on the CPU.
+  at::Tensor prefill(std::int64_t seq, const at::Tensor& tokens);
+  // One decode step of sequences 0..B-1: tokens [B] at positions [B] (each
+  // below max_len). Replays the smallest graph of at least B rows; `checked`
+  // asks the reload engine first (false replays as an engine without
+  // graphkeep would). logits [B, vocab] float32 on the CPU.
+  at::Tensor decode(const at::Tensor& tokens, const at::Tensor& positions, bool checked = true);
+  // The same step without graphs.
+  at::Tensor decode_eager(const at::Tensor& tokens, const at::Tensor& positions);
+
+  // Loads the model directory `dir` into the running engine. Its config must
+  // describe the same architecture (a differing field is a gk::WeightError
+  // naming it), and its tensors are checked against the model before any is
+  // read; either error leaves the served weights untouched.
+  gk::ReloadReport reload(const std::string& dir);
+  gk::ReloadReport reload(const std::string& dir, const gk::ReloadOptions& options);
+
+  CausalLM& model() { return *model_; }
+  gk::ReloadEngine& reload_engine() { return *engine_; }
+  const HfConfig& config() const { return model_->config(); }
+  const std::vector<std::int64_t>& batch_sizes() const { return options_.batch_sizes; }
+  std::size_t num_graphs() const { return graphs_.size(); }
+  double capture_ms() const { return capture_ms_; }
+  // Captures every decode graph again (what an engine without graphkeep does
+  // after a reload that moved tensors); returns the time taken in ms.
+  double recapture();
+
+ private:
+  at::Tensor run_eager(const at::Tensor& ids, const TokenBatch& batch);
+  void capture_graphs();
+
+  LlmEngineOptions options_;
+  std::shared_ptr<CausalLM> model_;
+  std::unique_ptr<gk::ReloadEngine> engine_;
+  std::vector<KvCache> caches_;
+  RopeTables rope_;
+  at::Tensor ids_, positions_, seqs_;  // the graphs' static inputs, [max batch]
+  struct Graph {
+    std::int64_t batch;
+    std::unique_ptr<gk::ReplayBackend> graph;
+    at::Tensor logits;
+  };
+  std::vector<Graph> graphs_;
+  double capture_ms_ = 0;
+};
+
+}  // namespace demo

@@ -1,0 +1,151 @@
+// gk-hf-check: checks the example engine against Hugging Face transformers.
+//
+// tests/hf/make_reference.py builds a model in transformers, saves its
+// checkpoints DIR/step0, DIR/step1, ... (an RL-style update between steps)
+// and the logits transformers computes for fixed token sequences
+// (DIR/reference.safetensors). This tool serves DIR/step0 with the engine,
+// compares its logits with transformers' (prefill eagerly, then decode
+// through the captured graphs, teacher-forced), then reloads each next step
+// *without recapture* and compares again.
+//
+//   gk-hf-check --ref DIR [--format dense|fp8] [--device cpu|cuda] [--prefill P] [--tol X]
+//
+// A step passes when max |engine - reference| <= tol * max(1, max |reference|)
+// over every compared logit. Prints one line per step and "HF-CHECK PASS" or
+// "HF-CHECK FAIL"; the exit status is 0 only on a pass.
+#include "engine/llm_engine.h"
+
+#include <graphkeep/runtime/device.h>
+#include <graphkeep/sources/safetensors_source.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+
+namespace {
+
+struct Args {
+  std::string ref;
+  std::string format = "dense";
+  std::string device = "auto";
+  std::int64_t prefill = 4;
+  double tol = -1;  // default per dtype and format, see main()
+};
+
+std::map<std::string, at::Tensor> read_reference(const std::string& path) {
+  gk::SafetensorsSource src(path);
+  std::map<std::string, at::Tensor> out;
+  while (auto t = src.next()) out[t->name] = t->value.clone();
+  return out;
+}
+
+at::Tensor need(const std::map<std::string, at::Tensor>& ref, const std::string& name) {
+  auto it = ref.find(name);
+  if (it == ref.end()) throw std::runtime_error("reference file lacks " + name);
+  return it->second;
+}
+
+struct Compare {
+  double max_abs = 0, max_ref = 0;
+  std::int64_t argmax_equal = 0, argmax_total = 0;
+  void add(const at::Tensor& got, const at::Tensor& want) {
+    max_abs = std::max(max_abs, (got - want).abs().max().item<double>());
+    max_ref = std::max(max_ref, want.abs().max().item<double>());
+    argmax_equal += got.argmax(-1).eq(want.argmax(-1)).sum().item<std::int64_t>();
+    argmax_total += got.size(0);
+  }
+  double rel() const { return max_abs / std::max(1.0, max_ref); }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(std::string(argv[i]) + " needs a value");
+      return argv[++i];
+    };
+    if (!std::strcmp(argv[i], "--ref")) a.ref = val();
+    else if (!std::strcmp(argv[i], "--format")) a.format = val();
+    else if (!std::strcmp(argv[i], "--device")) a.device = val();
+    else if (!std::strcmp(argv[i], "--prefill")) a.prefill = std::stoll(val());
+    else if (!std::strcmp(argv[i], "--tol")) a.tol = std::stod(val());
+    else {
+      std::fprintf(stderr, "usage: gk-hf-check --ref DIR [--format dense|fp8] [--device cpu|cuda] [--prefill P] [--tol X]\n");
+      return 2;
+    }
+  }
+  try {
+    const c10::Device device = a.device == "cuda" || (a.device == "auto" && gk::runtime::cuda_device_available())
+                                   ? c10::Device(c10::kCUDA, 0)
+                                   : c10::Device(c10::kCPU);
+    const demo::WeightFormat format = demo::parse_weight_format(a.format);
+    const auto ref = read_reference((std::filesystem::path(a.ref) / "reference.safetensors").string());
+    const bool fp8 = format == demo::WeightFormat::fp8;
+    const std::string logits_key = fp8 ? "logits_fp8" : "logits";
+    std::int64_t steps = 0;
+    while (ref.count("step" + std::to_string(steps) + ".tokens")) ++steps;
+    if (steps == 0) throw std::runtime_error("reference.safetensors holds no step0.tokens");
+
+    const demo::HfConfig cfg = demo::read_hf_config((std::filesystem::path(a.ref) / "step0").string());
+    // Note [Tolerances against transformers]: see tests/hf/README.md.
+    const double tol = a.tol > 0 ? a.tol : cfg.dtype == at::kFloat ? 1e-4 : 3e-2;
+
+    demo::LlmEngineOptions opts;
+    const at::Tensor tokens0 = need(ref, "step0.tokens");
+    const std::int64_t B = tokens0.size(0), T = tokens0.size(1);
+    opts.max_len = std::max<std::int64_t>(T, 16);
+    std::printf("hf-check: %s %s, %lld layers, format %s, device %s, %lld x %lld tokens, tol %g\n",
+                cfg.model_type.c_str(), c10::toString(cfg.dtype), static_cast<long long>(cfg.num_hidden_layers),
+                a.format.c_str(), device.str().c_str(), static_cast<long long>(B), static_cast<long long>(T), tol);
+
+    std::unique_ptr<demo::LlmEngine> eng;
+    bool pass = true;
+    for (std::int64_t k = 0; k < steps; ++k) {
+      const std::string s = "step" + std::to_string(k);
+      const std::string dir = (std::filesystem::path(a.ref) / s).string();
+      std::string how;
+      if (!eng) {
+        eng = std::make_unique<demo::LlmEngine>(dir, device, format, opts);
+        how = "loaded, " + std::to_string(eng->num_graphs()) + " graphs captured in " +
+              std::to_string(static_cast<long long>(eng->capture_ms())) + " ms";
+      } else {
+        const gk::ReloadReport r = eng->reload(dir);
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "reloaded in %.1f ms without recapture, drift %zu, %zu addresses verified",
+                      r.times.total_ms, r.drift, r.addresses_verified);
+        how = buf;
+        pass = pass && r.drift == 0;
+      }
+      const at::Tensor tokens = need(ref, s + ".tokens");
+      const at::Tensor want = need(ref, s + "." + logits_key).to(at::kFloat);
+      Compare prefill, decode;
+      for (std::int64_t b = 0; b < B; ++b)
+        prefill.add(eng->prefill(b, tokens[b].narrow(0, 0, a.prefill)), want[b].narrow(0, 0, a.prefill));
+      for (std::int64_t t = a.prefill; t < T; ++t) {
+        const at::Tensor pos = at::full({B}, t, at::kLong);
+        decode.add(eng->decode(tokens.select(1, t), pos), want.select(1, t));
+      }
+      const bool ok = prefill.rel() <= tol && decode.rel() <= tol;
+      pass = pass && ok;
+      std::printf(
+          "%s: %s | prefill (eager) max|diff| %.3g (rel %.3g), argmax %lld/%lld | decode (graphs) max|diff| %.3g "
+          "(rel %.3g), argmax %lld/%lld | %s\n",
+          s.c_str(), how.c_str(), prefill.max_abs, prefill.rel(), static_cast<long long>(prefill.argmax_equal),
+          static_cast<long long>(prefill.argmax_total), decode.max_abs, decode.rel(),
+          static_cast<long long>(decode.argmax_equal), static_cast<long long>(decode.argmax_total),
+          ok ? "ok" : "OUT OF TOLERANCE");
+    }
+    std::printf("HF-CHECK %s\n", pass ? "PASS" : "FAIL");
+    return pass ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gk-hf-check: %s\n", e.what());
+    std::printf("HF-CHECK FAIL\n");
+    return 1;
+  }
+}
