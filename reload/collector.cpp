@@ -22,13 +22,17 @@ namespace {
 // Visits every tensor reachable from the model, calling `on_tensor(path,
 // role, tensor, resolve)` and `on_flag(message)`; for a member the walk
 // cannot look into (opaque, an unregistered dynamic type), also
-// `on_blind(member)`, the flag's text without its "opaque: " head.
+// `on_blind(member)`, the flag's text without its "opaque: " head. A member
+// the plan left out by ReloadOptions::undeclared_members is reported with the
+// role not_graph_visible (Note [Members treated as undeclared] in
+// slot_plan.cpp).
 struct ModelWalk {
   using OnTensor = std::function<void(const std::string&, const RoleSpec&, const at::Tensor&,
                                       std::function<at::Tensor()>)>;
   OnTensor on_tensor;
   std::function<void(std::string)> on_flag;
   std::function<void(const std::string&)> on_blind;
+  const SlotPlan* plan = nullptr;  // for SlotPlan::undeclared()
 
   void blind(std::string_view head, const std::string& member) {
     if (on_blind) on_blind(member);
@@ -44,7 +48,11 @@ struct ModelWalk {
     void tensor(const SlotPath& p, const RoleSpec& role, std::string_view, at::Tensor& t) override {
       SlotPath copy = p;
       ObjectRef r = root;
-      w.on_tensor(full(p), role, t, [copy, r]() -> at::Tensor {
+      const std::string path = full(p);
+      const bool undeclared = w.plan != nullptr && w.plan->is_undeclared(path);
+      const RoleSpec as_reported =
+          undeclared ? RoleSpec{Role::not_graph_visible, Init::unspecified, kUndeclaredMemberReason} : role;
+      w.on_tensor(path, as_reported, t, [copy, r]() -> at::Tensor {
         at::Tensor* f = copy.resolve_tensor(r.ptr);
         return f != nullptr ? *f : at::Tensor();
       });
@@ -105,6 +113,7 @@ CollectorReport collect_tensors(torch::nn::Module& model, const SlotPlan* plan) 
   if (plan != nullptr) planned = planned_storages(*plan);
   std::unordered_set<const void*> seen;
   ModelWalk w;
+  w.plan = plan;
   w.on_flag = [&](std::string f) { r.flags.push_back(std::move(f)); };
   w.on_tensor = [&](const std::string& path, const RoleSpec& role, const at::Tensor& t, std::function<at::Tensor()>) {
     CollectedTensor c;
@@ -116,7 +125,8 @@ CollectorReport collect_tensors(torch::nn::Module& model, const SlotPlan* plan) 
     }
     if (role.role == Role::not_graph_visible) {
       c.coverage = CollectedTensor::Coverage::not_graph_visible;
-      r.flags.push_back(concat("not graph-visible: ", path, " (declared: ", role.reason, ")"));
+      r.flags.push_back(concat("not graph-visible: ", path, " (",
+                               role.reason == kUndeclaredMemberReason ? "" : "declared: ", role.reason, ")"));
     } else if (plan == nullptr || !t.defined() ||
                planned.count(t.storage().unsafeGetStorageImpl()) != 0) {
       c.coverage = CollectedTensor::Coverage::slot;
@@ -135,6 +145,7 @@ CollectorReport collect_tensors(torch::nn::Module& model, const SlotPlan* plan) 
 std::vector<ReachableTensor> reachable_tensors(torch::nn::Module& model, const SlotPlan& plan) {
   std::vector<ReachableTensor> out;
   ModelWalk w;
+  w.plan = &plan;
   w.on_flag = [](std::string) {};
   w.on_tensor = [&](const std::string& path, const RoleSpec& role, const at::Tensor& t,
                     std::function<at::Tensor()> resolve) {
@@ -149,7 +160,6 @@ std::vector<ReachableTensor> reachable_tensors(torch::nn::Module& model, const S
     out.push_back(std::move(rt));
   };
   w.run(model);
-  (void)plan;
   return out;
 }
 

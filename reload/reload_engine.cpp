@@ -154,16 +154,17 @@ struct ReloadEngine::Impl {
 
   // Options that name slots must name real ones (a misspelt name would
   // silently protect nothing less, or nothing more, than the caller meant).
+  // undeclared_members were checked by build_slot_plan (Note [Members treated
+  // as undeclared] in slot_plan.cpp); they shape the plan, so only prepare()
+  // can apply them.
   void validate(const ReloadOptions& o) const {
-    for (const std::string& name : o.unprotected_slots) {
-      if (plan.find_slot(name) != nullptr) continue;
-      std::string near;
-      for (const std::string& c : plan.closest_slot_names(name)) near += concat(near.empty() ? "" : ", ", "'", c, "'");
-      GK_THROW(StateError, "ReloadOptions::unprotected_slots names '", name,
-                              "', which is no slot of the model", near.empty() ? "" : concat("; closest: ", near),
-                              " (slot names: module path, then parameter or member path, as "
-                              "ReloadEngine::slot_names() lists them)");
-    }
+    for (const std::string& name : o.unprotected_slots)
+      GK_CHECK(StateError, plan.find_slot(name) != nullptr,
+               detail::unknown_slot_message(plan, "unprotected_slots", name));
+    GK_CHECK(StateError, o.undeclared_members.empty() || o.undeclared_members == options.undeclared_members,
+             "ReloadOptions::undeclared_members of a reload() call differ from the engine's: they shape the slot "
+             "plan, which prepare() builds from the engine's options; leave them empty here (or repeat the "
+             "engine's)");
   }
 
   void index_expected() {
@@ -647,7 +648,7 @@ ReloadEngine::~ReloadEngine() = default;
 
 void ReloadEngine::prepare() {
   impl_->graphs.clear();
-  impl_->plan = build_slot_plan(impl_->model);
+  impl_->plan = build_slot_plan(impl_->model, impl_->options.undeclared_members);
   impl_->index_expected();
   impl_->validate(impl_->options);
   impl_->state = EngineState::ready;
@@ -724,9 +725,11 @@ void ReloadEngine::track(ReplayBackend& graph) {
         const ReachableTensor& r = m.reachable()[e.reachable];
         problem += concat("in the undeclared tensor ", r.path, " (role ", to_string(r.role.role),
                           r.role.reason.empty() ? "" : concat(": ", r.role.reason),
-                          "), which is reachable but no slot: declare it with a graph-visible role "
-                          "(gk::workspace, gk::scale, gk::metadata, ...), or call prepare() again if it was added "
-                          "after prepare()");
+                          "), which is reachable but no slot");
+        problem += r.role.reason == kUndeclaredMemberReason
+                       ? ": its class declares it, but ReloadOptions::undeclared_members left it out of the plan"
+                       : ": declare it with a graph-visible role (gk::workspace, gk::scale, gk::metadata, ...), or "
+                         "call prepare() again if it was added after prepare()";
         continue;
       }
       problem += "in no tensor the collector reaches (a raw allocation, e.g. a caching-allocator block or a "

@@ -84,6 +84,10 @@ std::vector<std::string> SlotPlan::closest_slot_names(std::string_view name, std
   return out;
 }
 
+bool SlotPlan::is_undeclared(std::string_view path) const noexcept {
+  return std::find(undeclared_.begin(), undeclared_.end(), path) != undeclared_.end();
+}
+
 void SlotPlan::index() {
   ranges_.clear();
   for (std::uint32_t li = 0; li < layers_.size(); ++li)
@@ -122,6 +126,14 @@ std::optional<SlotPlan::Owner> SlotPlan::find_owner(std::uintptr_t address) cons
 }
 
 namespace detail {
+
+std::string unknown_slot_message(const SlotPlan& plan, std::string_view option, std::string_view name) {
+  std::string near;
+  for (const std::string& c : plan.closest_slot_names(name)) near += concat(near.empty() ? "" : ", ", "'", c, "'");
+  return concat("ReloadOptions::", option, " names '", name, "', which is no slot of the model",
+                near.empty() ? "" : concat("; closest: ", near),
+                " (slot names: module path, then parameter or member path, as ReloadEngine::slot_names() lists them)");
+}
 
 at::Tensor storage_view(const at::Tensor& t) {
   if (!t.defined()) return {};
@@ -210,6 +222,36 @@ class ConfigCollector final : public Walker {
   }
 };
 
+// Note [Members treated as undeclared]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ReloadOptions::undeclared_members makes the plan forget declared members,
+// for the negative tests that show what an undeclared tensor does: the graphs
+// read addresses no slot owns (unknown at capture), and a reload frees or
+// moves them. The names are checked against the complete plan before any is
+// dropped, so a misspelt name fails with the closest real names instead of
+// silently dropping nothing. The plan keeps every path of a dropped slot;
+// the collector reports the tensors there as not graph-visible, so the
+// manifest and track() name the member as they would name a tensor its class
+// declared not graph-visible.
+void leave_out_undeclared(SlotPlan& plan, const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    const PlannedSlot* s = plan.find_slot(name);
+    GK_CHECK(StateError, s != nullptr, detail::unknown_slot_message(plan, "undeclared_members", name));
+    GK_CHECK(StateError, s->kind == PlannedSlot::Kind::declared, "ReloadOptions::undeclared_members names '", name,
+             "', a ", s->kind == PlannedSlot::Kind::parameter ? "parameter" : "buffer",
+             " of its module: only a declared member can be treated as undeclared (parameters and buffers are "
+             "always in the plan)");
+  }
+  for (LayerPlan& lp : plan.layers()) {
+    auto dropped = [&](const PlannedSlot& s) {
+      if (std::find(names.begin(), names.end(), s.name) == names.end()) return false;
+      for (const SlotPath& p : s.paths) plan.undeclared().push_back(lp.full_name(p.str()));
+      return true;
+    };
+    lp.slots.erase(std::remove_if(lp.slots.begin(), lp.slots.end(), dropped), lp.slots.end());
+  }
+}
+
 PlannedSlot module_slot(const LayerPlan& lp, PlannedSlot::Kind kind, const std::string& name,
                         const at::Tensor& t) {
   PlannedSlot s;
@@ -224,7 +266,7 @@ PlannedSlot module_slot(const LayerPlan& lp, PlannedSlot::Kind kind, const std::
 
 }  // namespace
 
-SlotPlan build_slot_plan(torch::nn::Module& model) {
+SlotPlan build_slot_plan(torch::nn::Module& model, const std::vector<std::string>& undeclared) {
   at::NoGradGuard no_grad;
   SlotPlan plan;
   std::vector<std::pair<std::string, torch::nn::Module*>> modules{{"", &model}};
@@ -298,6 +340,7 @@ SlotPlan build_slot_plan(torch::nn::Module& model) {
     }
     plan.layers().push_back(std::move(lp));
   }
+  if (!undeclared.empty()) leave_out_undeclared(plan, undeclared);
   plan.index();
   return plan;
 }

@@ -385,6 +385,15 @@ TEST_CASE("faults injected at every stage leave no captured address uncovered") 
   }
 }
 
+// The toy model's lock workspaces, treated as undeclared (as if RowScaleKernel
+// declared them gk::not_graph_visible): the negative tests of a tensor the
+// registry does not know.
+gk::ReloadOptions locks_undeclared() {
+  gk::ReloadOptions o;
+  o.undeclared_members = {"l1.kernel_.locks_", "l2.kernel_.locks_"};
+  return o;
+}
+
 TEST_CASE("the manifest classifies every captured address, and catches a tensor hidden from the registry") {
   {
     Rig<> rig;
@@ -400,11 +409,12 @@ TEST_CASE("the manifest classifies every captured address, and catches a tensor 
   {
     // Fail closed at capture: track() refuses the graph and names the
     // undeclared tensor with the role it was (wrongly) given.
-    using Hidden = toy::ToyModelT<toy::RowScaleKernelT<true>>;
-    Rig<Hidden> rig;
+    Rig<> rig(locks_undeclared());
+    CHECK(rig.engine->plan().num_slots() == 11 - 2);
+    CHECK(rig.engine->plan().undeclared() == locks_undeclared().undeclared_members);
     CHECK(rig.track_error.find("replay refused at capture") != std::string::npos);
-    CHECK(rig.track_error.find("in the undeclared tensor l1.kernel_.locks_ (role not_graph_visible: test: hidden "
-                               "from the registry)") != std::string::npos);
+    CHECK(rig.track_error.find("in the undeclared tensor l1.kernel_.locks_ (role not_graph_visible: treated as "
+                               "undeclared by ReloadOptions::undeclared_members)") != std::string::npos);
     CHECK(rig.engine->state() == gk::EngineState::drift);
     CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::DriftError);
     const gk::CaptureManifest* m = rig.engine->manifest(rig.graph);
@@ -412,8 +422,8 @@ TEST_CASE("the manifest classifies every captured address, and catches a tensor 
     CHECK(m->count(gk::AddressClass::unknown) == 2);  // the locks of l1 and l2
     const auto undeclared = m->undeclared();
     REQUIRE(undeclared.size() == 2);
-    CHECK(undeclared[0].find("l1.kernel_.locks_ (role not_graph_visible: test: hidden from the registry)") !=
-          std::string::npos);
+    CHECK(undeclared[0].find("l1.kernel_.locks_ (role not_graph_visible: treated as undeclared by "
+                             "ReloadOptions::undeclared_members)") != std::string::npos);
     // After the reload PWAL's new kernel holds new locks; the captured ones are freed.
     try {
       rig.reload(1);
@@ -430,12 +440,18 @@ TEST_CASE("the manifest classifies every captured address, and catches a tensor 
 }
 
 TEST_CASE("the collector reports every reachable tensor and flags what the plan does not cover") {
-  using Hidden = toy::ToyModelT<toy::RowScaleKernelT<true>>;
-  Rig<Hidden> rig;
+  Rig<> rig(locks_undeclared());
   gk::CollectorReport r = gk::collect_tensors(*rig.model, &rig.engine->plan());
   CHECK(r.tensors.size() == 3 + 2 * 5);  // weight, gamma, weight + per layer weight_ alias and 4 kernel tensors
   CHECK(r.count(gk::CollectedTensor::Coverage::not_graph_visible) == 2);
   CHECK(r.uncovered() == 0);
+  bool named = false;
+  for (const auto& f : r.flags)
+    named = named || f == "not graph-visible: l2.kernel_.locks_ (treated as undeclared by "
+                          "ReloadOptions::undeclared_members)";
+  CHECK(named);
+  // without the plan the collector knows nothing of the option: the locks are declared workspaces
+  CHECK(gk::collect_tensors(*rig.model).count(gk::CollectedTensor::Coverage::not_graph_visible) == 0);
   // a tensor registered on a module after prepare() is uncovered
   rig.model->norm->register_buffer("late", at::zeros({4}));
   r = gk::collect_tensors(*rig.model, &rig.engine->plan());
@@ -443,6 +459,31 @@ TEST_CASE("the collector reports every reachable tensor and flags what the plan 
   bool flagged = false;
   for (const auto& f : r.flags) flagged = flagged || f.find("uncovered: norm.late") != std::string::npos;
   CHECK(flagged);
+}
+
+TEST_CASE("undeclared_members must name declared members: a misspelt name is an error that suggests the closest") {
+  auto m = std::make_shared<toy::ToyModel>();
+  gk::InMemorySource src(m->checkpoint(0));
+  gk::load_weights(*m, src);
+  gk::ReloadOptions o;
+  o.undeclared_members = {"l1.kernel_.locks_", "l2.kernel_.lcoks_"};
+  {
+    gk::ReloadEngine engine(*m, o);
+    GK_CHECK_THROWS_WITH_SUBSTR(engine.prepare(), gk::StateError,
+                                "undeclared_members names 'l2.kernel_.lcoks_', which is no slot of the model; "
+                                "closest: 'l2.kernel_.locks_'");
+    CHECK(engine.state() == gk::EngineState::unprepared);  // nothing dropped, nothing planned
+  }
+  // A parameter (or buffer) is always in the plan.
+  o.undeclared_members = {"l1.weight"};
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::ReloadEngine(*m, o).prepare(), gk::StateError,
+                              "names 'l1.weight', a parameter of its module: only a declared member");
+  // The plan is built by prepare(): a reload's own options cannot change the members it left out.
+  Rig<> rig(locks_undeclared());
+  gk::ReloadOptions other;
+  other.undeclared_members = {"l1.kernel_.locks_"};
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(src, other), gk::StateError,
+                              "undeclared_members of a reload() call differ from the engine's");
 }
 
 TEST_CASE("reload() before prepare() and prepare() on bad declarations are clear errors") {

@@ -43,14 +43,13 @@ inline void row_scale_cpu(const float* x, const float* q, const float* scale, co
   }
 }
 
-// The kernel object PWAL rebuilds. HideLocks declares the lock workspace as
-// not graph-visible, which is a lie: the negative tests use it to show that
-// the capture manifest catches what the registry was told to ignore.
-template <bool HideLocks = false>
-class RowScaleKernelT {
+// The kernel object PWAL rebuilds. The negative tests treat its lock
+// workspace as undeclared (ReloadOptions::undeclared_members) to show that the
+// capture manifest catches what the registry was told to ignore.
+class RowScaleKernel {
  public:
-  RowScaleKernelT() = default;
-  explicit RowScaleKernelT(const at::Tensor& weight, int64_t pad = 0) : n_(weight.size(0)), k_(weight.size(1)) {
+  RowScaleKernel() = default;
+  explicit RowScaleKernel(const at::Tensor& weight, int64_t pad = 0) : n_(weight.size(0)), k_(weight.size(1)) {
     scale_ = weight.abs().amax(1).clamp_min(1e-6f);
     q_ = (weight / scale_.unsqueeze(1)).contiguous();
     if (pad > 0) q_ = at::cat({q_, at::zeros({pad, k_})}).contiguous();
@@ -85,13 +84,9 @@ class RowScaleKernelT {
   at::Tensor locks_;
   int64_t n_ = 0, k_ = 0;
 
-  static constexpr gk::RoleSpec kLockRole =
-      HideLocks ? gk::RoleSpec(gk::not_graph_visible("test: hidden from the registry"))
-                : gk::RoleSpec(gk::workspace(gk::Init::zero));
-  GRAPHKEEP_DESCRIBE(RowScaleKernelT, (q_, gk::derived_weight), (scale_, gk::scale), (perm_, gk::permutation),
-                     (locks_, kLockRole), n_, k_)
+  GRAPHKEEP_DESCRIBE(RowScaleKernel, (q_, gk::derived_weight), (scale_, gk::scale), (perm_, gk::permutation),
+                     (locks_, gk::workspace(gk::Init::zero)), n_, k_)
 };
-using RowScaleKernel = RowScaleKernelT<false>;
 
 // Knobs the fault and mismatch tests turn.
 struct Faults {
@@ -101,10 +96,9 @@ struct Faults {
   friend bool operator==(const Faults&, const Faults&) = default;
 };
 
-template <class Kernel>
-class ToyLinearT : public torch::nn::Module, public gk::ReloadableLayer {
+class ToyLinear : public torch::nn::Module, public gk::ReloadableLayer {
  public:
-  ToyLinearT(int64_t in, int64_t out, int64_t shards = 1) : in_(in), out_(out), shards_(shards) {
+  ToyLinear(int64_t in, int64_t out, int64_t shards = 1) : in_(in), out_(out), shards_(shards) {
     weight_ = register_parameter("weight", at::zeros({out, in}), /*requires_grad=*/false);
   }
 
@@ -114,7 +108,7 @@ class ToyLinearT : public torch::nn::Module, public gk::ReloadableLayer {
 
   void process_weights_after_loading() override {
     if (faults.throw_in_pwal) throw std::runtime_error("injected PWAL failure");
-    kernel_ = std::make_unique<Kernel>(weight_, faults.pad_on_pwal);
+    kernel_ = std::make_unique<RowScaleKernel>(weight_, faults.pad_on_pwal);
     if (faults.change_config) changed_ += 1;
   }
 
@@ -122,20 +116,19 @@ class ToyLinearT : public torch::nn::Module, public gk::ReloadableLayer {
 
   at::Tensor forward(const at::Tensor& x) { return kernel_->forward(x); }
 
-  Kernel& kernel() { return *kernel_; }
+  RowScaleKernel& kernel() { return *kernel_; }
   const at::Tensor& weight() const { return weight_; }
   Faults faults;
 
  private:
   at::Tensor weight_;
-  std::unique_ptr<Kernel> kernel_;
+  std::unique_ptr<RowScaleKernel> kernel_;
   int64_t in_, out_, shards_;
   int64_t changed_ = 0;  // a configuration value PWAL may change (see Faults::change_config)
 
-  GRAPHKEEP_DESCRIBE_DERIVED(ToyLinearT, (torch::nn::Module, gk::ReloadableLayer), (weight_, gk::parameter), kernel_,
+  GRAPHKEEP_DESCRIBE_DERIVED(ToyLinear, (torch::nn::Module, gk::ReloadableLayer), (weight_, gk::parameter), kernel_,
                              in_, out_, shards_, changed_, faults)
 };
-using ToyLinear = ToyLinearT<RowScaleKernel>;
 
 // A plain module (no ReloadableLayer): its parameter reloads as is.
 class PlainScale : public torch::nn::Module {
@@ -150,13 +143,12 @@ class PlainScale : public torch::nn::Module {
   at::Tensor gamma;
 };
 
-template <class Kernel = RowScaleKernel>
-class ToyModelT : public torch::nn::Module {
+class ToyModel : public torch::nn::Module {
  public:
-  ToyModelT(int64_t d = 8, int64_t h = 16, int64_t shards = 1) : d_(d), h_(h) {
-    l1 = register_module("l1", std::make_shared<ToyLinearT<Kernel>>(d, h, shards));
+  ToyModel(int64_t d = 8, int64_t h = 16, int64_t shards = 1) : d_(d), h_(h) {
+    l1 = register_module("l1", std::make_shared<ToyLinear>(d, h, shards));
     norm = register_module("norm", std::make_shared<PlainScale>(h));
-    l2 = register_module("l2", std::make_shared<ToyLinearT<Kernel>>(h, d, 1));
+    l2 = register_module("l2", std::make_shared<ToyLinear>(h, d, 1));
   }
   at::Tensor forward(const at::Tensor& x) { return l2->forward(norm->forward(l1->forward(x))); }
 
@@ -173,12 +165,11 @@ class ToyModelT : public torch::nn::Module {
     return out;
   }
 
-  std::shared_ptr<ToyLinearT<Kernel>> l1, l2;
+  std::shared_ptr<ToyLinear> l1, l2;
   std::shared_ptr<PlainScale> norm;
 
  private:
   int64_t d_, h_;
 };
-using ToyModel = ToyModelT<>;
 
 }  // namespace toy

@@ -8,7 +8,8 @@
 //   - tensors reachable but not in the plan (registered on a module at run
 //     time, a container that grew after prepare());
 //   - tensors declared not graph-visible (listed with their reason, so a
-//     reviewer can check the claim);
+//     reviewer can check the claim), and the declared members a plan left
+//     out for ReloadOptions::undeclared_members (reported the same way);
 //   - opaque members and unregistered dynamic types, which it cannot see into.
 // It doubles as a lint: run lint_drift() after load and after reload, and
 // assert that it finds nothing.
@@ -46,10 +47,12 @@ struct CollectorReport {
   std::size_t count(CollectedTensor::Coverage c) const noexcept;
 };
 
-// Walks `model`; with a plan, classifies each tensor against it.
+// Walks `model`; with a plan, classifies each tensor against it (the members
+// in plan->undeclared() as not graph-visible).
 CollectorReport collect_tensors(torch::nn::Module& model, const SlotPlan* plan = nullptr);
 
-// The same walk, as re-resolvable records for the capture manifest.
+// The same walk, as re-resolvable records for the capture manifest (the
+// members in plan.undeclared() with the role not_graph_visible).
 std::vector<ReachableTensor> reachable_tensors(torch::nn::Module& model, const SlotPlan& plan);
 
 // The members the collector cannot look into: opaque members and

@@ -76,6 +76,16 @@ struct ReloadOptions {
   // Each must be a slot name (ReloadEngine::slot_names(); Note [Slot names]
   // in slot_plan.h): an unknown one is a gk::StateError naming the closest.
   std::vector<std::string> unprotected_slots;
+  // Full slot names of declared members to treat as if their class had
+  // declared them not graph-visible: prepare() leaves them out of the plan,
+  // so the graphs' reads of them are unknown addresses, as an undeclared
+  // tensor's would be (the collector and the capture manifest name them, with
+  // the role not_graph_visible). For negative tests and demonstrations only.
+  // Each must name a declared member's slot (not a parameter or buffer): an
+  // unknown one is a gk::StateError at prepare() naming the closest. Read by
+  // prepare() from the engine's options; a reload()'s own options must leave
+  // it empty or repeat it.
+  std::vector<std::string> undeclared_members;
   // What track() does with a graph the manifest cannot vouch for (Note [Fail
   // closed at capture] in reload_engine.cpp): refuse replay (default), or
   // only report it in the manifest, for demonstrations and negative tests.

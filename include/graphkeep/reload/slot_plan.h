@@ -11,6 +11,10 @@
 //   gk::SlotPlan plan = gk::build_slot_plan(model);
 //   plan.num_slots();                       // slots tracked
 //   plan.find_owner(ptr)                    // which slot's storage holds ptr
+//
+// For negative tests, build_slot_plan(model, {"layer.kernel_.workspace_"})
+// leaves declared members out as if their class had declared them not
+// graph-visible (ReloadOptions::undeclared_members).
 #pragma once
 
 #include <graphkeep/registry/for_each_slot.h>
@@ -22,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace torch::nn {
@@ -98,13 +103,23 @@ class SlotPlan {
   // member's path from the layer's registered root, with containers indexed
   // by position or key ("layers.0.mlp.kernel_.workspace_",
   // "moe.experts_[3].w13_"). Aliases of one slot are listed under the first
-  // path. These are the names ReloadOptions::unprotected_slots takes, and the
-  // ones errors and gk-slots print.
+  // path. These are the names ReloadOptions::unprotected_slots and
+  // ReloadOptions::undeclared_members take, and the ones errors and gk-slots
+  // print.
   std::vector<std::string> slot_names() const;
   // The slot of that name, or nullptr.
   const PlannedSlot* find_slot(std::string_view name) const;
   // Up to `n` slot names closest to `name` (edit distance), closest first.
   std::vector<std::string> closest_slot_names(std::string_view name, std::size_t n = 3) const;
+
+  // The full paths (every alias path) of the declared members that
+  // build_slot_plan left out because ReloadOptions::undeclared_members named
+  // them. The collector reports the tensors at these paths as not graph-
+  // visible (reason gk::kUndeclaredMemberReason), so the capture manifest
+  // names them as undeclared tensors.
+  const std::vector<std::string>& undeclared() const noexcept { return undeclared_; }
+  std::vector<std::string>& undeclared() noexcept { return undeclared_; }
+  bool is_undeclared(std::string_view path) const noexcept;
 
   struct Owner {
     const LayerPlan* layer;
@@ -129,12 +144,24 @@ class SlotPlan {
     std::uint32_t layer, slot;
   };
   std::vector<Range> ranges_;
+  std::vector<std::string> undeclared_;
 };
+
+// The reason the collector gives a member left out of the plan by
+// ReloadOptions::undeclared_members (its role is reported as not_graph_visible).
+inline constexpr std::string_view kUndeclaredMemberReason =
+    "treated as undeclared by ReloadOptions::undeclared_members";
 
 // Walks `model` (modules, parameters, buffers, registered members) once and
 // records every graph-visible tensor. Raises gk::DeclarationError for a
 // declaration the model contradicts (a gk::parameter member that is no
 // parameter, a checkpoint param that names no parameter, ...).
-SlotPlan build_slot_plan(torch::nn::Module& model);
+//
+// `undeclared` (ReloadOptions::undeclared_members, for negative tests): full
+// slot names of declared members to leave out of the plan, as if their class
+// had declared them not graph-visible. Each is checked against the complete
+// plan first: a name that is no slot, or names a parameter or buffer, is a
+// gk::StateError (listing the closest slot names).
+SlotPlan build_slot_plan(torch::nn::Module& model, const std::vector<std::string>& undeclared = {});
 
 }  // namespace gk
