@@ -141,9 +141,8 @@ void check_strides(const at::Tensor& s, int64_t E, const char* name) {
 
 // --- site 4 ------------------------------------------------------------------------
 
-template <bool H>
-CutlassExpertsT<H>::CutlassExpertsT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
-                                    c10::Device device)
+CutlassExperts::CutlassExperts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
+                               c10::Device device)
     : MoeExperts(num_experts, hidden, inter, topk) {
   const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
   ab_strides1_ = at::full({num_experts}, hidden, opts);
@@ -152,8 +151,7 @@ CutlassExpertsT<H>::CutlassExpertsT(int64_t num_experts, int64_t hidden, int64_t
   c_strides1_ = at::full({num_experts}, 2 * inter, opts);
 }
 
-template <bool H>
-at::Tensor CutlassExpertsT<H>::apply(const MoeCall& call) const {
+at::Tensor CutlassExperts::apply(const MoeCall& call) const {
   const int64_t E = num_experts_, K = hidden_, N = inter_, topk = topk_;
   const at::Tensor& x = call.x;
   GK_CHECK(WeightError,
@@ -210,9 +208,8 @@ at::Tensor CutlassExpertsT<H>::apply(const MoeCall& call) const {
 
 // --- site 10 -----------------------------------------------------------------------
 
-template <bool H>
-CutlassW4A8ExpertsT<H>::CutlassW4A8ExpertsT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
-                                            int64_t group, c10::Device device)
+CutlassW4A8Experts::CutlassW4A8Experts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
+                                       int64_t group, c10::Device device)
     : MoeExperts(num_experts, hidden, inter, topk), group_(group) {
   GK_CHECK(DeclarationError, group > 0 && hidden % 8 == 0 && inter % 8 == 0 && hidden % group == 0 && inter % group == 0,
            "CutlassW4A8Experts: hidden (", hidden, ") and inter (", inter,
@@ -226,8 +223,7 @@ CutlassW4A8ExpertsT<H>::CutlassW4A8ExpertsT(int64_t num_experts, int64_t hidden,
   s_strides2_ = at::full({num_experts}, hidden, opts);
 }
 
-template <bool H>
-at::Tensor CutlassW4A8ExpertsT<H>::apply(const MoeCall& call) const {
+at::Tensor CutlassW4A8Experts::apply(const MoeCall& call) const {
   const int64_t E = num_experts_, K = hidden_, N = inter_, topk = topk_, G = group_;
   const at::Tensor& x = call.x;
   GK_CHECK(WeightError,
@@ -293,14 +289,7 @@ at::Tensor CutlassW4A8ExpertsT<H>::apply(const MoeCall& call) const {
   return finalize(c2, rt, T, K, topk);
 }
 
-template class CutlassExpertsT<false>;
-template class CutlassExpertsT<true>;
-template class CutlassW4A8ExpertsT<false>;
-template class CutlassW4A8ExpertsT<true>;
-
 }  // namespace gk::kernels
 
-GRAPHKEEP_REGISTER_TYPE(gk::kernels::CutlassExpertsT<false>);
-GRAPHKEEP_REGISTER_TYPE(gk::kernels::CutlassExpertsT<true>);
-GRAPHKEEP_REGISTER_TYPE(gk::kernels::CutlassW4A8ExpertsT<false>);
-GRAPHKEEP_REGISTER_TYPE(gk::kernels::CutlassW4A8ExpertsT<true>);
+GRAPHKEEP_REGISTER_TYPE(gk::kernels::CutlassExperts);
+GRAPHKEEP_REGISTER_TYPE(gk::kernels::CutlassW4A8Experts);

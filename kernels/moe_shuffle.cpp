@@ -30,8 +30,7 @@ void shuffled_cpu(const float* x, const float* logits, const float* w13s, const 
 
 // --- site 2: shuffled expert weights ------------------------------------------------
 
-template <bool H>
-ShuffledMoeT<H>::ShuffledMoeT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device)
+ShuffledMoe::ShuffledMoe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device)
     : num_experts_(num_experts), hidden_(hidden), inter_(inter), topk_(topk) {
   GK_CHECK(DeclarationError,
            topk >= 1 && topk <= num_experts && inter % mc::kShuffleRows == 0 && inter % mc::kShuffleCols == 0 &&
@@ -42,8 +41,7 @@ ShuffledMoeT<H>::ShuffledMoeT(int64_t num_experts, int64_t hidden, int64_t inter
   w2_weight_ = register_parameter("w2_weight", at::zeros({num_experts * hidden, inter}, on(device)), false);
 }
 
-template <bool H>
-std::vector<CheckpointParam> ShuffledMoeT<H>::checkpoint_params() const {
+std::vector<CheckpointParam> ShuffledMoe::checkpoint_params() const {
   CheckpointParam w13{"w13_weight", {}}, w2{"w2_weight", {}};
   for (int64_t e = 0; e < num_experts_; ++e) {
     const std::string p = "experts." + std::to_string(e) + ".";
@@ -54,8 +52,7 @@ std::vector<CheckpointParam> ShuffledMoeT<H>::checkpoint_params() const {
   return {w13, w2};
 }
 
-template <bool H>
-void ShuffledMoeT<H>::process_weights_after_loading() {
+void ShuffledMoe::process_weights_after_loading() {
   const int64_t E = num_experts_, K = hidden_, N = inter_, R = mc::kShuffleRows, C = mc::kShuffleCols;
   // New tensors every time, as AITER's shuffle_weight (contiguous() would
   // return a view of the parameter when a permutation happens to be trivial).
@@ -67,8 +64,7 @@ void ShuffledMoeT<H>::process_weights_after_loading() {
       w2_weight_.view({E, K / R, R, N / C, C}).permute({0, 1, 3, 2, 4}).clone(at::MemoryFormat::Contiguous);
 }
 
-template <bool H>
-at::Tensor ShuffledMoeT<H>::forward(const at::Tensor& x, const at::Tensor& logits) {
+at::Tensor ShuffledMoe::forward(const at::Tensor& x, const at::Tensor& logits) {
   check_inputs("ShuffledMoe", x, logits, hidden_, num_experts_);
   const int64_t T = x.size(0), E = num_experts_, K = hidden_, N = inter_, topk = topk_;
   at::Tensor y = runtime::empty({T, K}, x.options());
@@ -85,8 +81,5 @@ at::Tensor ShuffledMoeT<H>::forward(const at::Tensor& x, const at::Tensor& logit
   }
   return y;
 }
-
-template class ShuffledMoeT<false>;
-template class ShuffledMoeT<true>;
 
 }  // namespace gk::kernels

@@ -13,9 +13,8 @@ using namespace detail;
 
 // --- site 10: W4A8 grouped GEMM, a/c/s stride arrays -----------------------------------
 
-template <bool H>
-W4A8MoeT<H>::W4A8MoeT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group,
-                      c10::Device device)
+W4A8Moe::W4A8Moe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group,
+                 c10::Device device)
     : num_experts_(num_experts), hidden_(hidden), inter_(inter), topk_(topk), group_(group) {
   GK_CHECK(DeclarationError,
            topk >= 1 && topk <= num_experts && group > 0 && hidden % 8 == 0 && inter % 8 == 0 && hidden % group == 0 &&
@@ -29,8 +28,7 @@ W4A8MoeT<H>::W4A8MoeT(int64_t num_experts, int64_t hidden, int64_t inter, int64_
   w2_scales_ = register_parameter("w2_scales", at::zeros({E, K, N / G}, on(device)), false);
 }
 
-template <bool H>
-std::vector<CheckpointParam> W4A8MoeT<H>::checkpoint_params() const {
+std::vector<CheckpointParam> W4A8Moe::checkpoint_params() const {
   const int64_t E = num_experts_, K = hidden_, N = inter_, G = group_;
   return {{"w13_qweight", {{"w13_qweight", {E, 2 * N, K / 2}, at::kByte}}},
           {"w13_scales", {{"w13_scales", {E, 2 * N, K / G}, at::kFloat}}},
@@ -38,8 +36,7 @@ std::vector<CheckpointParam> W4A8MoeT<H>::checkpoint_params() const {
           {"w2_scales", {{"w2_scales", {E, K, N / G}, at::kFloat}}}};
 }
 
-template <bool H>
-void W4A8MoeT<H>::process_weights_after_loading() {
+void W4A8Moe::process_weights_after_loading() {
   // vLLM: cutlass_encode_and_reorder_int4b / cutlass_pack_scale_fp8, then a new experts object.
   w13_packed_ = pack_int4(w13_qweight_);
   w2_packed_ = pack_int4(w2_qweight_);
@@ -47,18 +44,13 @@ void W4A8MoeT<H>::process_weights_after_loading() {
   // contiguous() would return a view of the checkpoint parameter.
   w13_scales_t_ = w13_scales_.transpose(1, 2).clone(at::MemoryFormat::Contiguous);  // [E, K/G, 2N]
   w2_scales_t_ = w2_scales_.transpose(1, 2).clone(at::MemoryFormat::Contiguous);    // [E, N/G, K]
-  experts_ = std::make_unique<CutlassW4A8ExpertsT<H>>(num_experts_, hidden_, inter_, topk_, group_,
-                                                      w13_qweight_.device());
+  experts_ = std::make_unique<CutlassW4A8Experts>(num_experts_, hidden_, inter_, topk_, group_, w13_qweight_.device());
 }
 
-template <bool H>
-at::Tensor W4A8MoeT<H>::forward(const at::Tensor& x, const at::Tensor& logits) {
+at::Tensor W4A8Moe::forward(const at::Tensor& x, const at::Tensor& logits) {
   check_inputs("W4A8Moe", x, logits, hidden_, num_experts_);
   GK_CHECK(StateError, experts_ != nullptr, "W4A8Moe: forward before process_weights_after_loading");
   return experts_->apply({x, logits, w13_packed_, w2_packed_, w13_scales_t_, w2_scales_t_});
 }
-
-template class W4A8MoeT<false>;
-template class W4A8MoeT<true>;
 
 }  // namespace gk::kernels

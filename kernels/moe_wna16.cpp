@@ -39,19 +39,17 @@ void rdna3_wna16_cpu(const float* x, const float* logits, const int8_t* w13q, co
 
 // --- site 11: kernel-owned scratch ---------------------------------------------------
 
-template <bool H>
-Rdna3Wna16KernelT<H>::Rdna3Wna16KernelT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
-                                        int64_t max_tokens, c10::Device device)
+Rdna3Wna16Kernel::Rdna3Wna16Kernel(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
+                                   int64_t max_tokens, c10::Device device)
     : num_experts_(num_experts), hidden_(hidden), inter_(inter), topk_(topk), max_tokens_(max_tokens) {
   // Fresh scratch on every PWAL, like vLLM's layer.rdna3_w1_buf = torch.empty(...).
   rdna3_w1_buf_ = at::empty({max_tokens, 2 * inter, hidden}, on(device));
   rdna3_act_buf_ = at::empty({max_tokens, hidden}, on(device));
 }
 
-template <bool H>
-at::Tensor Rdna3Wna16KernelT<H>::apply(const at::Tensor& x, const at::Tensor& logits, const at::Tensor& w13_q,
-                                       const at::Tensor& w13_scale, const at::Tensor& w2_q,
-                                       const at::Tensor& w2_scale) const {
+at::Tensor Rdna3Wna16Kernel::apply(const at::Tensor& x, const at::Tensor& logits, const at::Tensor& w13_q,
+                                   const at::Tensor& w13_scale, const at::Tensor& w2_q,
+                                   const at::Tensor& w2_scale) const {
   check_inputs("Rdna3Wna16Kernel", x, logits, hidden_, num_experts_);
   const int64_t T = x.size(0), E = num_experts_, K = hidden_, N = inter_, topk = topk_;
   GK_CHECK(WeightError, T <= max_tokens_, "Rdna3Wna16Kernel: ", T, " tokens exceed the scratch's ", max_tokens_);
@@ -78,12 +76,8 @@ at::Tensor Rdna3Wna16KernelT<H>::apply(const at::Tensor& x, const at::Tensor& lo
   return y;
 }
 
-template class Rdna3Wna16KernelT<false>;
-template class Rdna3Wna16KernelT<true>;
-
-template <bool H>
-Rdna3Wna16MoeT<H>::Rdna3Wna16MoeT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
-                                  int64_t max_tokens, c10::Device device)
+Rdna3Wna16Moe::Rdna3Wna16Moe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
+                             int64_t max_tokens, c10::Device device)
     : num_experts_(num_experts), hidden_(hidden), inter_(inter), topk_(topk), max_tokens_(max_tokens) {
   GK_CHECK(DeclarationError, topk >= 1 && topk <= num_experts && max_tokens >= 1,
            "Rdna3Wna16Moe: need 1 <= topk <= experts and max_tokens >= 1");
@@ -94,8 +88,7 @@ Rdna3Wna16MoeT<H>::Rdna3Wna16MoeT(int64_t num_experts, int64_t hidden, int64_t i
   w2_scales_ = register_parameter("w2_scales", at::zeros({E, K}, on(device)), false);
 }
 
-template <bool H>
-std::vector<CheckpointParam> Rdna3Wna16MoeT<H>::checkpoint_params() const {
+std::vector<CheckpointParam> Rdna3Wna16Moe::checkpoint_params() const {
   const int64_t E = num_experts_, K = hidden_, N = inter_;
   return {{"w13_qweight", {{"w13_qweight", {E, 2 * N, K}, at::kChar}}},
           {"w13_scales", {{"w13_scales", {E, 2 * N}, at::kFloat}}},
@@ -103,17 +96,12 @@ std::vector<CheckpointParam> Rdna3Wna16MoeT<H>::checkpoint_params() const {
           {"w2_scales", {{"w2_scales", {E, K}, at::kFloat}}}};
 }
 
-template <bool H>
-void Rdna3Wna16MoeT<H>::process_weights_after_loading() {
-  kernel_ = Rdna3Wna16KernelT<H>(num_experts_, hidden_, inter_, topk_, max_tokens_, w13_qweight_.device());
+void Rdna3Wna16Moe::process_weights_after_loading() {
+  kernel_ = Rdna3Wna16Kernel(num_experts_, hidden_, inter_, topk_, max_tokens_, w13_qweight_.device());
 }
 
-template <bool H>
-at::Tensor Rdna3Wna16MoeT<H>::forward(const at::Tensor& x, const at::Tensor& logits) {
+at::Tensor Rdna3Wna16Moe::forward(const at::Tensor& x, const at::Tensor& logits) {
   return kernel_.apply(x, logits, w13_qweight_, w13_scales_, w2_qweight_, w2_scales_);
 }
-
-template class Rdna3Wna16MoeT<false>;
-template class Rdna3Wna16MoeT<true>;
 
 }  // namespace gk::kernels

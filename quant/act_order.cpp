@@ -11,8 +11,7 @@
 
 namespace gk::quant {
 
-template <bool Hide>
-at::Tensor ActPermT<Hide>::operator()(const at::Tensor& x) const {
+at::Tensor ActPerm::operator()(const at::Tensor& x) const {
   const int64_t k = act_perm_.numel();
   GK_CHECK(WeightError,
            x.dim() == 2 && x.size(1) == k && x.scalar_type() == at::kFloat && x.is_contiguous() &&
@@ -35,9 +34,8 @@ at::Tensor ActPermT<Hide>::operator()(const at::Tensor& x) const {
   return y;
 }
 
-template <bool Hide>
-MacheteLinearMethodT<Hide>::MacheteLinearMethodT(const at::Tensor& qweight, const at::Tensor& g_idx,
-                                                 int64_t group_size)
+MacheteLinearMethod::MacheteLinearMethod(const at::Tensor& qweight, const at::Tensor& g_idx,
+                                         int64_t group_size)
     : size_k_(g_idx.size(0)), size_n_(qweight.size(1)), group_size_(group_size) {
   GK_CHECK(WeightError,
            qweight.dim() == 2 && qweight.size(0) * 8 == size_k_ && g_idx.scalar_type() == at::kInt &&
@@ -50,12 +48,11 @@ MacheteLinearMethodT<Hide>::MacheteLinearMethodT(const at::Tensor& qweight, cons
   const at::Tensor want = at::floor_divide(at::arange(size_k_, g_idx.options()), group_size);
   GK_CHECK(WeightError, at::equal(g_idx.index_select(0, perm), want),
            "MacheteLinearMethod: every group of g_idx must hold exactly ", group_size, " channels");
-  act_perm_ = ActPermT<Hide>(perm.to(at::kInt).contiguous());
+  act_perm_ = ActPerm(perm.to(at::kInt).contiguous());
   weight_prepacked_ = pack_int_rows(unpack_int_rows(qweight, 8, 4).index_select(0, perm), 8, 4);
 }
 
-template <bool Hide>
-at::Tensor MacheteLinearMethodT<Hide>::apply(const at::Tensor& x, const at::Tensor& scales) const {
+at::Tensor MacheteLinearMethod::apply(const at::Tensor& x, const at::Tensor& scales) const {
   const at::Tensor xp = act_perm_(x);  // the closure call of vLLM's apply()
   const int64_t rows = x.size(0), n = size_n_, k = size_k_, gs = group_size_;
   at::Tensor y = runtime::empty({rows, n}, x.options());
@@ -77,8 +74,7 @@ at::Tensor MacheteLinearMethodT<Hide>::apply(const at::Tensor& x, const at::Tens
   return y;
 }
 
-template <bool Hide>
-MacheteW4A16LinearT<Hide>::MacheteW4A16LinearT(int64_t in, int64_t out, int64_t group_size, c10::Device device)
+MacheteW4A16Linear::MacheteW4A16Linear(int64_t in, int64_t out, int64_t group_size, c10::Device device)
     : in_(in), out_(out), group_size_(group_size) {
   GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
            "MacheteW4A16Linear: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
@@ -88,28 +84,18 @@ MacheteW4A16LinearT<Hide>::MacheteW4A16LinearT(int64_t in, int64_t out, int64_t 
   g_idx_ = this->register_parameter("g_idx", at::zeros({in}, opts.dtype(at::kInt)), false);
 }
 
-template <bool Hide>
-std::vector<CheckpointParam> MacheteW4A16LinearT<Hide>::checkpoint_params() const {
+std::vector<CheckpointParam> MacheteW4A16Linear::checkpoint_params() const {
   return {{"qweight", {{"qweight", {in_ / 8, out_}, at::kInt}}},
           {"scales", {{"scales", {in_ / group_size_, out_}, at::kFloat}}},
           {"g_idx", {{"g_idx", {in_}, at::kInt}}}};
 }
 
-template <bool Hide>
-void MacheteW4A16LinearT<Hide>::process_weights_after_loading() {
-  quant_method_ = std::make_unique<MacheteLinearMethodT<Hide>>(qweight_, g_idx_, group_size_);
+void MacheteW4A16Linear::process_weights_after_loading() {
+  quant_method_ = std::make_unique<MacheteLinearMethod>(qweight_, g_idx_, group_size_);
 }
 
-template <bool Hide>
-at::Tensor MacheteW4A16LinearT<Hide>::forward(const at::Tensor& x) {
+at::Tensor MacheteW4A16Linear::forward(const at::Tensor& x) {
   return quant_method_->apply(x, scales_);
 }
-
-template class ActPermT<false>;
-template class ActPermT<true>;
-template class MacheteLinearMethodT<false>;
-template class MacheteLinearMethodT<true>;
-template class MacheteW4A16LinearT<false>;
-template class MacheteW4A16LinearT<true>;
 
 }  // namespace gk::quant

@@ -91,9 +91,8 @@ std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& w, MlaWeightFo
 
 }  // namespace
 
-template <bool H>
-QuantizedMlaAttentionT<H>::QuantizedMlaAttentionT(int64_t heads, int64_t dn, int64_t dv, int64_t latent,
-                                                  MlaWeightFormat format, c10::Device device, float softmax_scale)
+QuantizedMlaAttention::QuantizedMlaAttention(int64_t heads, int64_t dn, int64_t dv, int64_t latent,
+                                             MlaWeightFormat format, c10::Device device, float softmax_scale)
     : heads_(heads), dn_(dn), dv_(dv), latent_(latent), format_(format), softmax_scale_(softmax_scale) {
   GK_CHECK(WeightError, format != MlaWeightFormat::mxfp4 || (dn % kMxBlock == 0 && latent % kMxBlock == 0),
            "QuantizedMlaAttention: mxfp4 needs dn and latent to be multiples of ", kMxBlock, ", got dn=", dn,
@@ -102,13 +101,11 @@ QuantizedMlaAttentionT<H>::QuantizedMlaAttentionT(int64_t heads, int64_t dn, int
       "kv_b_proj", at::zeros({heads * (dn + dv), latent}, at::TensorOptions().device(device)), false);
 }
 
-template <bool H>
-std::vector<CheckpointParam> QuantizedMlaAttentionT<H>::checkpoint_params() const {
+std::vector<CheckpointParam> QuantizedMlaAttention::checkpoint_params() const {
   return {{"kv_b_proj", {{"kv_b_proj", {heads_ * (dn_ + dv_), latent_}, at::kFloat}}}};
 }
 
-template <bool H>
-void QuantizedMlaAttentionT<H>::process_weights_after_loading() {
+void QuantizedMlaAttention::process_weights_after_loading() {
   // Quantized on the host with the codec the kernels decode with, then moved:
   // the same codes and scales on CPU and CUDA.
   const c10::Device device = kv_b_proj_.device();
@@ -124,8 +121,7 @@ void QuantizedMlaAttentionT<H>::process_weights_after_loading() {
   W_V_scale_ = (fp8 ? vs.view({heads_, dv_}) : vs.view({heads_, dv_, -1})).to(device);
 }
 
-template <bool H>
-at::Tensor QuantizedMlaAttentionT<H>::forward(const at::Tensor& q, const at::Tensor& c) {
+at::Tensor QuantizedMlaAttention::forward(const at::Tensor& q, const at::Tensor& c) {
   GK_CHECK(WeightError, q.dim() == 2 && q.size(1) == heads_ * dn_ && c.dim() == 2 && c.size(1) == latent_ &&
                             c.size(0) == q.size(0) && q.is_contiguous() && c.is_contiguous(),
            "QuantizedMlaAttention: q must be [T, ", heads_ * dn_, "] and c [T, ", latent_, "] (contiguous), got ",
@@ -154,8 +150,5 @@ at::Tensor QuantizedMlaAttentionT<H>::forward(const at::Tensor& q, const at::Ten
   }
   return y;
 }
-
-template class QuantizedMlaAttentionT<false>;
-template class QuantizedMlaAttentionT<true>;
 
 }  // namespace gk::quant

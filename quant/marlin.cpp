@@ -138,8 +138,7 @@ at::Tensor marlin_make_workspace(int64_t locks, c10::Device device) {
 // ---------------------------------------------------------------------------
 // Site 5
 // ---------------------------------------------------------------------------
-template <bool H>
-MarlinW4A16KernelT<H>::MarlinW4A16KernelT(const at::Tensor& qweight, const at::Tensor& g_idx, MarlinSplitK split)
+MarlinW4A16Kernel::MarlinW4A16Kernel(const at::Tensor& qweight, const at::Tensor& g_idx, MarlinSplitK split)
     : size_k_(g_idx.size(0)), size_n_(qweight.size(1)), split_(split) {
   GK_CHECK(WeightError, qweight.dim() == 2 && qweight.size(0) * 8 == size_k_ && g_idx.scalar_type() == at::kInt,
            "MarlinW4A16Kernel: qweight must be [K/8, N] for g_idx [K] int32, got ", qweight.sizes(), " and ",
@@ -151,8 +150,7 @@ MarlinW4A16KernelT<H>::MarlinW4A16KernelT(const at::Tensor& qweight, const at::T
   workspace_ = marlin_make_workspace((size_n_ + split.tile_n - 1) / split.tile_n, qweight.device());
 }
 
-template <bool H>
-at::Tensor MarlinW4A16KernelT<H>::apply(const at::Tensor& x, const at::Tensor& scales, const at::Tensor& g_idx) const {
+at::Tensor MarlinW4A16Kernel::apply(const at::Tensor& x, const at::Tensor& scales, const at::Tensor& g_idx) const {
   m::W4A16Args a;
   a.scales = scales.data_ptr<float>();
   a.g_idx = g_idx.data_ptr<int32_t>();
@@ -164,9 +162,8 @@ at::Tensor MarlinW4A16KernelT<H>::apply(const at::Tensor& x, const at::Tensor& s
                       });
 }
 
-template <bool H>
-MarlinW4A16LinearT<H>::MarlinW4A16LinearT(int64_t in, int64_t out, int64_t group_size, c10::Device device,
-                                          MarlinSplitK split)
+MarlinW4A16Linear::MarlinW4A16Linear(int64_t in, int64_t out, int64_t group_size, c10::Device device,
+                                     MarlinSplitK split)
     : in_(in), out_(out), group_size_(group_size), split_(split) {
   GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
            "MarlinW4A16Linear: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
@@ -176,27 +173,19 @@ MarlinW4A16LinearT<H>::MarlinW4A16LinearT(int64_t in, int64_t out, int64_t group
   g_idx_ = this->register_parameter("g_idx", at::zeros({in}, opts.dtype(at::kInt)), false);
 }
 
-template <bool H>
-std::vector<CheckpointParam> MarlinW4A16LinearT<H>::checkpoint_params() const {
+std::vector<CheckpointParam> MarlinW4A16Linear::checkpoint_params() const {
   return {{"qweight", {{"qweight", {in_ / 8, out_}, at::kInt}}},
           {"scales", {{"scales", {in_ / group_size_, out_}, at::kFloat}}},
           {"g_idx", {{"g_idx", {in_}, at::kInt}}}};
 }
 
-template <bool H>
-void MarlinW4A16LinearT<H>::process_weights_after_loading() {
-  kernel_ = std::make_unique<MarlinW4A16KernelT<H>>(qweight_, g_idx_, split_);
+void MarlinW4A16Linear::process_weights_after_loading() {
+  kernel_ = std::make_unique<MarlinW4A16Kernel>(qweight_, g_idx_, split_);
 }
 
-template <bool H>
-at::Tensor MarlinW4A16LinearT<H>::forward(const at::Tensor& x) {
+at::Tensor MarlinW4A16Linear::forward(const at::Tensor& x) {
   return kernel_->apply(x, scales_, g_idx_);
 }
-
-template class MarlinW4A16KernelT<false>;
-template class MarlinW4A16KernelT<true>;
-template class MarlinW4A16LinearT<false>;
-template class MarlinW4A16LinearT<true>;
 
 // ---------------------------------------------------------------------------
 // Site 6: FP8

@@ -89,8 +89,7 @@ at::Tensor unswizzle_sf_128x4(const at::Tensor& swizzled, int64_t m, int64_t ksf
   return out;
 }
 
-template <bool H>
-B12xNvfp4MoeT<H>::B12xNvfp4MoeT(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device)
+B12xNvfp4Moe::B12xNvfp4Moe(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device)
     : experts_(experts), hidden_(hidden), inter_(intermediate) {
   GK_CHECK(WeightError, hidden % kNvfp4Block == 0 && intermediate % kNvfp4Block == 0,
            "B12xNvfp4Moe: hidden and intermediate sizes must be multiples of ", kNvfp4Block, ", got ", hidden, " and ",
@@ -109,8 +108,7 @@ B12xNvfp4MoeT<H>::B12xNvfp4MoeT(int64_t experts, int64_t hidden, int64_t interme
   gate_ = this->register_parameter("gate", at::zeros({E, K}, f32), false);
 }
 
-template <bool H>
-std::vector<CheckpointParam> B12xNvfp4MoeT<H>::checkpoint_params() const {
+std::vector<CheckpointParam> B12xNvfp4Moe::checkpoint_params() const {
   const int64_t E = experts_, K = hidden_, N = inter_;
   auto one = [](const char* name, std::vector<int64_t> shape, at::ScalarType dt) {
     return CheckpointParam{name, {{name, std::move(shape), dt}}};
@@ -126,8 +124,7 @@ std::vector<CheckpointParam> B12xNvfp4MoeT<H>::checkpoint_params() const {
           one("gate", {E, K}, at::kFloat)};
 }
 
-template <bool H>
-void B12xNvfp4MoeT<H>::process_weights_after_loading() {
+void B12xNvfp4Moe::process_weights_after_loading() {
   // Swizzled and reduced on the host, then moved: the same bytes on CPU and
   // CUDA. Each PWAL allocates four new tensors.
   const c10::Device device = w13_weight_scale_.device();
@@ -137,8 +134,7 @@ void B12xNvfp4MoeT<H>::process_weights_after_loading() {
   fc2_input_scale_ = inverse_max(w2_input_scale_, device, "w2_input_scale");
 }
 
-template <bool H>
-at::Tensor B12xNvfp4MoeT<H>::forward(const at::Tensor& x) {
+at::Tensor B12xNvfp4Moe::forward(const at::Tensor& x) {
   GK_CHECK(WeightError, x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous() && x.scalar_type() == at::kFloat,
            "B12xNvfp4Moe: x must be a contiguous float32 [T, ", hidden_, "], got ", x.sizes());
   const int64_t tokens = x.size(0);
@@ -169,8 +165,5 @@ at::Tensor B12xNvfp4MoeT<H>::forward(const at::Tensor& x) {
   }
   return y;
 }
-
-template class B12xNvfp4MoeT<false>;
-template class B12xNvfp4MoeT<true>;
 
 }  // namespace gk::quant

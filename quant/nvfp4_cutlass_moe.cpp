@@ -44,8 +44,7 @@ void nvfp4_cutlass_moe_cpu(const float* x, const float* gate, const std::uint8_t
 
 }  // namespace
 
-template <bool H>
-Nvfp4CutlassMoeT<H>::Nvfp4CutlassMoeT(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device)
+Nvfp4CutlassMoe::Nvfp4CutlassMoe(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device)
     : experts_(experts), hidden_(hidden), inter_(intermediate) {
   GK_CHECK(WeightError, hidden % kNvfp4Block == 0 && intermediate % kNvfp4Block == 0,
            "Nvfp4CutlassMoe: hidden and intermediate sizes must be multiples of ", kNvfp4Block, ", got ", hidden,
@@ -64,8 +63,7 @@ Nvfp4CutlassMoeT<H>::Nvfp4CutlassMoeT(int64_t experts, int64_t hidden, int64_t i
   gate_ = this->register_parameter("gate", at::zeros({E, K}, f32), false);
 }
 
-template <bool H>
-std::vector<CheckpointParam> Nvfp4CutlassMoeT<H>::checkpoint_params() const {
+std::vector<CheckpointParam> Nvfp4CutlassMoe::checkpoint_params() const {
   const int64_t E = experts_, K = hidden_, N = inter_;
   auto one = [](const char* name, std::vector<int64_t> shape, at::ScalarType dt) {
     return CheckpointParam{name, {{name, std::move(shape), dt}}};
@@ -81,8 +79,7 @@ std::vector<CheckpointParam> Nvfp4CutlassMoeT<H>::checkpoint_params() const {
           one("gate", {E, K}, at::kFloat)};
 }
 
-template <bool H>
-void Nvfp4CutlassMoeT<H>::process_weights_after_loading() {
+void Nvfp4CutlassMoe::process_weights_after_loading() {
   // Computed on the host (one rounding each) and moved: the same bits on CPU
   // and CUDA. Each PWAL allocates four new tensors.
   const c10::Device device = w13_input_global_scale_.device();
@@ -107,8 +104,7 @@ void Nvfp4CutlassMoeT<H>::process_weights_after_loading() {
   a2_gscale_ = gscale2.to(device);
 }
 
-template <bool H>
-at::Tensor Nvfp4CutlassMoeT<H>::forward(const at::Tensor& x) {
+at::Tensor Nvfp4CutlassMoe::forward(const at::Tensor& x) {
   GK_CHECK(WeightError, x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous() && x.scalar_type() == at::kFloat,
            "Nvfp4CutlassMoe: x must be a contiguous float32 [T, ", hidden_, "], got ", x.sizes());
   const int64_t tokens = x.size(0);
@@ -138,8 +134,5 @@ at::Tensor Nvfp4CutlassMoeT<H>::forward(const at::Tensor& x) {
   }
   return y;
 }
-
-template class Nvfp4CutlassMoeT<false>;
-template class Nvfp4CutlassMoeT<true>;
 
 }  // namespace gk::quant

@@ -13,10 +13,9 @@
 
 namespace gk::quant {
 
-template <bool H>
-CompressedTensorsW8A8Int8T<H>::CompressedTensorsW8A8Int8T(const at::Tensor& weight_scale,
-                                                          const at::Tensor& input_scale,
-                                                          std::vector<int64_t> shard_rows, int64_t size_k)
+CompressedTensorsW8A8Int8::CompressedTensorsW8A8Int8(const at::Tensor& weight_scale,
+                                                     const at::Tensor& input_scale,
+                                                     std::vector<int64_t> shard_rows, int64_t size_k)
     : shard_rows_(std::move(shard_rows)),
       size_k_(size_k),
       size_n_(std::accumulate(shard_rows_.begin(), shard_rows_.end(), int64_t{0})) {
@@ -31,8 +30,7 @@ CompressedTensorsW8A8Int8T<H>::CompressedTensorsW8A8Int8T(const at::Tensor& weig
   weight_scale_ = at::repeat_interleave(weight_scale.to(at::kFloat).reshape({shards}), rows, 0, size_n_).contiguous();
 }
 
-template <bool H>
-at::Tensor CompressedTensorsW8A8Int8T<H>::apply(const at::Tensor& x, const at::Tensor& weight) const {
+at::Tensor CompressedTensorsW8A8Int8::apply(const at::Tensor& x, const at::Tensor& weight) const {
   GK_CHECK(WeightError,
            x.dim() == 2 && x.size(1) == size_k_ && x.scalar_type() == at::kFloat && x.is_contiguous() &&
                x.device() == weight_scale_.device(),
@@ -68,9 +66,8 @@ at::Tensor CompressedTensorsW8A8Int8T<H>::apply(const at::Tensor& x, const at::T
   return y;
 }
 
-template <bool H>
-W8A8Int8LinearT<H>::W8A8Int8LinearT(int64_t in, std::vector<std::string> shard_names, std::vector<int64_t> shard_rows,
-                                    c10::Device device)
+W8A8Int8Linear::W8A8Int8Linear(int64_t in, std::vector<std::string> shard_names, std::vector<int64_t> shard_rows,
+                               c10::Device device)
     : in_(in), shard_names_(std::move(shard_names)), shard_rows_(std::move(shard_rows)) {
   GK_CHECK(WeightError, !shard_names_.empty() && shard_names_.size() == shard_rows_.size(),
            "W8A8Int8Linear: give one row count per shard name");
@@ -82,8 +79,7 @@ W8A8Int8LinearT<H>::W8A8Int8LinearT(int64_t in, std::vector<std::string> shard_n
   input_scale_ = this->register_parameter("input_scale", at::ones({shards}, opts.dtype(at::kFloat)), false);
 }
 
-template <bool H>
-std::vector<CheckpointParam> W8A8Int8LinearT<H>::checkpoint_params() const {
+std::vector<CheckpointParam> W8A8Int8Linear::checkpoint_params() const {
   CheckpointParam w{"weight", {}}, ws{"weight_scale", {}}, is{"input_scale", {}};
   for (std::size_t s = 0; s < shard_names_.size(); ++s) {
     w.tensors.push_back({shard_names_[s] + ".weight", {shard_rows_[s], in_}, at::kChar});
@@ -93,19 +89,12 @@ std::vector<CheckpointParam> W8A8Int8LinearT<H>::checkpoint_params() const {
   return {w, ws, is};
 }
 
-template <bool H>
-void W8A8Int8LinearT<H>::process_weights_after_loading() {
-  scheme_ = std::make_unique<CompressedTensorsW8A8Int8T<H>>(weight_scale_, input_scale_, shard_rows_, in_);
+void W8A8Int8Linear::process_weights_after_loading() {
+  scheme_ = std::make_unique<CompressedTensorsW8A8Int8>(weight_scale_, input_scale_, shard_rows_, in_);
 }
 
-template <bool H>
-at::Tensor W8A8Int8LinearT<H>::forward(const at::Tensor& x) {
+at::Tensor W8A8Int8Linear::forward(const at::Tensor& x) {
   return scheme_->apply(x, weight_);
 }
-
-template class CompressedTensorsW8A8Int8T<false>;
-template class CompressedTensorsW8A8Int8T<true>;
-template class W8A8Int8LinearT<false>;
-template class W8A8Int8LinearT<true>;
 
 }  // namespace gk::quant

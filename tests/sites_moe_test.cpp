@@ -18,8 +18,8 @@
 
 namespace {
 
-using gk::kernels::CutlassExpertsT;
-using gk::kernels::CutlassW4A8ExpertsT;
+using gk::kernels::CutlassExperts;
+using gk::kernels::CutlassW4A8Experts;
 
 constexpr int64_t E = 4, K = 16, N = 16, TOPK = 2, T = 6, G = 8, MAX_TOKENS = 8;
 
@@ -44,11 +44,10 @@ at::Tensor moe_input(c10::Device d) {
 }
 
 // Site 2.
-template <bool Hide>
-struct ShuffleModelT : torch::nn::Module {
-  std::shared_ptr<gk::kernels::ShuffledMoeT<Hide>> moe;
-  explicit ShuffleModelT(c10::Device d) {
-    moe = register_module("moe", std::make_shared<gk::kernels::ShuffledMoeT<Hide>>(E, K, N, TOPK, d));
+struct ShuffleModel : torch::nn::Module {
+  std::shared_ptr<gk::kernels::ShuffledMoe> moe;
+  explicit ShuffleModel(c10::Device d) {
+    moe = register_module("moe", std::make_shared<gk::kernels::ShuffledMoe>(E, K, N, TOPK, d));
   }
   std::vector<gk::NamedTensor> checkpoint(int step) const {
     std::vector<gk::NamedTensor> out;
@@ -63,15 +62,12 @@ struct ShuffleModelT : torch::nn::Module {
   at::Tensor example_input(c10::Device d) const { return moe_input(d); }
   at::Tensor forward(const at::Tensor& x) { return moe->forward(sites::slice(x, 1, 0, K), sites::slice(x, 1, K, E)); }
 };
-using ShuffleModel = ShuffleModelT<false>;
-using ShuffleModelHidden = ShuffleModelT<true>;  // w2_shuffled_ not graph-visible
 
 // Site 4.
-template <bool Hide>
-struct CutlassModelT : torch::nn::Module {
-  std::shared_ptr<gk::kernels::CutlassMoeT<Hide>> moe;
-  explicit CutlassModelT(c10::Device d) {
-    moe = register_module("moe", std::make_shared<gk::kernels::CutlassMoeT<Hide>>(E, K, N, TOPK, d));
+struct CutlassModel : torch::nn::Module {
+  std::shared_ptr<gk::kernels::CutlassMoe> moe;
+  explicit CutlassModel(c10::Device d) {
+    moe = register_module("moe", std::make_shared<gk::kernels::CutlassMoe>(E, K, N, TOPK, d));
   }
   std::vector<gk::NamedTensor> checkpoint(int step) const {
     return {{"moe.w13_weight", wave({E, 2 * N, K}, 0.13, 1.0 * step)},
@@ -79,17 +75,14 @@ struct CutlassModelT : torch::nn::Module {
   }
   at::Tensor example_input(c10::Device d) const { return moe_input(d); }
   at::Tensor forward(const at::Tensor& x) { return moe->forward(sites::slice(x, 1, 0, K), sites::slice(x, 1, K, E)); }
-  const CutlassExpertsT<Hide>& experts() const { return dynamic_cast<const CutlassExpertsT<Hide>&>(moe->experts()); }
+  const CutlassExperts& experts() const { return dynamic_cast<const CutlassExperts&>(moe->experts()); }
 };
-using CutlassModel = CutlassModelT<false>;
-using CutlassModelHidden = CutlassModelT<true>;  // ab_strides2_ not graph-visible
 
 // Site 10.
-template <bool Hide>
-struct W4A8ModelT : torch::nn::Module {
-  std::shared_ptr<gk::kernels::W4A8MoeT<Hide>> moe;
-  explicit W4A8ModelT(c10::Device d) {
-    moe = register_module("moe", std::make_shared<gk::kernels::W4A8MoeT<Hide>>(E, K, N, TOPK, G, d));
+struct W4A8Model : torch::nn::Module {
+  std::shared_ptr<gk::kernels::W4A8Moe> moe;
+  explicit W4A8Model(c10::Device d) {
+    moe = register_module("moe", std::make_shared<gk::kernels::W4A8Moe>(E, K, N, TOPK, G, d));
   }
   std::vector<gk::NamedTensor> checkpoint(int step) const {
     return {{"moe.w13_qweight", ints({E, 2 * N, K / 2}, 37, 11 + 53 * step, 256, at::kByte)},
@@ -99,19 +92,14 @@ struct W4A8ModelT : torch::nn::Module {
   }
   at::Tensor example_input(c10::Device d) const { return moe_input(d); }
   at::Tensor forward(const at::Tensor& x) { return moe->forward(sites::slice(x, 1, 0, K), sites::slice(x, 1, K, E)); }
-  const CutlassW4A8ExpertsT<Hide>& experts() const {
-    return dynamic_cast<const CutlassW4A8ExpertsT<Hide>&>(moe->experts());
-  }
+  const CutlassW4A8Experts& experts() const { return dynamic_cast<const CutlassW4A8Experts&>(moe->experts()); }
 };
-using W4A8Model = W4A8ModelT<false>;
-using W4A8ModelHidden = W4A8ModelT<true>;  // s_strides1_ not graph-visible
 
 // Site 11.
-template <bool Hide>
-struct Wna16ModelT : torch::nn::Module {
-  std::shared_ptr<gk::kernels::Rdna3Wna16MoeT<Hide>> moe;
-  explicit Wna16ModelT(c10::Device d) {
-    moe = register_module("moe", std::make_shared<gk::kernels::Rdna3Wna16MoeT<Hide>>(E, K, N, TOPK, MAX_TOKENS, d));
+struct Wna16Model : torch::nn::Module {
+  std::shared_ptr<gk::kernels::Rdna3Wna16Moe> moe;
+  explicit Wna16Model(c10::Device d) {
+    moe = register_module("moe", std::make_shared<gk::kernels::Rdna3Wna16Moe>(E, K, N, TOPK, MAX_TOKENS, d));
   }
   std::vector<gk::NamedTensor> checkpoint(int step) const {
     return {{"moe.w13_qweight", ints({E, 2 * N, K}, 29, 7 + 31 * step, 255, at::kChar, 127)},
@@ -122,8 +110,6 @@ struct Wna16ModelT : torch::nn::Module {
   at::Tensor example_input(c10::Device d) const { return moe_input(d); }
   at::Tensor forward(const at::Tensor& x) { return moe->forward(sites::slice(x, 1, 0, K), sites::slice(x, 1, K, E)); }
 };
-using Wna16Model = Wna16ModelT<false>;
-using Wna16ModelHidden = Wna16ModelT<true>;  // rdna3_w1_buf_ not graph-visible
 
 const gk::PlannedSlot* find_slot(const gk::SlotPlan& plan, const std::string& name) {
   for (const auto& l : plan.layers())
@@ -132,8 +118,9 @@ const gk::PlannedSlot* find_slot(const gk::SlotPlan& plan, const std::string& na
   return nullptr;
 }
 
-// GPU child scenario: reload a variant whose `hidden` tensor is declared not
-// graph-visible, so the reload frees the captured storage; then let the
+// GPU child scenario: reload with `member` (a full slot name) treated as
+// undeclared (ReloadOptions::undeclared_members), so the reload frees the
+// captured storage of the tensor `hidden` returns; then let the
 // caching allocator hand the freed block to new tensors filled with the byte
 // `fill` (as any other owner's data would be), replay anyway, as an engine
 // without graphkeep does, and print what happened:
@@ -143,11 +130,11 @@ const gk::PlannedSlot* find_slot(const gk::SlotPlan& plan, const std::string& na
 //   "CUDA_ERROR <what>"             e.g. an illegal memory access
 // It leaves with _Exit, so a poisoned CUDA context cannot hang the teardown.
 template <class Model>
-int replay_after_reuse_child(const std::function<at::Tensor(Model&)>& hidden, int fill) {
+int replay_after_reuse_child(const std::string& member, const std::function<at::Tensor(Model&)>& hidden, int fill) {
   try {
     gk::ReloadOptions opts;
     opts.verify = false;
-    sites::Rig<Model> rig(sites::gpu(), opts);
+    sites::Rig<Model> rig(sites::gpu(), sites::with_undeclared(member, opts));
     std::uintptr_t begin = 0;
     int64_t bytes = 0;
     {
@@ -199,26 +186,28 @@ int replay_after_reuse_child(const std::function<at::Tensor(Model&)>& hidden, in
 
 // Site 2: the reload frees the captured shuffled w2; the replay reads the old
 // weights (or whatever reused the block): a wrong result.
-GK_TEST_CHILD(moe_site2_freed_shuffled_weight) { return sites::replay_after_hidden_reload_child<ShuffleModelHidden>(); }
+GK_TEST_CHILD(moe_site2_freed_shuffled_weight) {
+  return sites::replay_after_hidden_reload_child<ShuffleModel>("moe.w2_shuffled_");
+}
 
 // Site 4: the freed ab_strides2 block now holds 0x7f bytes: GEMM2 computes
 // its A and B addresses with a stride of ~9.2e18 elements: an illegal access.
 GK_TEST_CHILD(moe_site4_freed_strides) {
-  return replay_after_reuse_child<CutlassModelHidden>(
-      [](CutlassModelHidden& m) { return m.experts().ab_strides2(); }, 0x7f);
+  return replay_after_reuse_child<CutlassModel>(
+      "moe.experts_.ab_strides2_", [](CutlassModel& m) { return m.experts().ab_strides2(); }, 0x7f);
 }
 
 // Site 10: the same with the freed s_strides1 (group-scale row stride of GEMM1).
 GK_TEST_CHILD(moe_site10_freed_strides) {
-  return replay_after_reuse_child<W4A8ModelHidden>(
-      [](W4A8ModelHidden& m) { return m.experts().s_strides1(); }, 0x7f);
+  return replay_after_reuse_child<W4A8Model>(
+      "moe.experts_.s_strides1_", [](W4A8Model& m) { return m.experts().s_strides1(); }, 0x7f);
 }
 
 // Site 11: the freed w1 scratch now belongs to another tensor; the replay
 // writes the staged weights into it (its own output stays right).
 GK_TEST_CHILD(moe_site11_freed_scratch) {
-  return replay_after_reuse_child<Wna16ModelHidden>([](Wna16ModelHidden& m) { return m.moe->kernel().w1_buf(); },
-                                                    0x5a);
+  return replay_after_reuse_child<Wna16Model>(
+      "moe.kernel_.rdna3_w1_buf_", [](Wna16Model& m) { return m.moe->kernel().w1_buf(); }, 0x5a);
 }
 
 TEST_SUITE("cpu") {
@@ -263,7 +252,7 @@ TEST_SUITE("cpu") {
     sites::negative_unprotected<ShuffleModel>(sites::cpu(), "moe.w2_shuffled_");
   }
   TEST_CASE("site 2 MoE shuffled w13/w2: negative (undeclared)") {
-    sites::negative_undeclared<ShuffleModelHidden>(sites::cpu(), "w2_shuffled_");
+    sites::negative_undeclared<ShuffleModel>(sites::cpu(), "moe.w2_shuffled_");
   }
 
   // Site 4
@@ -291,7 +280,7 @@ TEST_SUITE("cpu") {
     sites::unprotected_drift_detected<CutlassModel>(sites::cpu(), "moe.experts_.c_strides1_");
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides: negative (undeclared)") {
-    sites::negative_undeclared<CutlassModelHidden>(sites::cpu(), "ab_strides2_");
+    sites::negative_undeclared<CutlassModel>(sites::cpu(), "moe.experts_.ab_strides2_");
   }
 
   // Site 10
@@ -302,7 +291,7 @@ TEST_SUITE("cpu") {
     sites::unprotected_drift_detected<W4A8Model>(sites::cpu(), "moe.experts_.s_strides1_");
   }
   TEST_CASE("site 10 W4A8 grouped-GEMM a/c/s strides: negative (undeclared)") {
-    sites::negative_undeclared<W4A8ModelHidden>(sites::cpu(), "s_strides1_");
+    sites::negative_undeclared<W4A8Model>(sites::cpu(), "moe.experts_.s_strides1_");
   }
 
   // Site 11
@@ -311,7 +300,7 @@ TEST_SUITE("cpu") {
     sites::unprotected_drift_detected<Wna16Model>(sites::cpu(), "moe.kernel_.rdna3_w1_buf_");
   }
   TEST_CASE("site 11 RDNA3 WNA16 scratch: negative (undeclared)") {
-    sites::negative_undeclared<Wna16ModelHidden>(sites::cpu(), "rdna3_w1_buf_");
+    sites::negative_undeclared<Wna16Model>(sites::cpu(), "moe.kernel_.rdna3_w1_buf_");
   }
 }
 
@@ -322,7 +311,7 @@ TEST_SUITE("gpu") {
     sites::negative_unprotected<ShuffleModel>(sites::gpu(), "moe.w13_shuffled_");
   }
   TEST_CASE("site 2 MoE shuffled w13/w2 on CUDA graphs: negative (undeclared)") {
-    sites::negative_undeclared<ShuffleModelHidden>(sites::gpu(), "w2_shuffled_");
+    sites::negative_undeclared<ShuffleModel>(sites::gpu(), "moe.w2_shuffled_");
   }
   TEST_CASE("site 2 MoE shuffled w13/w2 on CUDA graphs: replay after a hidden reload is wrong") {
     sites::check_child_shows_failure(gk::testing::run_child("moe_site2_freed_shuffled_weight"));
@@ -336,7 +325,7 @@ TEST_SUITE("gpu") {
     sites::unprotected_drift_detected<CutlassModel>(sites::gpu(), "moe.experts_.ab_strides1_");
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides on CUDA graphs: negative (undeclared)") {
-    sites::negative_undeclared<CutlassModelHidden>(sites::gpu(), "ab_strides2_");
+    sites::negative_undeclared<CutlassModel>(sites::gpu(), "moe.experts_.ab_strides2_");
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides on CUDA graphs: replay over freed strides fails") {
     const gk::testing::ChildResult r = gk::testing::run_child("moe_site4_freed_strides");
@@ -354,7 +343,7 @@ TEST_SUITE("gpu") {
     sites::unprotected_drift_detected<W4A8Model>(sites::gpu(), "moe.experts_.s_strides1_");
   }
   TEST_CASE("site 10 W4A8 grouped-GEMM a/c/s strides on CUDA graphs: negative (undeclared)") {
-    sites::negative_undeclared<W4A8ModelHidden>(sites::gpu(), "s_strides1_");
+    sites::negative_undeclared<W4A8Model>(sites::gpu(), "moe.experts_.s_strides1_");
   }
   TEST_CASE("site 10 W4A8 grouped-GEMM a/c/s strides on CUDA graphs: replay over freed strides fails") {
     const gk::testing::ChildResult r = gk::testing::run_child("moe_site10_freed_strides");
@@ -369,7 +358,7 @@ TEST_SUITE("gpu") {
     sites::unprotected_drift_detected<Wna16Model>(sites::gpu(), "moe.kernel_.rdna3_w1_buf_");
   }
   TEST_CASE("site 11 RDNA3 WNA16 scratch on CUDA graphs: negative (undeclared)") {
-    sites::negative_undeclared<Wna16ModelHidden>(sites::gpu(), "rdna3_w1_buf_");
+    sites::negative_undeclared<Wna16Model>(sites::gpu(), "moe.kernel_.rdna3_w1_buf_");
   }
   TEST_CASE("site 11 RDNA3 WNA16 scratch on CUDA graphs: replay writes through the freed scratch") {
     const gk::testing::ChildResult r = gk::testing::run_child("moe_site11_freed_scratch");

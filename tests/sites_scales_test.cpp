@@ -103,12 +103,12 @@ struct PaddedMoeModel : torch::nn::Module {
 // ---------------------------------------------------------------------------
 // Site 7: AITER MLA FP8 / FP4 (W_K, W_V quantized in PWAL, W_K_scale, W_V_scale)
 // ---------------------------------------------------------------------------
-template <MlaWeightFormat F, bool Hide = false>
+template <MlaWeightFormat F>
 struct QuantMlaModel : torch::nn::Module {
   static constexpr int64_t H = 2, DN = 32, DV = 32, L = 64, T = 6;
-  std::shared_ptr<gk::quant::QuantizedMlaAttentionT<Hide>> attn;
+  std::shared_ptr<gk::quant::QuantizedMlaAttention> attn;
   explicit QuantMlaModel(c10::Device d) {
-    attn = register_module("attn", std::make_shared<gk::quant::QuantizedMlaAttentionT<Hide>>(H, DN, DV, L, F, d));
+    attn = register_module("attn", std::make_shared<gk::quant::QuantizedMlaAttention>(H, DN, DV, L, F, d));
   }
   std::vector<gk::NamedTensor> checkpoint(int step) const {
     return {{"attn.kv_b_proj",
@@ -123,7 +123,6 @@ struct QuantMlaModel : torch::nn::Module {
 };
 using MlaFp8Model = QuantMlaModel<MlaWeightFormat::fp8_e4m3>;
 using MlaFp4Model = QuantMlaModel<MlaWeightFormat::mxfp4>;
-using MlaFp8HiddenModel = QuantMlaModel<MlaWeightFormat::fp8_e4m3, true>;
 
 // ---------------------------------------------------------------------------
 // Sites 8 and 9: NVFP4 MoE checkpoints
@@ -148,11 +147,10 @@ at::Tensor row_gain(const at::Tensor& w, int step) {
 }
 
 // Site 8: FlashInfer B12x (swizzled w13_sf_mma / w2_sf_mma, fc1/fc2 input scales).
-template <bool Hide = false>
 struct B12xModel : torch::nn::Module {
-  std::shared_ptr<gk::quant::B12xNvfp4MoeT<Hide>> moe;
+  std::shared_ptr<gk::quant::B12xNvfp4Moe> moe;
   explicit B12xModel(c10::Device d) {
-    moe = register_module("moe", std::make_shared<gk::quant::B12xNvfp4MoeT<Hide>>(kMoeE, kMoeK, kMoeN, d));
+    moe = register_module("moe", std::make_shared<gk::quant::B12xNvfp4Moe>(kMoeE, kMoeK, kMoeN, d));
   }
   std::vector<gk::NamedTensor> checkpoint(int step) const {
     const Nvfp4Weights w13 = quantize_nvfp4(row_gain(wave({kMoeE, 2 * kMoeN, kMoeK}, 1.0, step), step));
@@ -168,11 +166,10 @@ struct B12xModel : torch::nn::Module {
 };
 
 // Site 9: compressed-tensors NVFP4 CUTLASS MoE (g1/g2_alphas, a1/a2_gscale).
-template <bool Hide = false>
 struct Nvfp4MoeModel : torch::nn::Module {
-  std::shared_ptr<gk::quant::Nvfp4CutlassMoeT<Hide>> moe;
+  std::shared_ptr<gk::quant::Nvfp4CutlassMoe> moe;
   explicit Nvfp4MoeModel(c10::Device d) {
-    moe = register_module("moe", std::make_shared<gk::quant::Nvfp4CutlassMoeT<Hide>>(kMoeE, kMoeK, kMoeN, d));
+    moe = register_module("moe", std::make_shared<gk::quant::Nvfp4CutlassMoe>(kMoeE, kMoeK, kMoeN, d));
   }
   std::vector<gk::NamedTensor> checkpoint(int step) const {
     const Nvfp4Weights w13 = quantize_nvfp4(wave({kMoeE, 2 * kMoeN, kMoeK}, 1.5, step));
@@ -353,7 +350,9 @@ TEST_SUITE("gpu") {
 // ===========================================================================
 // Site 7
 // ===========================================================================
-GK_TEST_CHILD(scales_mla_hidden_k_scale) { return sites::replay_after_hidden_reload_child<MlaFp8HiddenModel>(); }
+GK_TEST_CHILD(scales_mla_hidden_k_scale) {
+  return sites::replay_after_hidden_reload_child<MlaFp8Model>("attn.W_K_scale_");
+}
 
 TEST_SUITE("cpu") {
   TEST_CASE("site 7 MLA FP8 W_K/W_V + scales: positive") { sites::positive<MlaFp8Model>(sites::cpu()); }
@@ -368,7 +367,7 @@ TEST_SUITE("cpu") {
     sites::negative_unprotected<MlaFp4Model>(sites::cpu(), "attn.W_V_scale_");
   }
   TEST_CASE("site 7 MLA FP8: negative (W_K_scale undeclared)") {
-    sites::negative_undeclared<MlaFp8HiddenModel>(sites::cpu(), "W_K_scale_");
+    sites::negative_undeclared<MlaFp8Model>(sites::cpu(), "attn.W_K_scale_");
   }
   TEST_CASE("site 7 MLA FP8: codes decode like torch's float8_e4m3fn; the kernel computes the documented attention") {
     using M = MlaFp8Model;
@@ -434,7 +433,7 @@ TEST_SUITE("gpu") {
     sites::negative_unprotected<MlaFp4Model>(sites::gpu(), "attn.W_V_scale_");
   }
   TEST_CASE("site 7 MLA FP8 on CUDA graphs: negative (W_K_scale undeclared)") {
-    sites::negative_undeclared<MlaFp8HiddenModel>(sites::gpu(), "W_K_scale_");
+    sites::negative_undeclared<MlaFp8Model>(sites::gpu(), "attn.W_K_scale_");
   }
   TEST_CASE("site 7 MLA FP8 on CUDA graphs: replay after a hidden reload reads a stale or freed scale") {
     sites::check_child_shows_failure(gk::testing::run_child("scales_mla_hidden_k_scale"));
@@ -448,23 +447,23 @@ TEST_SUITE("gpu") {
 // ===========================================================================
 // Site 8
 // ===========================================================================
-GK_TEST_CHILD(scales_b12x_hidden_sf) { return sites::replay_after_hidden_reload_child<B12xModel<true>>(); }
+GK_TEST_CHILD(scales_b12x_hidden_sf) { return sites::replay_after_hidden_reload_child<B12xModel>("moe.w13_sf_mma_"); }
 
 TEST_SUITE("cpu") {
   TEST_CASE("site 8 B12x MoE swizzled scale factors + fc2 input scale: positive") {
-    sites::positive<B12xModel<>>(sites::cpu());
+    sites::positive<B12xModel>(sites::cpu());
   }
   TEST_CASE("site 8 B12x MoE: negative (w13_sf_mma copy-back disabled)") {
-    sites::negative_unprotected<B12xModel<>>(sites::cpu(), "moe.w13_sf_mma_");
+    sites::negative_unprotected<B12xModel>(sites::cpu(), "moe.w13_sf_mma_");
   }
   TEST_CASE("site 8 B12x MoE: negative (fc2_input_scale copy-back disabled)") {
-    sites::negative_unprotected<B12xModel<>>(sites::cpu(), "moe.fc2_input_scale_");
+    sites::negative_unprotected<B12xModel>(sites::cpu(), "moe.fc2_input_scale_");
   }
   TEST_CASE("site 8 B12x MoE: negative (w13_sf_mma undeclared)") {
-    sites::negative_undeclared<B12xModel<true>>(sites::cpu(), "w13_sf_mma_");
+    sites::negative_undeclared<B12xModel>(sites::cpu(), "moe.w13_sf_mma_");
   }
   TEST_CASE("site 8 B12x MoE: PWAL swizzles the checkpoint's scale factors and reduces the input scales") {
-    auto m = loaded<B12xModel<>>(sites::cpu(), 1);
+    auto m = loaded<B12xModel>(sites::cpu(), 1);
     const auto& moe = *m->moe;
     const int64_t ksf = kMoeK / codec::kNvfp4Block;
     CHECK(moe.w13_sf_mma().sizes().vec() == std::vector<int64_t>{kMoeE, codec::nvfp4_sf_swizzled_size(2 * kMoeN, ksf)});
@@ -477,42 +476,44 @@ TEST_SUITE("cpu") {
   }
 }
 TEST_SUITE("gpu") {
-  TEST_CASE("site 8 B12x MoE on CUDA graphs: positive") { sites::positive<B12xModel<>>(sites::gpu()); }
+  TEST_CASE("site 8 B12x MoE on CUDA graphs: positive") { sites::positive<B12xModel>(sites::gpu()); }
   TEST_CASE("site 8 B12x MoE on CUDA graphs: negative (w13_sf_mma copy-back disabled)") {
-    sites::negative_unprotected<B12xModel<>>(sites::gpu(), "moe.w13_sf_mma_");
+    sites::negative_unprotected<B12xModel>(sites::gpu(), "moe.w13_sf_mma_");
   }
   TEST_CASE("site 8 B12x MoE on CUDA graphs: negative (fc2_input_scale copy-back disabled)") {
-    sites::negative_unprotected<B12xModel<>>(sites::gpu(), "moe.fc2_input_scale_");
+    sites::negative_unprotected<B12xModel>(sites::gpu(), "moe.fc2_input_scale_");
   }
   TEST_CASE("site 8 B12x MoE on CUDA graphs: negative (w13_sf_mma undeclared)") {
-    sites::negative_undeclared<B12xModel<true>>(sites::gpu(), "w13_sf_mma_");
+    sites::negative_undeclared<B12xModel>(sites::gpu(), "moe.w13_sf_mma_");
   }
   TEST_CASE("site 8 B12x MoE on CUDA graphs: replay after a hidden reload reads stale or freed scale factors") {
     sites::check_child_shows_failure(gk::testing::run_child("scales_b12x_hidden_sf"));
   }
-  TEST_CASE("site 8 B12x MoE: CPU twin and CUDA kernel agree bitwise") { cpu_equals_cuda<B12xModel<>>(1); }
+  TEST_CASE("site 8 B12x MoE: CPU twin and CUDA kernel agree bitwise") { cpu_equals_cuda<B12xModel>(1); }
 }
 
 // ===========================================================================
 // Site 9
 // ===========================================================================
-GK_TEST_CHILD(scales_nvfp4_hidden_alphas) { return sites::replay_after_hidden_reload_child<Nvfp4MoeModel<true>>(); }
+GK_TEST_CHILD(scales_nvfp4_hidden_alphas) {
+  return sites::replay_after_hidden_reload_child<Nvfp4MoeModel>("moe.g1_alphas_");
+}
 
 TEST_SUITE("cpu") {
   TEST_CASE("site 9 NVFP4 CUTLASS MoE alphas + global scales: positive") {
-    sites::positive<Nvfp4MoeModel<>>(sites::cpu());
+    sites::positive<Nvfp4MoeModel>(sites::cpu());
   }
   TEST_CASE("site 9 NVFP4 CUTLASS MoE: negative (g1_alphas copy-back disabled)") {
-    sites::negative_unprotected<Nvfp4MoeModel<>>(sites::cpu(), "moe.g1_alphas_");
+    sites::negative_unprotected<Nvfp4MoeModel>(sites::cpu(), "moe.g1_alphas_");
   }
   TEST_CASE("site 9 NVFP4 CUTLASS MoE: negative (a2_gscale copy-back disabled)") {
-    sites::negative_unprotected<Nvfp4MoeModel<>>(sites::cpu(), "moe.a2_gscale_");
+    sites::negative_unprotected<Nvfp4MoeModel>(sites::cpu(), "moe.a2_gscale_");
   }
   TEST_CASE("site 9 NVFP4 CUTLASS MoE: negative (g1_alphas undeclared)") {
-    sites::negative_undeclared<Nvfp4MoeModel<true>>(sites::cpu(), "g1_alphas_");
+    sites::negative_undeclared<Nvfp4MoeModel>(sites::cpu(), "moe.g1_alphas_");
   }
   TEST_CASE("site 9 NVFP4 CUTLASS MoE: PWAL's alphas and gscales; output close to the float MoE") {
-    auto m = loaded<Nvfp4MoeModel<>>(sites::cpu(), 1);
+    auto m = loaded<Nvfp4MoeModel>(sites::cpu(), 1);
     const auto ck = m->checkpoint(1);
     const auto& moe = *m->moe;
     CHECK(at::equal(moe.g1_alphas(), ck[3].value * ck[2].value));
@@ -548,18 +549,18 @@ TEST_SUITE("cpu") {
   }
 }
 TEST_SUITE("gpu") {
-  TEST_CASE("site 9 NVFP4 CUTLASS MoE on CUDA graphs: positive") { sites::positive<Nvfp4MoeModel<>>(sites::gpu()); }
+  TEST_CASE("site 9 NVFP4 CUTLASS MoE on CUDA graphs: positive") { sites::positive<Nvfp4MoeModel>(sites::gpu()); }
   TEST_CASE("site 9 NVFP4 CUTLASS MoE on CUDA graphs: negative (g1_alphas copy-back disabled)") {
-    sites::negative_unprotected<Nvfp4MoeModel<>>(sites::gpu(), "moe.g1_alphas_");
+    sites::negative_unprotected<Nvfp4MoeModel>(sites::gpu(), "moe.g1_alphas_");
   }
   TEST_CASE("site 9 NVFP4 CUTLASS MoE on CUDA graphs: negative (a2_gscale copy-back disabled)") {
-    sites::negative_unprotected<Nvfp4MoeModel<>>(sites::gpu(), "moe.a2_gscale_");
+    sites::negative_unprotected<Nvfp4MoeModel>(sites::gpu(), "moe.a2_gscale_");
   }
   TEST_CASE("site 9 NVFP4 CUTLASS MoE on CUDA graphs: negative (g1_alphas undeclared)") {
-    sites::negative_undeclared<Nvfp4MoeModel<true>>(sites::gpu(), "g1_alphas_");
+    sites::negative_undeclared<Nvfp4MoeModel>(sites::gpu(), "moe.g1_alphas_");
   }
   TEST_CASE("site 9 NVFP4 CUTLASS MoE on CUDA graphs: replay after a hidden reload reads stale or freed alphas") {
     sites::check_child_shows_failure(gk::testing::run_child("scales_nvfp4_hidden_alphas"));
   }
-  TEST_CASE("site 9 NVFP4 CUTLASS MoE: CPU twin and CUDA kernel agree bitwise") { cpu_equals_cuda<Nvfp4MoeModel<>>(1); }
+  TEST_CASE("site 9 NVFP4 CUTLASS MoE: CPU twin and CUDA kernel agree bitwise") { cpu_equals_cuda<Nvfp4MoeModel>(1); }
 }

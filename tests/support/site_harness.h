@@ -14,13 +14,15 @@
 //
 //   sites::positive<MySiteModel>(device);            // capture, reload twice, replay == fresh model
 //   sites::negative_unprotected<MySiteModel>(device, "layer.kernel_.workspace_");
-//   sites::negative_undeclared<MySiteModelUndeclared>(device, "kernel_.workspace_");
+//   sites::negative_undeclared<MySiteModel>(device, "layer.kernel_.workspace_");
 //
 // negative_unprotected disables copy-back of one slot: the manifest must find
 // the drift, and the replay (reading the captured storage, which keeps the
-// old values) must differ from a fresh model. negative_undeclared uses a
-// variant whose tensor is declared not graph-visible: the manifest must flag
-// it unknown at capture and expired or moved after the reload.
+// old values) must differ from a fresh model. negative_undeclared treats one
+// declared member as undeclared (ReloadOptions::undeclared_members: the plan
+// leaves it out, as if its class had declared it not graph-visible): the
+// manifest must flag it unknown at capture and expired or moved after the
+// reload.
 #pragma once
 
 #include "gk_test.h"
@@ -67,8 +69,9 @@ struct Rig {
     sync(dev);
     graph = gk::make_replay(dev, "site");
     graph->capture([&] { output = model->forward(input); });
-    // A variant with a hidden tensor is refused here (Note [Fail closed at
-    // capture]); the graph stays tracked and the message is kept for the test.
+    // A graph reading a member treated as undeclared is refused here (Note
+    // [Fail closed at capture]); the graph stays tracked and the message is
+    // kept for the test.
     track_error = gk::testing::message_of<gk::DriftError>([&] { engine->track(*graph); });
   }
   std::string track_error;
@@ -189,12 +192,21 @@ void unprotected_drift_detected(c10::Device dev, const std::string& slot) {
   CHECK(same(replayed, fresh_output<Model>(dev, 1, rig.input), true));
 }
 
-// A variant with `member` hidden from the registry (declared not graph-
-// visible): unknown at capture, expired or moved after the reload. Replay is
-// refused; the test never replays freed memory in this process.
+// The options of a rig whose `member` (a full slot name) is treated as
+// undeclared: left out of the plan, as if its class had declared it not
+// graph-visible.
+inline gk::ReloadOptions with_undeclared(const std::string& member, gk::ReloadOptions opts = {}) {
+  opts.undeclared_members = {member};
+  return opts;
+}
+
+// `member` treated as undeclared (ReloadOptions::undeclared_members):
+// unknown at capture, expired or moved after the reload. Replay is refused;
+// the test never replays freed memory in this process.
 template <class Model>
 void negative_undeclared(c10::Device dev, const std::string& member) {
-  Rig<Model> rig(dev);
+  Rig<Model> rig(dev, with_undeclared(member));
+  CHECK(rig.engine->plan().find_slot(member) == nullptr);  // left out of the plan
   const gk::CaptureManifest* m = rig.engine->manifest(*rig.graph);
   REQUIRE(m != nullptr);
   CHECK(m->count(gk::AddressClass::unknown) > 0);
@@ -210,15 +222,16 @@ void negative_undeclared(c10::Device dev, const std::string& member) {
   CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::DriftError);
 }
 
-// For GPU child scenarios: reload a variant with a hidden tensor, then replay
-// anyway (as an engine without graphkeep would) and print what happened:
+// For GPU child scenarios: reload with `member` (a full slot name) treated as
+// undeclared, so the reload frees or moves it, then replay anyway (as an
+// engine without graphkeep would) and print what happened:
 //   "REPLAY maxdiff=<x> nan=<n>" or a CUDA error. Returns 0.
 template <class Model>
-int replay_after_hidden_reload_child() {
+int replay_after_hidden_reload_child(const std::string& member) {
   try {
     gk::ReloadOptions opts;
     opts.verify = false;
-    Rig<Model> rig(gpu(), opts);
+    Rig<Model> rig(gpu(), with_undeclared(member, opts));
     rig.reload(1);
     // churn the allocator so freed blocks are reused by other data
     std::vector<at::Tensor> churn;

@@ -21,10 +21,9 @@
 
 namespace gk::kernels {
 
-template <bool HideAbStrides2 = false>
-class CutlassMoeT : public torch::nn::Module, public ReloadableLayer {
+class CutlassMoe : public torch::nn::Module, public ReloadableLayer {
  public:
-  CutlassMoeT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
+  CutlassMoe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
 
   std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
@@ -38,13 +37,11 @@ class CutlassMoeT : public torch::nn::Module, public ReloadableLayer {
  private:
   at::Tensor w13_weight_;  // [E, 2N, K], checkpoint format = kernel format
   at::Tensor w2_weight_;   // [E, K, N]
-  std::unique_ptr<MoeExperts> experts_;  // a CutlassExpertsT<HideAbStrides2>, rebuilt by every PWAL
+  std::unique_ptr<MoeExperts> experts_;  // a CutlassExperts, rebuilt by every PWAL
   int64_t num_experts_, hidden_, inter_, topk_;
 
-  using CutlassMoe = CutlassMoeT;  // the registry's name for every specialization
   GRAPHKEEP_DESCRIBE_DERIVED(CutlassMoe, (torch::nn::Module, ReloadableLayer), (w13_weight_, parameter),
                              (w2_weight_, parameter), experts_, num_experts_, hidden_, inter_, topk_)
 };
-using CutlassMoe = CutlassMoeT<false>;
 
 }  // namespace gk::kernels

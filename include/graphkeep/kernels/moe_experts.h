@@ -29,9 +29,6 @@
 // gather (site 10: quantize to int8) -> grouped GEMM1 -> softsign-gated
 // activation (site 10: + quantize) -> grouped GEMM2 -> unpermute and reduce.
 // The per-call temporaries come from the capture pool, as in vLLM.
-//
-// The template parameter exists for the negative tests only: <true> declares
-// one stride array gk::not_graph_visible, a lie the capture manifest catches.
 #pragma once
 
 #include <graphkeep/registry.h>
@@ -70,10 +67,9 @@ class MoeExperts {
 };
 
 // Site 4. w13: float [E, 2N, K] (rows: w1 then w3), w2: float [E, K, N].
-template <bool HideAbStrides2 = false>
-class CutlassExpertsT final : public MoeExperts {
+class CutlassExperts final : public MoeExperts {
  public:
-  CutlassExpertsT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
+  CutlassExperts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
 
   at::Tensor apply(const MoeCall& call) const override;
 
@@ -88,21 +84,16 @@ class CutlassExpertsT final : public MoeExperts {
   at::Tensor c_strides1_;   // int64 [E] = 2N
   at::Tensor c_strides2_;   // int64 [E] = K, aliases ab_strides1_
 
-  static constexpr RoleSpec kAbStrides2Role =
-      HideAbStrides2 ? RoleSpec(not_graph_visible("test: stride array hidden from the registry")) : metadata;
-  using CutlassExperts = CutlassExpertsT;  // the registry's name for every specialization
-  GRAPHKEEP_DESCRIBE_DERIVED(CutlassExperts, (MoeExperts), (ab_strides1_, metadata), (ab_strides2_, kAbStrides2Role),
+  GRAPHKEEP_DESCRIBE_DERIVED(CutlassExperts, (MoeExperts), (ab_strides1_, metadata), (ab_strides2_, metadata),
                              (c_strides1_, metadata), (c_strides2_, metadata))
 };
-using CutlassExperts = CutlassExpertsT<false>;
 
 // Site 10. w13: int32 [E, 2N, K/8] packed int4 (moe_common.h int4_at),
 // w2: int32 [E, K, N/8]; w13_scales: float [E, K/G, 2N], w2_scales: [E, N/G, K].
-template <bool HideSStrides1 = false>
-class CutlassW4A8ExpertsT final : public MoeExperts {
+class CutlassW4A8Experts final : public MoeExperts {
  public:
-  CutlassW4A8ExpertsT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group,
-                      c10::Device device);
+  CutlassW4A8Experts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group,
+                     c10::Device device);
 
   at::Tensor apply(const MoeCall& call) const override;
 
@@ -118,13 +109,9 @@ class CutlassW4A8ExpertsT final : public MoeExperts {
   at::Tensor s_strides2_;  // int64 [E] = K
   int64_t group_ = 0;      // quantization group size along the reduction dim
 
-  static constexpr RoleSpec kSStrides1Role =
-      HideSStrides1 ? RoleSpec(not_graph_visible("test: stride array hidden from the registry")) : metadata;
-  using CutlassW4A8Experts = CutlassW4A8ExpertsT;
   GRAPHKEEP_DESCRIBE_DERIVED(CutlassW4A8Experts, (MoeExperts), (a_strides1_, metadata), (a_strides2_, metadata),
-                             (c_strides1_, metadata), (c_strides2_, metadata), (s_strides1_, kSStrides1Role),
+                             (c_strides1_, metadata), (c_strides2_, metadata), (s_strides1_, metadata),
                              (s_strides2_, metadata), group_)
 };
-using CutlassW4A8Experts = CutlassW4A8ExpertsT<false>;
 
 }  // namespace gk::kernels

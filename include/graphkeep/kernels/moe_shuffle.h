@@ -23,12 +23,9 @@
 
 namespace gk::kernels {
 
-// HideW2 is for the negative tests only: it declares w2_shuffled_
-// gk::not_graph_visible, a lie the capture manifest catches.
-template <bool HideW2 = false>
-class ShuffledMoeT : public torch::nn::Module, public ReloadableLayer {
+class ShuffledMoe : public torch::nn::Module, public ReloadableLayer {
  public:
-  ShuffledMoeT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
+  ShuffledMoe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
 
   // w13_weight from experts.<e>.w1 and experts.<e>.w3, w2_weight from experts.<e>.w2.
   std::vector<CheckpointParam> checkpoint_params() const override;
@@ -48,13 +45,9 @@ class ShuffledMoeT : public torch::nn::Module, public ReloadableLayer {
   at::Tensor w2_shuffled_;   // [E, K/4, N/8, 4, 8]
   int64_t num_experts_, hidden_, inter_, topk_;
 
-  static constexpr RoleSpec kW2Role =
-      HideW2 ? RoleSpec(not_graph_visible("test: shuffled weight hidden from the registry")) : derived_weight;
-  using ShuffledMoe = ShuffledMoeT;  // the registry's name for every specialization
   GRAPHKEEP_DESCRIBE_DERIVED(ShuffledMoe, (torch::nn::Module, ReloadableLayer), (w13_weight_, parameter),
-                             (w2_weight_, parameter), (w13_shuffled_, derived_weight), (w2_shuffled_, kW2Role),
+                             (w2_weight_, parameter), (w13_shuffled_, derived_weight), (w2_shuffled_, derived_weight),
                              num_experts_, hidden_, inter_, topk_)
 };
-using ShuffledMoe = ShuffledMoeT<false>;
 
 }  // namespace gk::kernels

@@ -23,10 +23,9 @@
 
 namespace gk::kernels {
 
-template <bool HideSStrides1 = false>
-class W4A8MoeT : public torch::nn::Module, public ReloadableLayer {
+class W4A8Moe : public torch::nn::Module, public ReloadableLayer {
  public:
-  W4A8MoeT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group, c10::Device device);
+  W4A8Moe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group, c10::Device device);
 
   std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
@@ -46,15 +45,13 @@ class W4A8MoeT : public torch::nn::Module, public ReloadableLayer {
   at::Tensor w2_packed_;     // int32 [E, K, N/8], derived
   at::Tensor w13_scales_t_;  // float [E, K/G, 2N], derived
   at::Tensor w2_scales_t_;   // float [E, N/G, K], derived
-  std::unique_ptr<MoeExperts> experts_;  // a CutlassW4A8ExpertsT<HideSStrides1>, rebuilt by every PWAL
+  std::unique_ptr<MoeExperts> experts_;  // a CutlassW4A8Experts, rebuilt by every PWAL
   int64_t num_experts_, hidden_, inter_, topk_, group_;
 
-  using W4A8Moe = W4A8MoeT;
   GRAPHKEEP_DESCRIBE_DERIVED(W4A8Moe, (torch::nn::Module, ReloadableLayer), (w13_qweight_, parameter),
                              (w13_scales_, parameter), (w2_qweight_, parameter), (w2_scales_, parameter),
                              (w13_packed_, derived_weight), (w2_packed_, derived_weight), (w13_scales_t_, scale),
                              (w2_scales_t_, scale), experts_, num_experts_, hidden_, inter_, topk_, group_)
 };
-using W4A8Moe = W4A8MoeT<false>;
 
 }  // namespace gk::kernels

@@ -22,14 +22,12 @@
 
 namespace gk::kernels {
 
-// The kernel object PWAL rebuilds, with its scratch. HideW1Buf is for the
-// negative tests only: it declares rdna3_w1_buf_ gk::not_graph_visible.
-template <bool HideW1Buf = false>
-class Rdna3Wna16KernelT {
+// The kernel object PWAL rebuilds, with its scratch.
+class Rdna3Wna16Kernel {
  public:
-  Rdna3Wna16KernelT() = default;
-  Rdna3Wna16KernelT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t max_tokens,
-                    c10::Device device);
+  Rdna3Wna16Kernel() = default;
+  Rdna3Wna16Kernel(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t max_tokens,
+                   c10::Device device);
 
   // w13_q: int8 [E, 2N, K], w13_scale: [E, 2N], w2_q: int8 [E, K, N], w2_scale: [E, K].
   at::Tensor apply(const at::Tensor& x, const at::Tensor& logits, const at::Tensor& w13_q,
@@ -43,19 +41,14 @@ class Rdna3Wna16KernelT {
   at::Tensor rdna3_act_buf_;  // float [max_tokens, K]
   int64_t num_experts_ = 0, hidden_ = 0, inter_ = 0, topk_ = 0, max_tokens_ = 0;
 
-  static constexpr RoleSpec kW1BufRole =
-      HideW1Buf ? RoleSpec(not_graph_visible("test: scratch hidden from the registry")) : scratch;
-  using Rdna3Wna16Kernel = Rdna3Wna16KernelT;  // the registry's name for every specialization
-  GRAPHKEEP_DESCRIBE(Rdna3Wna16Kernel, (rdna3_w1_buf_, kW1BufRole), (rdna3_act_buf_, scratch), num_experts_, hidden_,
+  GRAPHKEEP_DESCRIBE(Rdna3Wna16Kernel, (rdna3_w1_buf_, scratch), (rdna3_act_buf_, scratch), num_experts_, hidden_,
                      inter_, topk_, max_tokens_)
 };
-using Rdna3Wna16Kernel = Rdna3Wna16KernelT<false>;
 
-template <bool HideW1Buf = false>
-class Rdna3Wna16MoeT : public torch::nn::Module, public ReloadableLayer {
+class Rdna3Wna16Moe : public torch::nn::Module, public ReloadableLayer {
  public:
-  Rdna3Wna16MoeT(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t max_tokens,
-                 c10::Device device);
+  Rdna3Wna16Moe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t max_tokens,
+                c10::Device device);
 
   std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
@@ -64,21 +57,19 @@ class Rdna3Wna16MoeT : public torch::nn::Module, public ReloadableLayer {
   // x: [T, K], logits: [T, E] (float32, on the layer's device), T <= max_tokens -> [T, K]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& logits);
 
-  const Rdna3Wna16KernelT<HideW1Buf>& kernel() const { return kernel_; }
+  const Rdna3Wna16Kernel& kernel() const { return kernel_; }
 
  private:
   at::Tensor w13_qweight_;  // int8 [E, 2N, K]
   at::Tensor w13_scales_;   // float [E, 2N]
   at::Tensor w2_qweight_;   // int8 [E, K, N]
   at::Tensor w2_scales_;    // float [E, K]
-  Rdna3Wna16KernelT<HideW1Buf> kernel_;  // rebuilt by every PWAL, with fresh scratch
+  Rdna3Wna16Kernel kernel_;  // rebuilt by every PWAL, with fresh scratch
   int64_t num_experts_, hidden_, inter_, topk_, max_tokens_;
 
-  using Rdna3Wna16Moe = Rdna3Wna16MoeT;
   GRAPHKEEP_DESCRIBE_DERIVED(Rdna3Wna16Moe, (torch::nn::Module, ReloadableLayer), (w13_qweight_, parameter),
                              (w13_scales_, parameter), (w2_qweight_, parameter), (w2_scales_, parameter), kernel_,
                              num_experts_, hidden_, inter_, topk_, max_tokens_)
 };
-using Rdna3Wna16Moe = Rdna3Wna16MoeT<false>;
 
 }  // namespace gk::kernels

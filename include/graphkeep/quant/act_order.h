@@ -47,13 +47,11 @@
 namespace gk::quant {
 
 // The act-order closure as a registered functor: operator()(x) is x[:, act_perm]
-// (a gather kernel on CUDA, a hostrt launch on CPU). Hide declares the
-// permutation not graph-visible, a lie the negative tests use.
-template <bool Hide = false>
-class ActPermT {
+// (a gather kernel on CUDA, a hostrt launch on CPU).
+class ActPerm {
  public:
-  ActPermT() = default;
-  explicit ActPermT(at::Tensor act_perm) : act_perm_(std::move(act_perm)) {}
+  ActPerm() = default;
+  explicit ActPerm(at::Tensor act_perm) : act_perm_(std::move(act_perm)) {}
 
   // x: [M, K] float32 contiguous -> [M, K] with column i = x[:, act_perm[i]]
   at::Tensor operator()(const at::Tensor& x) const;
@@ -63,40 +61,34 @@ class ActPermT {
  private:
   at::Tensor act_perm_;  // [K] int32: argsort(g_idx)
 
-  static constexpr RoleSpec kRole =
-      Hide ? RoleSpec(gk::not_graph_visible("test: hidden from the registry")) : RoleSpec(gk::permutation);
-  GRAPHKEEP_DESCRIBE(ActPermT, (act_perm_, kRole))
+  GRAPHKEEP_DESCRIBE(ActPerm, (act_perm_, gk::permutation))
 };
-using ActPerm = ActPermT<false>;
 
 // The quant method: the Machete W4A16 kernel's state after PWAL.
-template <bool Hide = false>
-class MacheteLinearMethodT {
+class MacheteLinearMethod {
  public:
-  MacheteLinearMethodT() = default;
+  MacheteLinearMethod() = default;
   // PWAL: qweight [K/8, N] int32 (GPTQ packing), g_idx [K] int32 in which each
   // group holds exactly group_size channels (Machete's act-order requirement).
-  MacheteLinearMethodT(const at::Tensor& qweight, const at::Tensor& g_idx, int64_t group_size);
+  MacheteLinearMethod(const at::Tensor& qweight, const at::Tensor& g_idx, int64_t group_size);
 
   // x: [M, K] -> act_perm_(x) -> W4A16 GEMM with group scales [K/gs, N] -> [M, N]
   at::Tensor apply(const at::Tensor& x, const at::Tensor& scales) const;
 
-  const ActPermT<Hide>& act_perm() const { return act_perm_; }
+  const ActPerm& act_perm() const { return act_perm_; }
 
  private:
   at::Tensor weight_prepacked_;  // [K/8, N] int32, rows in act-order
-  ActPermT<Hide> act_perm_;      // the closure, as a registered member
+  ActPerm act_perm_;             // the closure, as a registered member
   int64_t size_k_ = 0, size_n_ = 0, group_size_ = 0;
 
-  GRAPHKEEP_DESCRIBE(MacheteLinearMethodT, (weight_prepacked_, gk::derived_weight), act_perm_, size_k_, size_n_,
+  GRAPHKEEP_DESCRIBE(MacheteLinearMethod, (weight_prepacked_, gk::derived_weight), act_perm_, size_k_, size_n_,
                      group_size_)
 };
-using MacheteLinearMethod = MacheteLinearMethodT<false>;
 
-template <bool Hide = false>
-class MacheteW4A16LinearT : public torch::nn::Module, public ReloadableLayer {
+class MacheteW4A16Linear : public torch::nn::Module, public ReloadableLayer {
  public:
-  MacheteW4A16LinearT(int64_t in, int64_t out, int64_t group_size, c10::Device device);
+  MacheteW4A16Linear(int64_t in, int64_t out, int64_t group_size, c10::Device device);
 
   std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
@@ -104,25 +96,17 @@ class MacheteW4A16LinearT : public torch::nn::Module, public ReloadableLayer {
 
   at::Tensor forward(const at::Tensor& x);  // [M, in] -> [M, out]
 
-  const MacheteLinearMethodT<Hide>& quant_method() const { return *quant_method_; }
+  const MacheteLinearMethod& quant_method() const { return *quant_method_; }
 
  private:
   at::Tensor qweight_;  // [in/8, out] int32
   at::Tensor scales_;   // [in/gs, out] float32
   at::Tensor g_idx_;    // [in] int32
-  std::unique_ptr<MacheteLinearMethodT<Hide>> quant_method_;
+  std::unique_ptr<MacheteLinearMethod> quant_method_;
   int64_t in_, out_, group_size_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(MacheteW4A16LinearT, (torch::nn::Module, ReloadableLayer), (qweight_, gk::parameter),
+  GRAPHKEEP_DESCRIBE_DERIVED(MacheteW4A16Linear, (torch::nn::Module, ReloadableLayer), (qweight_, gk::parameter),
                              (scales_, gk::parameter), (g_idx_, gk::parameter), quant_method_, in_, out_, group_size_)
 };
-using MacheteW4A16Linear = MacheteW4A16LinearT<false>;
-
-extern template class ActPermT<false>;
-extern template class ActPermT<true>;
-extern template class MacheteLinearMethodT<false>;
-extern template class MacheteLinearMethodT<true>;
-extern template class MacheteW4A16LinearT<false>;
-extern template class MacheteW4A16LinearT<true>;
 
 }  // namespace gk::quant

@@ -24,10 +24,6 @@
 //
 //   gk::quant::QuantizedMlaAttention attn(2, 32, 32, 64, gk::quant::MlaWeightFormat::mxfp4, at::kCPU);
 //   at::Tensor y = attn.forward(q, c);   // q: [T, H*dn], c: [T, L] -> [T, H*dv]
-//
-// QuantizedMlaAttentionT<true> declares W_K_scale_ not graph-visible, which
-// is a lie: it exists for the negative tests (the capture manifest must catch
-// it). Both specializations are instantiated in the library.
 #pragma once
 
 #include <graphkeep/registry.h>
@@ -39,11 +35,10 @@ namespace gk::quant {
 
 enum class MlaWeightFormat : int { fp8_e4m3 = 0, mxfp4 = 1 };
 
-template <bool HideKScaleForTest = false>
-class QuantizedMlaAttentionT : public torch::nn::Module, public ReloadableLayer {
+class QuantizedMlaAttention : public torch::nn::Module, public ReloadableLayer {
  public:
-  QuantizedMlaAttentionT(int64_t heads, int64_t dn, int64_t dv, int64_t latent, MlaWeightFormat format,
-                         c10::Device device, float softmax_scale = 0.125f);
+  QuantizedMlaAttention(int64_t heads, int64_t dn, int64_t dv, int64_t latent, MlaWeightFormat format,
+                        c10::Device device, float softmax_scale = 0.125f);
 
   std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
@@ -68,17 +63,10 @@ class QuantizedMlaAttentionT : public torch::nn::Module, public ReloadableLayer 
   MlaWeightFormat format_;
   float softmax_scale_;
 
-  static constexpr RoleSpec kKScaleRole =
-      HideKScaleForTest ? RoleSpec(gk::not_graph_visible("test: W_K_scale hidden from the registry"))
-                        : RoleSpec(gk::scale);
-  GRAPHKEEP_DESCRIBE_DERIVED(QuantizedMlaAttentionT, (torch::nn::Module, ReloadableLayer),
+  GRAPHKEEP_DESCRIBE_DERIVED(QuantizedMlaAttention, (torch::nn::Module, ReloadableLayer),
                              (kv_b_proj_, gk::parameter), (W_K_, gk::derived_weight), (W_V_, gk::derived_weight),
-                             (W_K_scale_, kKScaleRole), (W_V_scale_, gk::scale), heads_, dn_, dv_, latent_, format_,
+                             (W_K_scale_, gk::scale), (W_V_scale_, gk::scale), heads_, dn_, dv_, latent_, format_,
                              softmax_scale_)
 };
-
-using QuantizedMlaAttention = QuantizedMlaAttentionT<false>;
-extern template class QuantizedMlaAttentionT<false>;
-extern template class QuantizedMlaAttentionT<true>;
 
 }  // namespace gk::quant

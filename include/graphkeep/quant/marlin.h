@@ -69,16 +69,12 @@ struct MarlinSplitK {
 // Site 5: W4A16 with act-order
 // ---------------------------------------------------------------------------
 
-// HideLocks declares the lock workspace not graph-visible, which is a lie:
-// the negative tests use it to show what happens when the registry does not
-// know the workspace (the capture manifest flags it; a reload frees it).
-template <bool HideLocks = false>
-class MarlinW4A16KernelT {
+class MarlinW4A16Kernel {
  public:
-  MarlinW4A16KernelT() = default;
+  MarlinW4A16Kernel() = default;
   // PWAL: qweight [K/8, N] int32 (GPTQ: input channel k is nibble k % 8 of
   // row k / 8, stored as value + 8), g_idx [K] int32.
-  MarlinW4A16KernelT(const at::Tensor& qweight, const at::Tensor& g_idx, MarlinSplitK split);
+  MarlinW4A16Kernel(const at::Tensor& qweight, const at::Tensor& g_idx, MarlinSplitK split);
 
   // x: [M, K] float32; scales [G, N] and g_idx [K] are the layer's parameters.
   at::Tensor apply(const at::Tensor& x, const at::Tensor& scales, const at::Tensor& g_idx) const;
@@ -94,17 +90,13 @@ class MarlinW4A16KernelT {
   int64_t size_k_ = 0, size_n_ = 0;
   MarlinSplitK split_;
 
-  static constexpr RoleSpec kLockRole = HideLocks ? RoleSpec(gk::not_graph_visible("test: hidden from the registry"))
-                                                  : RoleSpec(gk::workspace(gk::Init::zero));
-  GRAPHKEEP_DESCRIBE(MarlinW4A16KernelT, (qweight_, gk::derived_weight), (g_idx_sort_indices_, gk::permutation),
-                     (workspace_, kLockRole), size_k_, size_n_, split_)
+  GRAPHKEEP_DESCRIBE(MarlinW4A16Kernel, (qweight_, gk::derived_weight), (g_idx_sort_indices_, gk::permutation),
+                     (workspace_, gk::workspace(gk::Init::zero)), size_k_, size_n_, split_)
 };
-using MarlinW4A16Kernel = MarlinW4A16KernelT<false>;
 
-template <bool HideLocks = false>
-class MarlinW4A16LinearT : public torch::nn::Module, public ReloadableLayer {
+class MarlinW4A16Linear : public torch::nn::Module, public ReloadableLayer {
  public:
-  MarlinW4A16LinearT(int64_t in, int64_t out, int64_t group_size, c10::Device device, MarlinSplitK split = {});
+  MarlinW4A16Linear(int64_t in, int64_t out, int64_t group_size, c10::Device device, MarlinSplitK split = {});
 
   std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
@@ -113,25 +105,19 @@ class MarlinW4A16LinearT : public torch::nn::Module, public ReloadableLayer {
   // x: [M, in] float32 on the layer's device -> [M, out]
   at::Tensor forward(const at::Tensor& x);
 
-  const MarlinW4A16KernelT<HideLocks>& kernel() const { return *kernel_; }
+  const MarlinW4A16Kernel& kernel() const { return *kernel_; }
 
  private:
   at::Tensor qweight_;  // [in/8, out] int32, checkpoint format
   at::Tensor scales_;   // [in/group_size, out] float32
   at::Tensor g_idx_;    // [in] int32
-  std::unique_ptr<MarlinW4A16KernelT<HideLocks>> kernel_;
+  std::unique_ptr<MarlinW4A16Kernel> kernel_;
   int64_t in_, out_, group_size_;
   MarlinSplitK split_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(MarlinW4A16LinearT, (torch::nn::Module, ReloadableLayer), (qweight_, gk::parameter),
+  GRAPHKEEP_DESCRIBE_DERIVED(MarlinW4A16Linear, (torch::nn::Module, ReloadableLayer), (qweight_, gk::parameter),
                              (scales_, gk::parameter), (g_idx_, gk::parameter), kernel_, in_, out_, group_size_, split_)
 };
-using MarlinW4A16Linear = MarlinW4A16LinearT<false>;
-
-extern template class MarlinW4A16KernelT<false>;
-extern template class MarlinW4A16KernelT<true>;
-extern template class MarlinW4A16LinearT<false>;
-extern template class MarlinW4A16LinearT<true>;
 
 // ---------------------------------------------------------------------------
 // Site 6: FP8

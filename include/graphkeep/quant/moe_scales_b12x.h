@@ -24,9 +24,6 @@
 //
 //   gk::quant::B12xNvfp4Moe moe(/*experts=*/4, /*hidden=*/64, /*inter=*/32, at::kCPU);
 //   at::Tensor y = moe.forward(x);   // x: [T, K] float32 -> [T, K]
-//
-// B12xNvfp4MoeT<true> declares w13_sf_mma_ not graph-visible (a lie, for
-// the negative tests); both specializations are instantiated in the library.
 #pragma once
 
 #include <graphkeep/registry.h>
@@ -42,10 +39,9 @@ at::Tensor swizzle_sf_128x4(const at::Tensor& sf);
 // The inverse, for tests: [E, S] swizzled -> [E, M, Ksf] plain.
 at::Tensor unswizzle_sf_128x4(const at::Tensor& swizzled, int64_t m, int64_t ksf);
 
-template <bool HideSfForTest = false>
-class B12xNvfp4MoeT : public torch::nn::Module, public ReloadableLayer {
+class B12xNvfp4Moe : public torch::nn::Module, public ReloadableLayer {
  public:
-  B12xNvfp4MoeT(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device);
+  B12xNvfp4Moe(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device);
 
   std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
@@ -78,20 +74,13 @@ class B12xNvfp4MoeT : public torch::nn::Module, public ReloadableLayer {
   at::Tensor fc2_input_scale_;     // float [1]
   int64_t experts_, hidden_, inter_;
 
-  static constexpr RoleSpec kSfRole =
-      HideSfForTest ? RoleSpec(gk::not_graph_visible("test: w13_sf_mma hidden from the registry"))
-                    : RoleSpec(gk::scale);
-  GRAPHKEEP_DESCRIBE_DERIVED(B12xNvfp4MoeT, (torch::nn::Module, ReloadableLayer), (w13_weight_, gk::parameter),
+  GRAPHKEEP_DESCRIBE_DERIVED(B12xNvfp4Moe, (torch::nn::Module, ReloadableLayer), (w13_weight_, gk::parameter),
                              (w13_weight_scale_, gk::parameter), (w13_weight_scale_2_, gk::parameter),
                              (w13_input_scale_, gk::parameter), (w2_weight_, gk::parameter),
                              (w2_weight_scale_, gk::parameter), (w2_weight_scale_2_, gk::parameter),
-                             (w2_input_scale_, gk::parameter), (gate_, gk::parameter), (w13_sf_mma_, kSfRole),
+                             (w2_input_scale_, gk::parameter), (gate_, gk::parameter), (w13_sf_mma_, gk::scale),
                              (w2_sf_mma_, gk::scale), (fc1_input_scale_, gk::scale), (fc2_input_scale_, gk::scale),
                              experts_, hidden_, inter_)
 };
-
-using B12xNvfp4Moe = B12xNvfp4MoeT<false>;
-extern template class B12xNvfp4MoeT<false>;
-extern template class B12xNvfp4MoeT<true>;
 
 }  // namespace gk::quant

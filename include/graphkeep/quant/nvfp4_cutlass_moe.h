@@ -26,9 +26,6 @@
 //
 //   gk::quant::Nvfp4CutlassMoe moe(/*experts=*/4, /*hidden=*/64, /*inter=*/32, at::kCPU);
 //   at::Tensor y = moe.forward(x);   // x: [T, K] float32 -> [T, K]
-//
-// Nvfp4CutlassMoeT<true> declares g1_alphas_ not graph-visible (a lie, for
-// the negative tests); both specializations are instantiated in the library.
 #pragma once
 
 #include <graphkeep/registry.h>
@@ -38,10 +35,9 @@
 
 namespace gk::quant {
 
-template <bool HideAlphasForTest = false>
-class Nvfp4CutlassMoeT : public torch::nn::Module, public ReloadableLayer {
+class Nvfp4CutlassMoe : public torch::nn::Module, public ReloadableLayer {
  public:
-  Nvfp4CutlassMoeT(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device);
+  Nvfp4CutlassMoe(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device);
 
   std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
@@ -71,20 +67,13 @@ class Nvfp4CutlassMoeT : public torch::nn::Module, public ReloadableLayer {
   at::Tensor a1_gscale_, a2_gscale_;    // float [E]
   int64_t experts_, hidden_, inter_;
 
-  static constexpr RoleSpec kG1Role =
-      HideAlphasForTest ? RoleSpec(gk::not_graph_visible("test: g1_alphas hidden from the registry"))
-                        : RoleSpec(gk::scale);
-  GRAPHKEEP_DESCRIBE_DERIVED(Nvfp4CutlassMoeT, (torch::nn::Module, ReloadableLayer), (w13_weight_, gk::parameter),
+  GRAPHKEEP_DESCRIBE_DERIVED(Nvfp4CutlassMoe, (torch::nn::Module, ReloadableLayer), (w13_weight_, gk::parameter),
                              (w13_weight_scale_, gk::parameter), (w13_weight_global_scale_, gk::parameter),
                              (w13_input_global_scale_, gk::parameter), (w2_weight_, gk::parameter),
                              (w2_weight_scale_, gk::parameter), (w2_weight_global_scale_, gk::parameter),
-                             (w2_input_global_scale_, gk::parameter), (gate_, gk::parameter), (g1_alphas_, kG1Role),
+                             (w2_input_global_scale_, gk::parameter), (gate_, gk::parameter), (g1_alphas_, gk::scale),
                              (g2_alphas_, gk::scale), (a1_gscale_, gk::scale), (a2_gscale_, gk::scale), experts_,
                              hidden_, inter_)
 };
-
-using Nvfp4CutlassMoe = Nvfp4CutlassMoeT<false>;
-extern template class Nvfp4CutlassMoeT<false>;
-extern template class Nvfp4CutlassMoeT<true>;
 
 }  // namespace gk::quant

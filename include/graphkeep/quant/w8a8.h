@@ -33,16 +33,14 @@
 
 namespace gk::quant {
 
-// The scheme object. HideInputScale declares the cloned input scale not
-// graph-visible, a lie the negative tests use.
-template <bool HideInputScale = false>
-class CompressedTensorsW8A8Int8T {
+// The scheme object.
+class CompressedTensorsW8A8Int8 {
  public:
-  CompressedTensorsW8A8Int8T() = default;
+  CompressedTensorsW8A8Int8() = default;
   // PWAL: weight_scale [S] and input_scale [S] (one per logical shard),
   // shard_rows: the output rows of each shard.
-  CompressedTensorsW8A8Int8T(const at::Tensor& weight_scale, const at::Tensor& input_scale,
-                             std::vector<int64_t> shard_rows, int64_t size_k);
+  CompressedTensorsW8A8Int8(const at::Tensor& weight_scale, const at::Tensor& input_scale,
+                            std::vector<int64_t> shard_rows, int64_t size_k);
 
   // x: [M, K] float32, weight: the layer's [N, K] int8 -> [M, N]
   at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const;
@@ -56,21 +54,17 @@ class CompressedTensorsW8A8Int8T {
   std::vector<int64_t> shard_rows_;
   int64_t size_k_ = 0, size_n_ = 0;
 
-  static constexpr RoleSpec kInputScaleRole =
-      HideInputScale ? RoleSpec(gk::not_graph_visible("test: hidden from the registry")) : RoleSpec(gk::scale);
-  GRAPHKEEP_DESCRIBE(CompressedTensorsW8A8Int8T, (input_scale_, kInputScaleRole), (weight_scale_, gk::scale), shard_rows_,
+  GRAPHKEEP_DESCRIBE(CompressedTensorsW8A8Int8, (input_scale_, gk::scale), (weight_scale_, gk::scale), shard_rows_,
                      size_k_, size_n_)
 };
-using CompressedTensorsW8A8Int8 = CompressedTensorsW8A8Int8T<false>;
 
 // A fused linear layer (e.g. q_proj and k_proj as one) with the scheme.
-template <bool HideInputScale = false>
-class W8A8Int8LinearT : public torch::nn::Module, public ReloadableLayer {
+class W8A8Int8Linear : public torch::nn::Module, public ReloadableLayer {
  public:
   // Checkpoint tensors per shard s: <shard_names[s]>.weight [shard_rows[s], in]
   // int8, <name>.weight_scale [1] and <name>.input_scale [1] float32.
-  W8A8Int8LinearT(int64_t in, std::vector<std::string> shard_names, std::vector<int64_t> shard_rows,
-                  c10::Device device);
+  W8A8Int8Linear(int64_t in, std::vector<std::string> shard_names, std::vector<int64_t> shard_rows,
+                 c10::Device device);
 
   std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
@@ -78,26 +72,20 @@ class W8A8Int8LinearT : public torch::nn::Module, public ReloadableLayer {
 
   at::Tensor forward(const at::Tensor& x);  // [M, in] -> [M, sum(shard_rows)]
 
-  const CompressedTensorsW8A8Int8T<HideInputScale>& scheme() const { return *scheme_; }
+  const CompressedTensorsW8A8Int8& scheme() const { return *scheme_; }
 
  private:
   at::Tensor weight_;        // [N, in] int8
   at::Tensor weight_scale_;  // [S] float32, one per shard (checkpoint format)
   at::Tensor input_scale_;   // [S] float32, one per shard (checkpoint format)
-  std::unique_ptr<CompressedTensorsW8A8Int8T<HideInputScale>> scheme_;
+  std::unique_ptr<CompressedTensorsW8A8Int8> scheme_;
   int64_t in_;
   std::vector<std::string> shard_names_;
   std::vector<int64_t> shard_rows_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(W8A8Int8LinearT, (torch::nn::Module, ReloadableLayer), (weight_, gk::parameter),
+  GRAPHKEEP_DESCRIBE_DERIVED(W8A8Int8Linear, (torch::nn::Module, ReloadableLayer), (weight_, gk::parameter),
                              (weight_scale_, gk::parameter), (input_scale_, gk::parameter), scheme_, in_, shard_names_,
                              shard_rows_)
 };
-using W8A8Int8Linear = W8A8Int8LinearT<false>;
-
-extern template class CompressedTensorsW8A8Int8T<false>;
-extern template class CompressedTensorsW8A8Int8T<true>;
-extern template class W8A8Int8LinearT<false>;
-extern template class W8A8Int8LinearT<true>;
 
 }  // namespace gk::quant
