@@ -9,12 +9,19 @@
 // *without recapture* and compares again.
 //
 //   gk-hf-check --ref DIR [--format dense|fp8] [--device cpu|cuda] [--prefill P] [--tol X]
+//               [--unprotect SLOT]
+//
+// --unprotect disables one slot's copy-back in the reloads (as an engine
+// without graphkeep would leave it) and replays without asking the reload
+// engine: the manifest reports the drift, and the replayed logits leave the
+// tolerance (the negative check).
 //
 // A step passes when max |engine - reference| <= tol * max(1, max |reference|)
 // over every compared logit. Prints one line per step and "HF-CHECK PASS" or
 // "HF-CHECK FAIL"; the exit status is 0 only on a pass.
 #include "engine/llm_engine.h"
 
+#include <graphkeep/reload/errors.h>
 #include <graphkeep/runtime/device.h>
 #include <graphkeep/sources/safetensors_source.h>
 
@@ -34,6 +41,7 @@ struct Args {
   std::string device = "auto";
   std::int64_t prefill = 4;
   double tol = -1;  // default per dtype and format, see main()
+  std::string unprotect;
 };
 
 std::map<std::string, at::Tensor> read_reference(const std::string& path) {
@@ -75,6 +83,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--device")) a.device = val();
     else if (!std::strcmp(argv[i], "--prefill")) a.prefill = std::stoll(val());
     else if (!std::strcmp(argv[i], "--tol")) a.tol = std::stod(val());
+    else if (!std::strcmp(argv[i], "--unprotect")) a.unprotect = val();
     else {
       std::fprintf(stderr, "usage: gk-hf-check --ref DIR [--format dense|fp8] [--device cpu|cuda] [--prefill P] [--tol X]\n");
       return 2;
@@ -115,21 +124,30 @@ int main(int argc, char** argv) {
         how = "loaded, " + std::to_string(eng->num_graphs()) + " graphs captured in " +
               std::to_string(static_cast<long long>(eng->capture_ms())) + " ms";
       } else {
-        const gk::ReloadReport r = eng->reload(dir);
-        char buf[160];
-        std::snprintf(buf, sizeof buf, "reloaded in %.1f ms without recapture, drift %zu, %zu addresses verified",
-                      r.times.total_ms, r.drift, r.addresses_verified);
-        how = buf;
-        pass = pass && r.drift == 0;
+        gk::ReloadOptions ro = eng->reload_engine().options();
+        if (!a.unprotect.empty()) ro.unprotected_slots = {a.unprotect};
+        try {
+          const gk::ReloadReport r = eng->reload(dir, ro);
+          char buf[160];
+          std::snprintf(buf, sizeof buf, "reloaded in %.1f ms without recapture, drift %zu, %zu addresses verified",
+                        r.times.total_ms, r.drift, r.addresses_verified);
+          how = buf;
+        } catch (const gk::DriftError& e) {
+          if (a.unprotect.empty()) throw;
+          pass = false;
+          how = "reloaded with " + a.unprotect + " unprotected: drift caught by the capture manifest (" +
+                std::string(e.message().substr(0, e.message().find('\n'))) + "); replaying anyway";
+        }
       }
       const at::Tensor tokens = need(ref, s + ".tokens");
       const at::Tensor want = need(ref, s + "." + logits_key).to(at::kFloat);
+      const bool checked = a.unprotect.empty();  // unprotected: replay anyway, as without graphkeep
       Compare prefill, decode;
       for (std::int64_t b = 0; b < B; ++b)
-        prefill.add(eng->prefill(b, tokens[b].narrow(0, 0, a.prefill)), want[b].narrow(0, 0, a.prefill));
+        prefill.add(eng->prefill(b, tokens[b].narrow(0, 0, a.prefill), checked), want[b].narrow(0, 0, a.prefill));
       for (std::int64_t t = a.prefill; t < T; ++t) {
         const at::Tensor pos = at::full({B}, t, at::kLong);
-        decode.add(eng->decode(tokens.select(1, t), pos), want.select(1, t));
+        decode.add(eng->decode(tokens.select(1, t), pos, checked), want.select(1, t));
       }
       const bool ok = prefill.rel() <= tol && decode.rel() <= tol;
       pass = pass && ok;

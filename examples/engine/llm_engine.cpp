@@ -139,13 +139,13 @@ at::Tensor LlmEngine::run_eager(const at::Tensor& ids, const TokenBatch& batch) 
   return logits.to(at::kCPU).clone();
 }
 
-at::Tensor LlmEngine::prefill(std::int64_t seq, const at::Tensor& tokens) {
+at::Tensor LlmEngine::prefill(std::int64_t seq, const at::Tensor& tokens, bool checked) {
   const std::int64_t t = tokens.size(0);
   GK_CHECK(gk::StateError, seq >= 0 && seq < ids_.size(0), "prefill: sequence ", seq, " is outside 0..",
            ids_.size(0) - 1);
   GK_CHECK(gk::StateError, t > 0 && t <= options_.max_len, "prefill: ", t, " tokens do not fit max_len ",
            options_.max_len);
-  engine_->check_replay_allowed();  // the weights must be consistent for eager runs too
+  if (checked) engine_->check_replay_allowed();  // the weights must be consistent for eager runs too
   const auto longs = at::TensorOptions().dtype(at::kLong).device(model_->device());
   const TokenBatch batch{at::arange(t, longs), at::full({t}, seq, longs)};
   return run_eager(tokens.to(longs), batch);

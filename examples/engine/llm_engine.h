@@ -48,8 +48,8 @@ class LlmEngine {
   ~LlmEngine();
 
   // Eager prefill of sequence `seq` with `tokens` [T] at positions 0..T-1:
-  // logits [T, vocab] float32 on the CPU.
-  at::Tensor prefill(std::int64_t seq, const at::Tensor& tokens);
+  // logits [T, vocab] float32 on the CPU. `checked`: as for decode().
+  at::Tensor prefill(std::int64_t seq, const at::Tensor& tokens, bool checked = true);
   // One decode step of sequences 0..B-1: tokens [B] at positions [B] (each
   // below max_len). Replays the smallest graph of at least B rows; `checked`
   // asks the reload engine first (false replays as an engine without

@@ -22,6 +22,9 @@ Writes
         step{k}.generated         [B, 4+6]     int64    4 prompt tokens + 6 greedy tokens
         step{k}.generated_logits  [B, 6, V]    float32  logits of each greedy decode step
                                                         (the KV-cache path; extra)
+        step{k}.logits_fp8        [B, T, V]    float32  full forward with the engine's FP8 W8A8
+                                                        format applied inside transformers
+                                                        (fp8_linear below)
         metadata: arch, size, dtype, steps, seed, tied, shard_size, transformers, torch
 
     The outputs of step k are computed by a model loaded back from DIR/step{k} with
@@ -63,6 +66,7 @@ Tensor names written (listed from the saved index; layer 0 shown, layers 0..L-1)
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -159,6 +163,47 @@ def make_config(transformers, arch, size, tied):
         output_router_logits=False, **common)
 
 
+# The engine's FP8 W8A8 format (examples/engine/llm.cpp, Note [FP8 CPU twin]):
+# a float8_e4m3fn weight with a float32 scale per output channel, made from the
+# checkpoint, and activations quantized per token at run time. The projections
+# it applies to: attention q, k, v, o and the dense MLP's gate, up, down (not
+# the router, the MoE experts, the embedding or lm_head).
+FP8_LINEAR = re.compile(r"\.self_attn\.[qkvo]_proj$|\.layers\.\d+\.mlp\.(gate|up|down)_proj$")
+
+
+def fp8_forward(lin):
+    torch = sys.modules["torch"]
+    w = lin.weight.detach().float()
+    sw = (w.abs().amax(1) / 448.0).clamp_min(1e-12)
+    wq = (w / sw.unsqueeze(1)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+    def forward(x):
+        shape = x.shape
+        xf = x.reshape(-1, shape[-1]).float()
+        sx = (xf.abs().amax(1, keepdim=True) / 448.0).clamp_min(1e-12)
+        xq = (xf / sx).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        y = (xq.float() @ wq.float().t()) * sx * sw.view(1, -1)
+        return y.to(x.dtype).reshape(*shape[:-1], -1)
+    return forward
+
+
+def fp8_logits(model, tokens):
+    """Full-forward logits with FP8_LINEAR projections computed in the engine's FP8 format."""
+    saved = {}
+    for name, mod in model.named_modules():
+        if FP8_LINEAR.search(name):
+            saved[name] = mod.forward
+            mod.forward = fp8_forward(mod)
+    if not saved:
+        die("fp8 reference: no projection matched FP8_LINEAR")
+    try:
+        return model(input_ids=tokens, use_cache=False).logits.float().cpu()
+    finally:
+        for name, mod in model.named_modules():
+            if name in saved:
+                mod.forward = saved[name]
+
+
 def count_shards(step_dir):
     index = os.path.join(step_dir, "model.safetensors.index.json")
     if not os.path.exists(index):
@@ -247,6 +292,7 @@ def main():
         model.to(device).eval()
         with torch.no_grad():
             logits = model(input_ids=tokens.to(device), use_cache=False).logits.float().cpu()
+            logits_fp8 = fp8_logits(model, tokens.to(device))
             g = model.generate(
                 input_ids=tokens[:, :PROMPT].to(device),
                 attention_mask=torch.ones(B, PROMPT, dtype=torch.int64, device=device),
@@ -265,6 +311,7 @@ def main():
         refs[f"step{k}.logits"] = logits.contiguous()
         refs[f"step{k}.generated"] = generated.contiguous()
         refs[f"step{k}.generated_logits"] = gen_logits.contiguous()
+        refs[f"step{k}.logits_fp8"] = logits_fp8.contiguous()
 
         shards = count_shards(step_dir)
         d_prev = (logits - prev_logits).abs().max().item() if prev_logits is not None else 0.0
