@@ -1,29 +1,29 @@
-// gk-rl-demo: the main demo. An RL loop drives a small inference engine built
-// on graphkeep: each step a "trainer update" perturbs the weights, the engine
-// reloads them through gk::ReloadEngine while its CUDA graphs (or host graphs
-// on CPU) stay captured, then generates tokens by replaying the graphs, and
-// checks tokens and logits against a fresh engine built with the same weights.
+// gk-rl-demo: the main demo. An RL loop drives a small serving engine
+// (examples/engine/llm_engine.h: a Llama / Qwen3 / Qwen3-MoE decoder read from
+// a Hugging Face model directory, 35 captured decode graphs). Each step a
+// "trainer" publishes a new checkpoint directory; the engine reloads it through
+// gk::ReloadEngine while its CUDA graphs (host graphs on a CPU) stay captured,
+// generates by replaying them, and checks the tokens against a fresh engine
+// built from the same directory.
 //
-//   gk-rl-demo                       CPU replay backend, or CUDA graphs if a GPU is present
-//   gk-rl-demo --unprotect layers.0.attn.W_UV_
-//                                    disable one slot's copy-back: the manifest catches the drift, and
-//                                    replaying anyway shows what an engine without graphkeep serves
-//   gk-rl-demo --help
-#include "engine/graph_runner.h"
-#include "engine/tiny_lm.h"
+//   gk-rl-demo                         the built-in tiny model (written to gk-demo-model/ on first run),
+//                                      CPU replay backend, or CUDA graphs if a GPU is present
+//   gk-rl-demo --model DIR --quant fp8 a Hugging Face directory (config.json + safetensors), FP8 made in PWAL
+//   gk-rl-demo --unprotect model.layers.0.self_attn.qkv_fp8_.scale_ --quant fp8
+//                                      disable one slot's copy-back: the manifest catches the drift, and
+//                                      replaying anyway shows what an engine without graphkeep serves
+#include "engine/checkpoint_writer.h"
+#include "engine/llm_engine.h"
 
+#include <graphkeep/reload/errors.h>
 #include <graphkeep/runtime/device.h>
-#include <graphkeep/reload/collector.h>
-#include <graphkeep/reload/reload_engine.h>
-#include <graphkeep/reload/manifest.h>
 
 #include <ATen/ATen.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <sstream>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -31,47 +31,43 @@ namespace {
 
 struct Args {
   int steps = 5;
-  int64_t layers = 2;
-  std::vector<int64_t> batch_sizes{1, 2, 4, 8, 16, 32};
-  int64_t batch = 8;
-  int64_t tokens = 8;
+  std::string model;                   // a Hugging Face directory; empty: the built-in model
+  std::string work = "gk-demo-model";  // where the built-in model and the trainer's checkpoints go
+  std::string quant = "dense";
   std::string device = "auto";
   std::string mode = "streaming";
   std::string unprotect;
-  uint64_t seed = 1234;
+  std::int64_t batch = 8;
+  std::int64_t prompt = 4;
+  std::int64_t tokens = 8;
+  std::uint64_t seed = 1234;
   bool list_slots = false;
 };
 
 void usage() {
   std::puts(
       "usage: gk-rl-demo [options]\n"
-      "An RL loop over a small graph-captured inference engine: each step perturbs the weights\n"
-      "(a trainer update), reloads them with graphkeep, generates by replaying the captured\n"
-      "graphs, and compares tokens and logits with a fresh engine built with the same weights.\n"
+      "An RL loop over a graph-captured serving engine: each step a trainer publishes a checkpoint,\n"
+      "the engine reloads it with graphkeep (no recapture), generates by replaying its decode graphs,\n"
+      "and compares the tokens with a fresh engine built from the same checkpoint.\n"
       "\n"
+      "  --model DIR          a Hugging Face model directory (llama, qwen3, qwen3_moe; config.json and\n"
+      "                       model.safetensors or shards + index); default: a built-in tiny Qwen3-shaped\n"
+      "                       model, written under --work on first run\n"
+      "  --work DIR           where the built-in model and the trainer's checkpoints go (default gk-demo-model)\n"
+      "  --quant Q            dense (the checkpoint's dtype) or fp8 (W8A8 made in PWAL); default dense\n"
       "  --steps N            RL steps (default 5)\n"
-      "  --layers L           transformer blocks (default 2)\n"
-      "  --batch-sizes LIST   batch sizes to capture, comma-separated (default 1,2,4,8,16,32)\n"
-      "  --batch B            generation batch, one of the captured sizes (default 8)\n"
-      "  --tokens T           tokens generated per step (default 8)\n"
+      "  --batch B            sequences generated per step, 1..256 (default 8)\n"
+      "  --tokens T           tokens generated per sequence (default 8)\n"
       "  --device D           auto (default: cuda if present), cpu or cuda\n"
-      "  --mode M             streaming (default) or transactional\n"
-      "  --unprotect SLOT     disable copy-back of one slot (e.g. layers.0.attn.W_UV_) to show\n"
-      "                       what goes wrong without graphkeep\n"
+      "  --mode M             streaming (default) or transactional reloads\n"
+      "  --unprotect SLOT     disable copy-back of one slot to show what goes wrong without graphkeep\n"
       "  --list-slots         print the engine's slot plan and exit\n"
-      "  --seed S             weight seed (default 1234)\n"
+      "  --seed S             trainer seed (default 1234)\n"
       "  --help               this text");
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
-  return out;
-}
-
-bool parse(int argc, char** argv, Args& a) {
+void parse(int argc, char** argv, Args& a) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     auto value = [&]() -> std::string {
@@ -82,8 +78,9 @@ bool parse(int argc, char** argv, Args& a) {
       usage();
       std::exit(0);
     } else if (k == "--steps") a.steps = std::stoi(value());
-    else if (k == "--layers") a.layers = std::stoll(value());
-    else if (k == "--batch-sizes") a.batch_sizes = parse_list(value());
+    else if (k == "--model") a.model = value();
+    else if (k == "--work") a.work = value();
+    else if (k == "--quant") a.quant = value();
     else if (k == "--batch") a.batch = std::stoll(value());
     else if (k == "--tokens") a.tokens = std::stoll(value());
     else if (k == "--device") a.device = value();
@@ -93,28 +90,45 @@ bool parse(int argc, char** argv, Args& a) {
     else if (k == "--list-slots") a.list_slots = true;
     else throw std::invalid_argument("unknown option " + k + " (try --help)");
   }
-  if (a.mode != "streaming" && a.mode != "transactional") throw std::invalid_argument("--mode must be streaming or transactional");
-  bool found = false;
-  for (int64_t b : a.batch_sizes) found = found || b == a.batch;
-  if (!found) throw std::invalid_argument("--batch must be one of --batch-sizes");
-  return true;
+  if (a.mode != "streaming" && a.mode != "transactional")
+    throw std::invalid_argument("--mode must be streaming or transactional");
+  if (a.batch < 1 || a.batch > 256) throw std::invalid_argument("--batch must be in 1..256");
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Greedy generation: prefill each sequence's prompt eagerly, then decode
+// `tokens` steps for all sequences at once (graph replays, or eager when
+// `graphs` is false). Returns the generated tokens [B, tokens] and the logits
+// of every decode step [tokens, B, vocab].
+std::pair<at::Tensor, at::Tensor> generate(demo::LlmEngine& eng, const at::Tensor& prompts, std::int64_t tokens,
+                                           bool graphs, bool checked) {
+  const std::int64_t B = prompts.size(0), P = prompts.size(1);
+  at::Tensor next = at::empty({B}, at::kLong);
+  for (std::int64_t b = 0; b < B; ++b) next[b] = eng.prefill(b, prompts[b], checked)[P - 1].argmax();
+  std::vector<at::Tensor> toks, logits;
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const at::Tensor pos = at::full({B}, P + t, at::kLong);
+    const at::Tensor l = graphs ? eng.decode(next, pos, checked) : eng.decode_eager(next, pos);
+    toks.push_back(next);
+    logits.push_back(l);
+    next = l.argmax(-1);
+  }
+  return {at::stack(toks, 1), at::stack(logits, 0)};
 }
 
 struct Compare {
-  int64_t tokens_differ = 0, tokens_total = 0;
+  std::int64_t differ = 0, total = 0;
   double max_logit_diff = 0;
-  bool equal() const { return tokens_differ == 0 && max_logit_diff == 0; }
+  bool equal() const { return differ == 0 && max_logit_diff == 0; }
 };
 
 Compare compare(const std::pair<at::Tensor, at::Tensor>& got, const std::pair<at::Tensor, at::Tensor>& want) {
-  Compare c;
-  c.tokens_total = want.first.numel();
-  c.tokens_differ = got.first.ne(want.first).sum().item<int64_t>();
-  c.max_logit_diff = (got.second - want.second).abs().nan_to_num(1e30).max().item<double>();
-  return c;
+  return {got.first.ne(want.first).sum().item<std::int64_t>(), want.first.numel(),
+          (got.second - want.second).abs().nan_to_num(1e30).max().item<double>()};
 }
-
-at::Tensor start_tokens(int64_t batch, int64_t vocab) { return at::arange(batch, at::kLong).mul(7).remainder(vocab); }
 
 }  // namespace
 
@@ -126,92 +140,105 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gk-rl-demo: %s\n", e.what());
     return 2;
   }
+  namespace fs = std::filesystem;
   const bool cuda = args.device == "cuda" || (args.device == "auto" && gk::runtime::cuda_device_available());
-  c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  at::manual_seed(0);
+  const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   at::NoGradGuard no_grad;
-  demo::TinyLMConfig cfg;
-  cfg.layers = args.layers;
-
-  std::printf("graphkeep RL-loop demo: %lld layers, device %s (%s), batch sizes",
-              static_cast<long long>(cfg.layers), device.str().c_str(),
-              device.is_cuda() ? "CUDA graphs" : "CPU replay backend");
-  for (int64_t b : args.batch_sizes) std::printf(" %lld", static_cast<long long>(b));
-  std::printf(", mode %s\n", args.mode.c_str());
-
   try {
-    // --- the engine: load, prepare, capture --------------------------------
-    auto model = std::make_shared<demo::TinyLM>(cfg, device);
-    {
-      gk::InMemorySource src(model->checkpoint(args.seed, 0), "initial weights");
-      gk::load_weights(*model, src);
+    const demo::WeightFormat format = demo::parse_weight_format(args.quant);
+    // --- the first checkpoint ---------------------------------------------
+    std::string base = args.model;
+    if (base.empty()) {
+      base = (fs::path(args.work) / "step0").string();
+      if (!fs::exists(fs::path(base) / "config.json")) {
+        const demo::HfConfig c = demo::builtin_tiny_config();
+        demo::write_hf_checkpoint(base, c, demo::random_weights(c, args.seed));
+        std::printf("wrote the built-in model to %s\n", base.c_str());
+      }
     }
-    gk::ReloadOptions opts;
-    opts.mode = args.mode == "transactional" ? gk::ReloadMode::transactional : gk::ReloadMode::streaming;
-    if (!args.unprotect.empty()) opts.unprotected_slots = {args.unprotect};
-    gk::ReloadEngine engine(*model, opts);
-    engine.prepare();  // a --unprotect name that is no slot fails here, naming the closest ones
+    // --- the engine: load, prepare, capture --------------------------------
+    demo::LlmEngineOptions opts;
+    opts.max_len = args.prompt + args.tokens;
+    opts.reload.mode = args.mode == "transactional" ? gk::ReloadMode::transactional : gk::ReloadMode::streaming;
+    if (!args.unprotect.empty()) opts.reload.unprotected_slots = {args.unprotect};
+    demo::LlmEngine eng(base, device, format, opts);  // a --unprotect name that is no slot fails here
+    const demo::HfConfig& cfg = eng.config();
     if (args.list_slots) {
-      for (const auto& l : engine.plan().layers())
+      for (const auto& l : eng.reload_engine().plan().layers())
         for (const auto& s : l.slots)
-          std::printf("%-48s %-16s %s\n", s.name.c_str(), std::string(gk::to_string(s.role.role)).c_str(),
+          std::printf("%-56s %-16s %s\n", s.name.c_str(), std::string(gk::to_string(s.role.role)).c_str(),
                       std::string(gk::to_string(s.role.effective_init())).c_str());
       return 0;
     }
-    demo::GraphRunner runner(*model, engine, args.batch_sizes);
-    runner.capture();
-    std::printf("prepared: %zu slots (%zu declared by registered kernels), %.2f MiB captured; %zu graphs captured in %.1f ms\n",
-                engine.plan().num_slots(), engine.plan().num_declared_slots(),
-                static_cast<double>(engine.plan().captured_bytes()) / (1 << 20), runner.batch_sizes().size(),
-                runner.capture_ms());
+    const gk::SlotPlan& plan = eng.reload_engine().plan();
+    std::printf("graphkeep RL-loop demo: %s, %lld layers, %.1fM parameters, %s, %s, device %s (%s)\n",
+                cfg.model_type.c_str(), static_cast<long long>(cfg.num_hidden_layers),
+                static_cast<double>(cfg.num_parameters()) / 1e6, c10::toString(cfg.dtype),
+                std::string(demo::to_string(format)).c_str(), device.str().c_str(),
+                device.is_cuda() ? "CUDA graphs" : "CPU replay backend");
+    std::printf("prepared: %zu slots (%zu declared), %.2f MiB captured; %zu decode graphs (batch 1..256) captured "
+                "in %.1f ms\n",
+                plan.num_slots(), plan.num_declared_slots(), static_cast<double>(plan.captured_bytes()) / (1 << 20),
+                eng.num_graphs(), eng.capture_ms());
 
-    const at::Tensor start = start_tokens(args.batch, cfg.vocab);
-    double reload_ms = 0, worst_diff = 0;
-    std::size_t bytes = 0, drift = 0;
+    const at::Tensor prompts = at::arange(args.batch * args.prompt, at::kLong).mul(7).remainder(cfg.vocab_size)
+                                   .view({args.batch, args.prompt});
+    double reload_ms = 0, worst = 0;
+    std::size_t drift = 0;
     bool all_equal = true;
+    std::string prev = base;
     for (int step = 1; step <= args.steps; ++step) {
-      // trainer update, reload, generate
-      gk::InMemorySource src(model->checkpoint(args.seed, step), "trainer update");
+      // --- the trainer publishes the next checkpoint ---------------------------
+      const std::string dir = (fs::path(args.work) / ("step" + std::to_string(step))).string();
+      demo::write_hf_checkpoint(dir, cfg, demo::trainer_update(prev, args.seed, step));
+      prev = dir;
+      // --- serving pauses for the reload ---------------------------------------
+      const auto t0 = std::chrono::steady_clock::now();
       gk::ReloadReport r;
       try {
-        r = engine.reload(src);
+        r = eng.reload(dir);
       } catch (const gk::DriftError& e) {
-        std::printf("step %d/%d: the capture manifest caught drift; replay is refused:\n%s\n", step, args.steps, e.what());
-        // Show what an engine without graphkeep would serve.
-        auto got = runner.generate(start, args.tokens, /*checked=*/false);
-        auto fresh = std::make_shared<demo::TinyLM>(cfg, device);
-        gk::InMemorySource fsrc(fresh->checkpoint(args.seed, step));
-        gk::load_weights(*fresh, fsrc);
-        const Compare c = compare(got, demo::generate_eager(*fresh, start, args.tokens));
-        std::printf("replaying anyway (what an engine without graphkeep does): %lld of %lld tokens differ from a "
-                    "fresh engine, max |logit diff| %.4g\n",
-                    static_cast<long long>(c.tokens_differ), static_cast<long long>(c.tokens_total), c.max_logit_diff);
+        std::printf("step %d/%d: the capture manifest caught drift; replay is refused:\n%s\n", step, args.steps,
+                    e.what());
+        demo::LlmEngineOptions ref_opts;
+        ref_opts.batch_sizes = {};
+        ref_opts.max_len = opts.max_len;
+        ref_opts.max_seqs = args.batch;
+        demo::LlmEngine fresh(dir, device, format, ref_opts);
+        const Compare c = compare(generate(eng, prompts, args.tokens, true, /*checked=*/false),
+                                  generate(fresh, prompts, args.tokens, false, true));
         std::printf("SUMMARY: unprotected slot %s -> drift caught by the manifest; replayed without the check, "
-                    "%lld of %lld tokens differ from a fresh engine\n",
-                    args.unprotect.c_str(), static_cast<long long>(c.tokens_differ),
-                    static_cast<long long>(c.tokens_total));
+                    "%lld of %lld tokens differ from a fresh engine (max |dlogit| %.3g)\n",
+                    args.unprotect.c_str(), static_cast<long long>(c.differ), static_cast<long long>(c.total),
+                    c.max_logit_diff);
         return 3;
       }
-      auto got = runner.generate(start, args.tokens);
-      auto fresh = std::make_shared<demo::TinyLM>(cfg, device);
-      gk::InMemorySource fsrc(fresh->checkpoint(args.seed, step));
-      gk::load_weights(*fresh, fsrc);
-      const Compare c = compare(got, demo::generate_eager(*fresh, start, args.tokens));
+      const double pause = ms_since(t0);
+      // --- serve, and compare with a fresh engine of the same checkpoint ---------
+      const auto got = generate(eng, prompts, args.tokens, /*graphs=*/true, /*checked=*/true);
+      demo::LlmEngineOptions ref_opts;
+      ref_opts.batch_sizes = {};
+      ref_opts.max_len = opts.max_len;
+      ref_opts.max_seqs = args.batch;
+      demo::LlmEngine fresh(dir, device, format, ref_opts);
+      const Compare c = compare(got, generate(fresh, prompts, args.tokens, false, true));
       reload_ms += r.times.total_ms;
-      bytes += r.bytes_copied;
       drift += r.drift;
-      worst_diff = std::max(worst_diff, c.max_logit_diff);
+      worst = std::max(worst, c.max_logit_diff);
       all_equal = all_equal && c.equal();
-      std::printf("step %d/%d  reload %7.2f ms  slots %zu  copied %.2f MiB  drift %zu  verified %zu addrs  "
-                  "tokens %s fresh engine (max |dlogit| %.3g)\n",
-                  step, args.steps, r.times.total_ms, r.slots_tracked, static_cast<double>(r.bytes_copied) / (1 << 20),
-                  r.drift, r.addresses_verified, c.equal() ? "==" : "!=", c.max_logit_diff);
+      std::printf("step %d/%d  reload %7.2f ms (pause %7.2f ms)  copied %.2f MiB  drift %zu  verified %zu addrs  "
+                  "tokens %s reference (%lld/%lld equal, max |dlogit| %.3g)\n",
+                  step, args.steps, r.times.total_ms, pause, static_cast<double>(r.bytes_copied) / (1 << 20), r.drift,
+                  r.addresses_verified, c.equal() ? "==" : "!=", static_cast<long long>(c.total - c.differ),
+                  static_cast<long long>(c.total), c.max_logit_diff);
       std::fflush(stdout);
     }
-    std::printf("SUMMARY: %d reloads, %zu slots tracked, %.2f MiB copied, drift %zu, mean reload %.2f ms, "
-                "replay after reload %s a fresh engine (max |dlogit| %.3g)\n",
-                args.steps, engine.plan().num_slots(), static_cast<double>(bytes) / (1 << 20), drift,
-                args.steps > 0 ? reload_ms / args.steps : 0.0, all_equal ? "equals" : "DIFFERS FROM", worst_diff);
+    const double recapture_ms = eng.recapture();  // what an engine without graphkeep pays per reload
+    std::printf("SUMMARY: %d reloads, %zu slots tracked, drift %zu, mean reload %.2f ms vs recapture of %zu graphs "
+                "%.1f ms, replay after reload %s a fresh engine (max |dlogit| %.3g)\n",
+                args.steps, eng.reload_engine().plan().num_slots(), drift,
+                args.steps > 0 ? reload_ms / args.steps : 0.0, eng.num_graphs(), recapture_ms,
+                all_equal ? "equals" : "DIFFERS FROM", worst);
     return all_equal && drift == 0 ? 0 : 1;
   } catch (const gk::Error& e) {
     std::fprintf(stderr, "gk-rl-demo: %s\n", e.what());

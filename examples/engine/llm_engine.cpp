@@ -72,7 +72,8 @@ LlmEngine::LlmEngine(const std::string& dir, c10::Device device, WeightFormat fo
     gk::load_weights(*model_, *src);
   }
   std::sort(options_.batch_sizes.begin(), options_.batch_sizes.end());
-  const std::int64_t max_batch = options_.batch_sizes.empty() ? 1 : options_.batch_sizes.back();
+  const std::int64_t max_batch = std::max<std::int64_t>(
+      {std::int64_t{1}, options_.max_seqs, options_.batch_sizes.empty() ? 0 : options_.batch_sizes.back()});
   GK_CHECK(gk::StateError, options_.max_len > 0 && options_.max_len <= cfg.max_position_embeddings,
            "LlmEngine: max_len ", options_.max_len, " must be in 1..max_position_embeddings (",
            cfg.max_position_embeddings, ")");

@@ -33,6 +33,7 @@ struct LlmEngineOptions {
   // The decode graphs' batch sizes; empty: none captured (eager decode only).
   std::vector<std::int64_t> batch_sizes = default_batch_sizes();
   std::int64_t max_len = 64;  // KV cache length per sequence
+  std::int64_t max_seqs = 0;  // sequences in the KV cache; 0: the largest batch size (at least 1)
   gk::ReloadOptions reload;
 
   // 1, 2, 4, then 8 to 256 in steps of 8 (35 sizes).
