@@ -32,14 +32,15 @@ bool HostReplay::in_private_pool(std::uintptr_t address) const {
 }
 
 #ifndef GRAPHKEEP_WITH_CUDA
-std::unique_ptr<ReplayBackend> make_cuda_replay(std::string name) {
+std::unique_ptr<ReplayBackend> make_cuda_replay(std::string name, const ReplayBackend* /*share_pool_with*/) {
   GK_THROW(StateError, "cannot create CUDA graph '", name,
                        "': this build has no CUDA support (configure with GRAPHKEEP_CUDA=ON)");
 }
 #endif
 
-std::unique_ptr<ReplayBackend> make_replay(c10::Device device, std::string name) {
-  if (device.is_cuda()) return make_cuda_replay(std::move(name));
+std::unique_ptr<ReplayBackend> make_replay(c10::Device device, std::string name,
+                                           const ReplayBackend* share_pool_with) {
+  if (device.is_cuda()) return make_cuda_replay(std::move(name), share_pool_with);
   GK_CHECK(StateError, device.is_cpu(), "no replay backend for device ", device);
   return std::make_unique<HostReplay>(std::move(name));
 }

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 
 namespace gk {
@@ -33,7 +34,10 @@ struct Ranges {
 
 class CudaReplay final : public ReplayBackend {
  public:
-  explicit CudaReplay(std::string name) : name_(std::move(name)), graph_(/*keep_graph=*/true) {}
+  CudaReplay(std::string name, std::optional<at::cuda::MempoolId_t> pool)
+      : name_(std::move(name)), share_(pool), graph_(/*keep_graph=*/true) {}
+
+  at::cuda::MempoolId_t pool_id() const { return const_cast<at::cuda::CUDAGraph&>(graph_).pool(); }
 
   void capture(const std::function<void()>& forward) override {
     GK_CHECK(StateError, !captured_, "CUDA graph '", name_, "' is already captured");
@@ -42,7 +46,10 @@ class CudaReplay final : public ReplayBackend {
     at::cuda::CUDAStream side = at::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
     {
       c10::cuda::CUDAStreamGuard guard(side);
-      graph_.capture_begin();
+      if (share_)
+        graph_.capture_begin(*share_);
+      else
+        graph_.capture_begin();
       try {
         forward();
       } catch (...) {
@@ -110,6 +117,7 @@ class CudaReplay final : public ReplayBackend {
   }
 
   std::string name_;
+  std::optional<at::cuda::MempoolId_t> share_;  // the pool of another graph, shared
   at::cuda::CUDAGraph graph_;
   bool captured_ = false;
   c10::Device device_{c10::kCUDA, 0};
@@ -119,6 +127,15 @@ class CudaReplay final : public ReplayBackend {
 
 }  // namespace
 
-std::unique_ptr<ReplayBackend> make_cuda_replay(std::string name) { return std::make_unique<CudaReplay>(std::move(name)); }
+std::unique_ptr<ReplayBackend> make_cuda_replay(std::string name, const ReplayBackend* share_pool_with) {
+  std::optional<at::cuda::MempoolId_t> pool;
+  if (share_pool_with != nullptr) {
+    const auto* other = dynamic_cast<const CudaReplay*>(share_pool_with);
+    GK_CHECK(StateError, other != nullptr && other->captured(), "CUDA graph '", name, "': share_pool_with must be a ",
+             "captured CUDA graph ('", share_pool_with->name(), "' is not)");
+    pool = other->pool_id();
+  }
+  return std::make_unique<CudaReplay>(std::move(name), pool);
+}
 
 }  // namespace gk

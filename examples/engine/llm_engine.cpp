@@ -116,14 +116,18 @@ void LlmEngine::capture_graphs() {
     (void)model_->forward(ids_, {positions_, seqs_}, caches_, rope_);  // warm-up outside any capture
     gk::runtime::synchronize(device);
   }
-  for (std::int64_t b : options_.batch_sizes) {
-    Graph g{b, gk::make_replay(device, "decode_bs" + std::to_string(b)), {}};
+  // Largest first, all in the first graph's memory pool (as serving engines
+  // capture them): the smaller graphs reuse the larger one's memory.
+  for (auto it = options_.batch_sizes.rbegin(); it != options_.batch_sizes.rend(); ++it) {
+    const std::int64_t b = *it;
+    Graph g{b, gk::make_replay(device, "decode_bs" + std::to_string(b), graphs_.empty() ? nullptr : graphs_.front().graph.get()), {}};
     const TokenBatch batch{positions_.narrow(0, 0, b), seqs_.narrow(0, 0, b)};
     const at::Tensor ids = ids_.narrow(0, 0, b);
     g.graph->capture([&] { g.logits = model_->forward(ids, batch, caches_, rope_); });
     engine_->track(*g.graph);
     graphs_.push_back(std::move(g));
   }
+  std::reverse(graphs_.begin(), graphs_.end());  // smallest first, for decode()'s search
   gk::runtime::synchronize(device);
   capture_ms_ = ms_since(t0);
 }

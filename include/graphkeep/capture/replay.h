@@ -92,9 +92,17 @@ class HostReplay final : public ReplayBackend {
 // The CUDA backend (GRAPHKEEP_CUDA builds): at::cuda::CUDAGraph with
 // keep_graph=true, captured on a side stream; addresses() walks the graph's
 // nodes with the driver API.
-std::unique_ptr<ReplayBackend> make_cuda_replay(std::string name = "cuda-graph");
+//
+// Serving engines capture one decode graph per batch size into one shared
+// memory pool (capture the largest first, replay one at a time): pass an
+// already captured graph as `share_pool_with`, and this graph allocates from
+// that graph's private pool. The host backend has a pool per recording and
+// ignores it.
+std::unique_ptr<ReplayBackend> make_cuda_replay(std::string name = "cuda-graph",
+                                                const ReplayBackend* share_pool_with = nullptr);
 
 // A backend for `device`: HostReplay on CPU, the CUDA graph on CUDA.
-std::unique_ptr<ReplayBackend> make_replay(c10::Device device, std::string name);
+std::unique_ptr<ReplayBackend> make_replay(c10::Device device, std::string name,
+                                           const ReplayBackend* share_pool_with = nullptr);
 
 }  // namespace gk
