@@ -9,7 +9,11 @@
 // *without recapture* and compares again.
 //
 //   gk-hf-check --ref DIR [--format dense|fp8] [--device cpu|cuda] [--prefill P] [--tol X]
-//               [--unprotect SLOT]
+//               [--unprotect SLOT] [--bad-reload DIR]...
+//
+// --bad-reload tries to reload DIR after step 0, expects it to be refused
+// (printing "refused: <the error>"), and then goes on: the served model must
+// be unchanged and every later step must still pass.
 //
 // --unprotect disables one slot's copy-back in the reloads (as an engine
 // without graphkeep would leave it) and replays without asking the reload
@@ -32,6 +36,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -42,6 +47,7 @@ struct Args {
   std::int64_t prefill = 4;
   double tol = -1;  // default per dtype and format, see main()
   std::string unprotect;
+  std::vector<std::string> bad_reloads;
 };
 
 std::map<std::string, at::Tensor> read_reference(const std::string& path) {
@@ -84,6 +90,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--prefill")) a.prefill = std::stoll(val());
     else if (!std::strcmp(argv[i], "--tol")) a.tol = std::stod(val());
     else if (!std::strcmp(argv[i], "--unprotect")) a.unprotect = val();
+    else if (!std::strcmp(argv[i], "--bad-reload")) a.bad_reloads.push_back(val());
     else {
       std::fprintf(stderr, "usage: gk-hf-check --ref DIR [--format dense|fp8] [--device cpu|cuda] [--prefill P] [--tol X]\n");
       return 2;
@@ -123,6 +130,16 @@ int main(int argc, char** argv) {
         eng = std::make_unique<demo::LlmEngine>(dir, device, format, opts);
         how = "loaded, " + std::to_string(eng->num_graphs()) + " graphs captured in " +
               std::to_string(static_cast<long long>(eng->capture_ms())) + " ms";
+        for (const std::string& bad : a.bad_reloads) {
+          try {
+            eng->reload(bad);
+            std::printf("bad reload %s: ACCEPTED\n", bad.c_str());
+            pass = false;
+          } catch (const gk::Error& e) {
+            std::printf("bad reload %s: refused: %s\n", bad.c_str(), e.message().c_str());
+          }
+        }
+        if (!a.bad_reloads.empty()) how += "; " + std::to_string(a.bad_reloads.size()) + " bad reloads refused";
       } else {
         gk::ReloadOptions ro = eng->reload_engine().options();
         if (!a.unprotect.empty()) ro.unprotected_slots = {a.unprotect};
