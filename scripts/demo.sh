@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 # Only the demo and what it links: the library's layers it uses, not the
 # tests, fuzzers, benchmarks or compile checks.
 GK_BUILD_TARGETS=gk-rl-demo bash scripts/setup.sh
-"${GK_BUILD_DIR:-build}"/examples/gk-rl-demo "$@"
+"${GK_BUILD_DIR:-build}"/examples/gk-rl-demo --work "${GK_BUILD_DIR:-build}/gk-demo-model" "$@"
