@@ -128,11 +128,13 @@ struct SinkWalker final : gk::Walker {
 # GRAPHKEEP_DESCRIBE without the checks: the same descriptor (Describe list,
 # friend access, gk_reflect, name, member specs), so gk::walk works unchanged;
 # gk_static_checks() is kept, empty, because reflect<T> odr-uses it. Built from
-# graphkeep's own preprocessor helpers in describe.h.
+# graphkeep's own preprocessor helpers in registry/detail/describe_pp.h.
 NOCHECKS_PRELUDE = """
 #define BENCH_DESCRIBE_NOCHECKS_I(C, seq)                                                  \\
-  BOOST_DESCRIBE_CLASS(C, (), (), (), (GK_DETAIL_NAMES(seq)))                                   \\
+  GK_DETAIL_DESCRIBE_BOOST(C, (), seq)                                                     \\
   friend struct ::gk::detail::access;                                                      \\
+  template <class GkC>                                                                     \\
+  static constexpr bool gk_names_resolve = GK_DETAIL_ALL_RESOLVE(GkC, seq);                \\
   friend constexpr ::gk::detail::described<C> gk_reflect(C*) noexcept { return {}; }       \\
   static constexpr ::std::string_view gk_type_name() noexcept { return #C; }               \\
   static constexpr auto gk_members() noexcept {                                            \\

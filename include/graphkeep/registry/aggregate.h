@@ -13,7 +13,9 @@
 //   GRAPHKEEP_AGGREGATE(CutlassMoeStrides, ab_strides1, (c_strides1, gk::metadata), num_experts)
 //
 // Place the macro at namespace scope, in the struct's namespace, after the
-// struct. List every field in declaration order.
+// struct. List every field in declaration order. The macro checks the names
+// against the fields: a name that is no field of the struct (one error, at
+// the name), a field at the wrong position or listed twice.
 //
 // Known limit: a `std::array<at::Tensor, N>` or `at::Tensor[N]` field crashes
 // g++ 12 inside PFR (an internal compiler error); use std::vector or named

@@ -38,8 +38,9 @@
 //     raw pointer or a class graphkeep cannot look into, unless declared
 //     gk::opaque("reason");
 //   - a base (GRAPHKEEP_DESCRIBE_DERIVED) that is not registered;
-//   - a listed name that is not a member of the class (one error from the
-//     compiler, one from graphkeep, no follow-ups).
+//   - a listed name that is not a member of the class (exactly one error,
+//     graphkeep's, naming the class and the name; nothing that uses the
+//     name is instantiated, not even in a walk or slot table of the class).
 // Each error points at the user's descriptor line: at the member's name, or
 // at the class's name for whole-class checks. For an unlisted member, a
 // second error names the listed members on either side of the unlisted bytes

@@ -18,12 +18,10 @@
 #include <boost/preprocessor/punctuation/comma_if.hpp>
 #include <boost/preprocessor/punctuation/is_begin_parens.hpp>
 #include <boost/preprocessor/seq/elem.hpp>
-#include <boost/preprocessor/seq/enum.hpp>
 #include <boost/preprocessor/seq/for_each.hpp>
 #include <boost/preprocessor/seq/for_each_i.hpp>
 #include <boost/preprocessor/seq/seq.hpp>
 #include <boost/preprocessor/seq/size.hpp>
-#include <boost/preprocessor/seq/transform.hpp>
 #include <boost/preprocessor/stringize.hpp>
 #include <boost/preprocessor/tuple/eat.hpp>
 #include <boost/preprocessor/tuple/elem.hpp>
@@ -46,9 +44,6 @@
 #define GK_DETAIL_ROLE(e)                                                                  \
   BOOST_PP_IIF(BOOST_PP_EQUAL(BOOST_PP_TUPLE_SIZE(GK_DETAIL_TUPLE(e)), 2), GK_DETAIL_ROLE_2, \
                GK_DETAIL_ROLE_1)(GK_DETAIL_TUPLE(e))
-
-#define GK_DETAIL_NAME_OP(s, data, e) GK_DETAIL_NAME(e)
-#define GK_DETAIL_NAMES(seq) BOOST_PP_SEQ_ENUM(BOOST_PP_SEQ_TRANSFORM(GK_DETAIL_NAME_OP, ~, seq))
 
 #define GK_DETAIL_SPEC_OP(r, data, i, e) \
   BOOST_PP_COMMA_IF(i)::gk::detail::member_spec{BOOST_PP_STRINGIZE(GK_DETAIL_NAME(e)), GK_DETAIL_ROLE(e)}
@@ -98,8 +93,8 @@
 // ---------------------------------------------------------------------------
 // The member checks shared by GRAPHKEEP_DESCRIBE and GRAPHKEEP_AGGREGATE.
 // Each message names the class and the member, then the fix. C names the
-// class in messages; CT is the type whose member m is (the class itself, or
-// the dependent GkC of GRAPHKEEP_DESCRIBE, see Note [One error for a
+// class in messages; CT is the dependent type whose member m is (GkC of
+// GRAPHKEEP_DESCRIBE, GkT of GRAPHKEEP_AGGREGATE, see Note [One error for a
 // misspelt member]).
 // ---------------------------------------------------------------------------
 #define GK_DETAIL_CHECK_OP(r, data, e)                                                     \
@@ -209,25 +204,44 @@
 
 // Note [One error for a misspelt member]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A listed name that is not a member of C would break every check that uses
-// it (its type, its offset, its size): a score of errors. The checks run in a
-// generic lambda instead, on the dependent GkC (= C), so that `GkC::m` is
-// looked up only when the lambda is instantiated. First, for each name, one
-// static_assert says whether `GkC::m` resolves (the error names the class and
-// the member, at the user's line); then every other check sits in an
-// `if constexpr` on all names resolving, a discarded statement that is not
-// instantiated when one does not. The names inside Boost.Describe's own
-// descriptor (BOOST_DESCRIBE_CLASS) are not dependent: g++ reports the
-// misspelt name there first ("'x' is not a member of 'C'"), and one follow-up.
-#define GK_DETAIL_RESOLVES(m) requires { GkC::m; }
-#define GK_DETAIL_RESOLVES_OP(r, data, e) &&GK_DETAIL_RESOLVES(GK_DETAIL_NAME(e))
+// A listed name that is not a member of C would break every use of it (its
+// type, its offset, its size, its member pointer): a score of errors. So the
+// expansion uses no listed name non-dependently. Every use sits in a generic
+// lambda (or a member template) on a dependent GkC (= C), where `GkC::m` is
+// looked up only at instantiation, behind an `if constexpr` on `requires {
+// GkC::m; }`; only a static_assert that the name resolves sees a misspelt
+// one, and it names the class and the member at the user's line:
+//
+//  - GRAPHKEEP_DESCRIBE: gk_names_resolve<GkC> says whether every listed name
+//    resolves. gk_static_checks asserts each name, then runs the other
+//    checks only if all resolve. Boost.Describe's member list is the other
+//    user of the names: BOOST_DESCRIBE_CLASS would write `&C::m`
+//    non-dependently, which g++ reports on its own ("'m' is not a member of
+//    'C'", then a follow-up), so GK_DETAIL_DESCRIBE_BOOST writes the private
+//    member list itself, empty unless all names resolve. gk::reflect<C> then
+//    has no members (reflect.h), so a walk or a slot table of C adds no error
+//    either.
+//  - GRAPHKEEP_AGGREGATE: Boost.PFR needs no names, so each field's checks
+//    are guarded by its own name alone (and the offset order of two fields
+//    by both names).
+//
+// (In `requires { GkC::m; }` a missing name is a substitution failure only
+// because GkC is dependent; with C itself it would be a hard error.) A
+// misspelt name thus gives exactly one error, graphkeep's; the compile-fail
+// tests misspelt_member and aggregate_misspelt_field hold that.
+//
+// What the guards cost at compile time: docs/compile_cost.md, "Re-measured
+// after the one-error descriptors".
+#define GK_DETAIL_RESOLVES(CT, m) requires { CT::m; }
+#define GK_DETAIL_RESOLVES_OP(r, CT, e) &&GK_DETAIL_RESOLVES(CT, GK_DETAIL_NAME(e))
+#define GK_DETAIL_ALL_RESOLVE(CT, seq) (true BOOST_PP_SEQ_FOR_EACH(GK_DETAIL_RESOLVES_OP, CT, seq))
 #define GK_DETAIL_EXISTS_OP(r, C, e) GK_DETAIL_CHECK_EXISTS(C, GK_DETAIL_NAME(e))
 #define GK_DETAIL_CHECK_EXISTS(C, m) GK_DETAIL_CHECK_EXISTS_I(C, m)
 #define GK_DETAIL_CHECK_EXISTS_I(C, m)                                                       \
   GK_DETAIL_ASSERT(m,                                                                        \
                    "graphkeep: " #C " has no member named " #m ", which its descriptor lists: " \
                    "list the data members of " #C " by their names, in declaration order",   \
-                   GK_DETAIL_RESOLVES(m))
+                   GK_DETAIL_RESOLVES(GkC, m))
 
 #define GK_DETAIL_DUP_OP(r, C, e) GK_DETAIL_CHECK_UNIQUE(C, GK_DETAIL_NAME(e))
 #define GK_DETAIL_CHECK_UNIQUE(C, m) GK_DETAIL_CHECK_UNIQUE_I(C, m)
@@ -268,10 +282,37 @@
                    ::gk::detail::base_ok<B>())
 #define GK_DETAIL_CHECK_BASES(C, BASES) BOOST_PP_SEQ_FOR_EACH(GK_DETAIL_BASE_OP, C, BOOST_PP_TUPLE_TO_SEQ(BASES))
 
+// Boost.Describe's descriptor of C: the bases and the (empty) public and
+// protected member lists as BOOST_DESCRIBE_CLASS writes them, and the private
+// member list written here in the same protocol (what member_descriptor_fn_impl
+// returns, over one descriptor per member: gk::detail::member_desc), but with
+// dependent member pointers behind one `if constexpr` (Note [One error for a
+// misspelt member]). describe_members<C> sees what BOOST_DESCRIBE_CLASS(C,
+// BASES, (), (), (names...)) would give it. The protocol is Boost.Describe's
+// internal one (boost/describe/detail/members.hpp of Boost 1.81); the test
+// "Boost.Describe sees the members and bases a descriptor lists"
+// (tests/registry_test.cpp) fails if a Boost release changes it.
+#define GK_DETAIL_MEMBER_DESC_OP(r, data, i, e) , ::gk::detail::member_desc<GkC, i, &GkC::GK_DETAIL_NAME(e)>()
+#define GK_DETAIL_DESCRIBE_BOOST(C, BASES, seq)                                                      \
+  BOOST_DESCRIBE_MAYBE_UNUSED friend BOOST_DESCRIBE_BASES_(C BOOST_DESCRIBE_PP_UNPACK BASES)         \
+  BOOST_DESCRIBE_MAYBE_UNUSED friend BOOST_DESCRIBE_PUBLIC_MEMBERS_(C)                               \
+  BOOST_DESCRIBE_MAYBE_UNUSED friend BOOST_DESCRIBE_PROTECTED_MEMBERS_(C)                            \
+  BOOST_DESCRIBE_MAYBE_UNUSED friend inline auto boost_private_member_descriptor_fn(C**) {           \
+    return []<class GkC>(GkC*) {                                                                     \
+      if constexpr (GkC::template gk_names_resolve<GkC>)                                             \
+        return ::boost::describe::detail::member_descriptor_fn_impl<::boost::describe::mod_private>( \
+            0 BOOST_PP_SEQ_FOR_EACH_I(GK_DETAIL_MEMBER_DESC_OP, ~, seq));                              \
+      else                                                                                           \
+        return ::boost::describe::detail::list<>();                                                  \
+    }(static_cast<C*>(nullptr));                                                                     \
+  }
+
 // derived: 1 for GRAPHKEEP_DESCRIBE_DERIVED (BASES is checked), 0 otherwise.
 #define GK_DETAIL_DESCRIBE_SEQ(C, BASES, derived, seq)                                           \
-  BOOST_DESCRIBE_CLASS(C, BASES, (), (), (GK_DETAIL_NAMES(seq)))                                 \
+  GK_DETAIL_DESCRIBE_BOOST(C, BASES, seq)                                                        \
   friend struct ::gk::detail::access;                                                            \
+  template <class GkC>                                                                           \
+  static constexpr bool gk_names_resolve = GK_DETAIL_ALL_RESOLVE(GkC, seq);                      \
   friend constexpr ::gk::detail::described<C> gk_reflect(C*) noexcept { return {}; }             \
   static constexpr ::std::string_view gk_type_name() noexcept { return #C; }                     \
   static constexpr auto gk_members() noexcept {                                                  \
@@ -283,7 +324,7 @@
     []<class GkC>(GkC*) {                                                                        \
       BOOST_PP_IIF(derived, GK_DETAIL_CHECK_BASES, BOOST_PP_TUPLE_EAT(2))(C, BASES)              \
       BOOST_PP_SEQ_FOR_EACH(GK_DETAIL_EXISTS_OP, C, seq)                                         \
-      if constexpr (true BOOST_PP_SEQ_FOR_EACH(GK_DETAIL_RESOLVES_OP, ~, seq)) {                 \
+      if constexpr (GkC::template gk_names_resolve<GkC>) {                                       \
         BOOST_PP_SEQ_FOR_EACH(GK_DETAIL_CHECK_OP, (C, GkC), seq)                                 \
         BOOST_PP_SEQ_FOR_EACH(GK_DETAIL_DUP_OP, C, seq)                                          \
         GK_DETAIL_CHECK_LAYOUT(C, seq)                                                           \
@@ -300,13 +341,30 @@
 // ---------------------------------------------------------------------------
 // GRAPHKEEP_AGGREGATE
 // ---------------------------------------------------------------------------
-#define GK_DETAIL_AGG_ORDER_OP(r, T, i, e) GK_DETAIL_AGG_ORDER(T, i, GK_DETAIL_NAME(e))
-#define GK_DETAIL_AGG_ORDER(T, i, m) GK_DETAIL_AGG_ORDER_I(T, i, m)
+// The per-field checks run on GkT, the dependent name of T inside
+// gk_aggregate_checks; T names the struct in messages as the user wrote it.
+// For each field: that its name is a field of T, then, only if it is (Note
+// [One error for a misspelt member]), that it is the field at its position
+// and the member checks.
+#define GK_DETAIL_AGG_FIELD_OP(r, T, i, e) GK_DETAIL_AGG_FIELD(T, i, GK_DETAIL_NAME(e), GK_DETAIL_ROLE(e))
+#define GK_DETAIL_AGG_FIELD(T, i, m, spec) GK_DETAIL_AGG_FIELD_I(T, i, m, spec)
+#define GK_DETAIL_AGG_FIELD_I(T, i, m, spec)                                                     \
+  {                                                                                              \
+    constexpr bool gk_has = GK_DETAIL_RESOLVES(GkT, m);                                          \
+    GK_DETAIL_ASSERT(m,                                                                          \
+                     "graphkeep: " #T " has no field named " #m ", which GRAPHKEEP_AGGREGATE "   \
+                     "lists: list the fields of " #T " by their names, in declaration order",    \
+                     gk_has)                                                                     \
+    if constexpr (gk_has) {                                                                      \
+      GK_DETAIL_AGG_ORDER_I(T, i, m)                                                             \
+      GK_DETAIL_CHECK_MEMBER_I(T, GkT, m, spec)                                                  \
+    }                                                                                            \
+  }
 #define GK_DETAIL_AGG_ORDER_I(T, i, m)                                                       \
   GK_DETAIL_ASSERT(m,                                                                        \
                    "graphkeep: " #T "::" #m " is not field number " #i " of " #T ": list the " \
                    "fields in GRAPHKEEP_AGGREGATE in declaration order",                     \
-                   ::gk::detail::field_is<T, i, decltype(T::m)>())
+                   ::gk::detail::field_is<GkT, i, decltype(GkT::m)>())
 
 // Fields of the same type listed swapped pass the type check above, but would
 // give each other's names and roles to the wrong fields. Non-static members of
@@ -317,11 +375,12 @@
                      GK_DETAIL_NAME(BOOST_PP_SEQ_ELEM(i, BOOST_PP_TUPLE_ELEM(1, data))),  \
                      GK_DETAIL_NAME(e))
 #define GK_DETAIL_AGG_NEXT(T, prev, m) GK_DETAIL_AGG_NEXT_I(T, prev, m)
-#define GK_DETAIL_AGG_NEXT_I(T, prev, m)                                                     \
-  GK_DETAIL_ASSERT(m,                                                                        \
-                   "graphkeep: " #T "::" #m " is listed after " #prev " but declared before " \
-                   "it: list the fields in GRAPHKEEP_AGGREGATE in declaration order",        \
-                   offsetof(T, prev) <= offsetof(T, m))
+#define GK_DETAIL_AGG_NEXT_I(T, prev, m)                                                       \
+  if constexpr (GK_DETAIL_RESOLVES(GkT, prev) && GK_DETAIL_RESOLVES(GkT, m))                   \
+    GK_DETAIL_ASSERT(m,                                                                        \
+                     "graphkeep: " #T "::" #m " is listed after " #prev " but declared before " \
+                     "it: list the fields in GRAPHKEEP_AGGREGATE in declaration order",        \
+                     offsetof(GkT, prev) <= offsetof(GkT, m))
 #define GK_DETAIL_AGG_OFFSET_ORDER(T, seq)                                                \
   BOOST_PP_IIF(BOOST_PP_GREATER(BOOST_PP_SEQ_SIZE(seq), 1), GK_DETAIL_AGG_OFFSET_ORDER_I, \
                BOOST_PP_TUPLE_EAT(2))(T, seq)
@@ -334,11 +393,13 @@
   GK_DETAIL_ASSERT(m,                                                                          \
                    "graphkeep: " #T "::" #m " is listed more than once in GRAPHKEEP_AGGREGATE: " \
                    "list each field once",                                                     \
-                   ::gk::detail::count_name(gk_reflect(static_cast<T*>(nullptr)).members, #m) == 1)
+                   ::gk::detail::count_name(gk_reflect(static_cast<GkT*>(nullptr)).members, #m) == 1)
 
 // The whole-struct checks stay at namespace scope (T may be a qualified name,
 // which cannot name a local bool; see Note [Diagnostics at the user's line]);
-// the per-field ones run in gk_aggregate_checks, at the field's name.
+// the per-field ones run in gk_aggregate_checks, at the field's name, each
+// behind the check that its name is a field (Note [One error for a misspelt
+// member]).
 #define GK_DETAIL_AGGREGATE_SEQ(T, seq)                                                             \
   [[maybe_unused]] constexpr ::gk::detail::aggregate<T, BOOST_PP_SEQ_SIZE(seq)> gk_reflect(         \
       T*) noexcept {                                                                                \
@@ -359,10 +420,11 @@
                 " in declaration order, tensors with a role, others bare");                         \
   [[maybe_unused]] inline void gk_aggregate_checks(T*) noexcept {                                   \
     GK_DETAIL_DIAGNOSTICS_BEGIN                                                                     \
-    BOOST_PP_SEQ_FOR_EACH_I(GK_DETAIL_AGG_ORDER_OP, T, seq)                                         \
-    GK_DETAIL_AGG_OFFSET_ORDER(T, seq)                                                              \
-    BOOST_PP_SEQ_FOR_EACH(GK_DETAIL_AGG_DUP_OP, T, seq)                                             \
-    BOOST_PP_SEQ_FOR_EACH(GK_DETAIL_CHECK_OP, (T, T), seq)                                          \
+    []<class GkT>(GkT*) {                                                                           \
+      BOOST_PP_SEQ_FOR_EACH_I(GK_DETAIL_AGG_FIELD_OP, T, seq)                                       \
+      GK_DETAIL_AGG_OFFSET_ORDER(T, seq)                                                            \
+      BOOST_PP_SEQ_FOR_EACH(GK_DETAIL_AGG_DUP_OP, T, seq)                                           \
+    }(static_cast<T*>(nullptr));                                                                    \
     GK_DETAIL_DIAGNOSTICS_END                                                                       \
   }                                                                                                 \
   static_assert(true, "")

@@ -49,6 +49,14 @@ struct access {
   }
 };
 
+// Entry I of Boost.Describe's member list of a described class C, whose
+// member pointer is P (see GK_DETAIL_DESCRIBE_BOOST in describe_pp.h).
+template <class C, std::size_t I, auto P>
+struct member_desc {
+  static constexpr auto pointer() noexcept { return P; }
+  static constexpr const char* name() noexcept { return access::members<C>()[I].name.data(); }
+};
+
 inline constexpr std::size_t no_hole = std::numeric_limits<std::size_t>::max();
 
 // Note [Fail-closed descriptors]
