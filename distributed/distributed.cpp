@@ -23,6 +23,7 @@
 // since the handshake fails on every rank alike.
 #include <graphkeep/distributed/distributed.h>
 
+#include <graphkeep/core/stopwatch.h>
 #include <graphkeep/reload/reload_engine.h>
 
 #include <ATen/ATen.h>
@@ -33,7 +34,6 @@
 #include <cxxabi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -51,17 +51,6 @@ namespace gk {
 using detail::concat;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-struct Timer {
-  double& acc;
-  Clock::time_point t0 = Clock::now();
-  explicit Timer(double& a) : acc(a) {}
-  ~Timer() { acc += ms_since(t0); }
-};
 
 constexpr std::int64_t kMagic = 0x676b2d6263737431;  // "gk-bcst1"
 constexpr std::int64_t kMaxEntries = 512;            // tensor pieces per bucket
@@ -497,7 +486,7 @@ struct BroadcastSource::Impl {
   }
 
   void handshake() {
-    Timer t(stats.handshake_ms);
+    ScopedMsTimer t(stats.handshake_ms);
     const c10::Device dev = config.device;
     const std::string text = manifest.serialize();
     // 1. the trainer's manifest
@@ -660,7 +649,7 @@ struct BroadcastSource::Impl {
     }
     at::Tensor head = trainer() ? from_vector(h, dev) : at::empty({kHeaderWords}, at::TensorOptions(at::kLong).device(dev));
     {
-      Timer t(stats.broadcast_ms);
+      ScopedMsTimer t(stats.broadcast_ms);
       group.broadcast(head, config.trainer_rank);
     }
     if (!trainer()) h = to_vector(head);
@@ -701,7 +690,7 @@ struct BroadcastSource::Impl {
       payload = at::empty({bytes}, at::TensorOptions(at::kByte).device(dev));
     }
     if (bytes > 0) {
-      Timer t(stats.broadcast_ms);
+      ScopedMsTimer t(stats.broadcast_ms);
       group.broadcast(payload, config.trainer_rank);
     }
     stats.buckets += 1;
@@ -711,7 +700,7 @@ struct BroadcastSource::Impl {
   }
 
   void unpack(const std::vector<std::int64_t>& h, const at::Tensor& payload) {
-    Timer t(stats.unpack_ms);
+    ScopedMsTimer t(stats.unpack_ms);
     const std::int64_t n = h[3];
     std::int64_t used = 0;
     for (std::int64_t k = 0; k < n; ++k) {
@@ -838,7 +827,7 @@ DistributedReport DistributedReload::reload(WeightSource& source) {
   bool peer = false;  // local is a ReloadAbortedError: it failed everywhere, first elsewhere
   auto vote = [&](bool ok, std::string reason) {
     voted = true;
-    Timer t(rep.vote_ms);
+    ScopedMsTimer t(rep.vote_ms);
     votes = gather_votes(m.group, dev, {m.group.rank(), ok, role, std::move(reason), !ok && peer});
   };
   auto throw_aborted = [&] {
@@ -894,7 +883,7 @@ DistributedReport DistributedReload::reload(WeightSource& source) {
   // Every rank voted yes and committed: did every commit (and verify) work?
   std::vector<RankVote> outcome;
   {
-    Timer t(rep.vote_ms);
+    ScopedMsTimer t(rep.vote_ms);
     outcome = gather_votes(m.group, dev, {m.group.rank(), local == nullptr, role, describe_exception(local), false});
   }
   if (bsrc) rep.broadcast = bsrc->stats();

@@ -1,5 +1,6 @@
 // The reload pipeline (see engine.h and docs/reload.md).
 #include <graphkeep/core/check.h>
+#include <graphkeep/core/stopwatch.h>
 #include <graphkeep/reload/collector.h>
 #include <graphkeep/reload/copy_slots.h>
 #include <graphkeep/reload/reload_engine.h>
@@ -11,7 +12,6 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
-#include <chrono>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -29,21 +29,6 @@ std::string_view to_string(EngineState s) noexcept {
 }
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-class Timer {
- public:
-  explicit Timer(double& acc) : acc_(acc) {}
-  ~Timer() { acc_ += ms_since(t0_); }
-
- private:
-  double& acc_;
-  Clock::time_point t0_ = Clock::now();
-};
 
 // The expected checkpoint tensors, indexed by full name.
 struct Expected {
@@ -241,7 +226,7 @@ struct ReloadEngine::Impl {
 
   void process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
     {
-      Timer t(rep.times.load_ms);
+      ScopedMsTimer t(rep.times.load_ms);
       fault(o, "load", lp.prefix);
       // Materialize fresh checkpoint-format parameters and replay the loads.
       std::vector<at::Tensor> targets;
@@ -271,12 +256,12 @@ struct ReloadEngine::Impl {
       }
     }
     {
-      Timer t(rep.times.pwal_ms);
+      ScopedMsTimer t(rep.times.pwal_ms);
       fault(o, "pwal", lp.prefix);
       if (lp.layer != nullptr) lp.layer->process_weights_after_loading();
     }
     if (!initial) {
-      Timer t(rep.times.check_ms);
+      ScopedMsTimer t(rep.times.check_ms);
       fault(o, "check", lp.prefix);
       check(lp, run, o, rep);
     }
@@ -397,7 +382,7 @@ struct ReloadEngine::Impl {
       run.phase = LayerRun::Phase::committed;
       return;
     }
-    Timer t(rep.times.copy_ms);
+    ScopedMsTimer t(rep.times.copy_ms);
     fault(o, "copy", lp.prefix);
     // Transactional: every captured storage this commit writes is saved
     // first, so a later failure can undo it (Note [Undo by storage]).
@@ -492,7 +477,7 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
   GK_CHECK(StateError, state != EngineState::needs_recapture, "reload refused: ", reason);
   if (!initial) validate(o);
   at::NoGradGuard no_grad;
-  const auto t0 = Clock::now();
+  const Stopwatch total;
   ReloadReport rep;
   rep.mode = o.mode;
   rep.layers = plan.layers().size();
@@ -509,7 +494,7 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
   bool any_committed = false;
   try {
     {
-      Timer t(rep.times.detach_ms);
+      ScopedMsTimer t(rep.times.detach_ms);
       for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], o);
     }
     auto finish_layer = [&](std::size_t li) {
@@ -526,7 +511,7 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
     while (true) {
       std::optional<NamedTensor> nt;
       {
-        Timer t(rep.times.load_ms);
+        ScopedMsTimer t(rep.times.load_ms);
         nt = source.next();
       }
       if (!nt) break;
@@ -606,7 +591,7 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
     throw;
   }
 
-  rep.times.total_ms = ms_since(t0);
+  rep.times.total_ms = total.elapsed_ms();
   if (rep.needs_recapture) {
     state = EngineState::needs_recapture;
     reason = "the last reload accepted layout mismatches: recapture the graphs, then call prepare()";
@@ -616,19 +601,19 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
   }
   rep.graphs_destroyed = drop_destroyed();
   if (o.verify && !initial && !graphs.empty() && !rep.needs_recapture) {
-    Timer t(rep.times.verify_ms);
+    ScopedMsTimer t(rep.times.verify_ms);
     VerifyResult r = verify_all();
     rep.addresses_verified = r.checked;
     rep.drift = r.issues.size();
     if (!r.ok()) {
       state = EngineState::drift;
       reason = r.describe();
-      rep.times.total_ms = ms_since(t0);
+      rep.times.total_ms = total.elapsed_ms();
       GK_THROW(DriftError, "after the reload, ", r.issues.size(), " captured address(es) are not covered; "
                            "replay is refused:\n", r.describe());
     }
   }
-  rep.times.total_ms = ms_since(t0);
+  rep.times.total_ms = total.elapsed_ms();
   return rep;
 }
 
