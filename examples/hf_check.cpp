@@ -48,6 +48,7 @@ struct Args {
   double tol = -1;  // default per dtype and format, see main()
   std::string unprotect;
   std::vector<std::string> bad_reloads;
+  bool separate_pools = false;  // a memory pool per decode graph instead of one shared pool
 };
 
 std::map<std::string, at::Tensor> read_reference(const std::string& path) {
@@ -91,6 +92,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--tol")) a.tol = std::stod(val());
     else if (!std::strcmp(argv[i], "--unprotect")) a.unprotect = val();
     else if (!std::strcmp(argv[i], "--bad-reload")) a.bad_reloads.push_back(val());
+    else if (!std::strcmp(argv[i], "--separate-pools")) a.separate_pools = true;
     else {
       std::fprintf(stderr, "usage: gk-hf-check --ref DIR [--format dense|fp8] [--device cpu|cuda] [--prefill P] [--tol X]\n");
       return 2;
@@ -116,6 +118,7 @@ int main(int argc, char** argv) {
     const at::Tensor tokens0 = need(ref, "step0.tokens");
     const std::int64_t B = tokens0.size(0), T = tokens0.size(1);
     opts.max_len = std::max<std::int64_t>(T, 16);
+    opts.shared_pool = !a.separate_pools;
     std::printf("hf-check: %s %s, %lld layers, format %s, device %s, %lld x %lld tokens, tol %g\n",
                 cfg.model_type.c_str(), c10::toString(cfg.dtype), static_cast<long long>(cfg.num_hidden_layers),
                 a.format.c_str(), device.str().c_str(), static_cast<long long>(B), static_cast<long long>(T), tol);

@@ -120,7 +120,7 @@ void LlmEngine::capture_graphs() {
   // capture them): the smaller graphs reuse the larger one's memory.
   for (auto it = options_.batch_sizes.rbegin(); it != options_.batch_sizes.rend(); ++it) {
     const std::int64_t b = *it;
-    Graph g{b, gk::make_replay(device, "decode_bs" + std::to_string(b), graphs_.empty() ? nullptr : graphs_.front().graph.get()), {}};
+    Graph g{b, gk::make_replay(device, "decode_bs" + std::to_string(b), graphs_.empty() || !options_.shared_pool ? nullptr : graphs_.front().graph.get()), {}};
     const TokenBatch batch{positions_.narrow(0, 0, b), seqs_.narrow(0, 0, b)};
     const at::Tensor ids = ids_.narrow(0, 0, b);
     g.graph->capture([&] { g.logits = model_->forward(ids, batch, caches_, rope_); });

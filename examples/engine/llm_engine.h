@@ -34,6 +34,7 @@ struct LlmEngineOptions {
   std::vector<std::int64_t> batch_sizes = default_batch_sizes();
   std::int64_t max_len = 64;  // KV cache length per sequence
   std::int64_t max_seqs = 0;  // sequences in the KV cache; 0: the largest batch size (at least 1)
+  bool shared_pool = true;    // all decode graphs in one memory pool (CUDA), else a pool each
   gk::ReloadOptions reload;
 
   // 1, 2, 4, then 8 to 256 in steps of 8 (35 sizes).
