@@ -719,6 +719,8 @@ void ReloadEngine::track(ReplayBackend& graph) {
       }
       problem += "in no tensor the collector reaches (a raw allocation, e.g. a caching-allocator block or a "
                  "library handle's memory)";
+      if (const std::string where = graph.describe_address(e.use.address); !where.empty())
+        problem += concat(" [", where, "]");
       // The opaque members of the layers this node also reads could hold it.
       std::vector<std::string> near;
       for (const ManifestEntry& o : m.entries()) {

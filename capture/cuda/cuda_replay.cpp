@@ -89,6 +89,33 @@ class CudaReplay final : public ReplayBackend {
   std::string name() const override { return name_; }
   c10::Device device() const override { return device_; }
 
+  std::string describe_address(std::uintptr_t address) const override {
+    const auto snap = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, /*include_traces=*/false);
+    const auto mine = const_cast<at::cuda::CUDAGraph&>(graph_).pool();
+    for (const auto& seg : snap.segments) {
+      if (address < seg.address || address >= seg.address + seg.total_size) continue;
+      std::string out = detail::concat("caching-allocator segment 0x", std::hex, seg.address, std::dec, " (", seg.total_size,
+                               " bytes, ", seg.is_large ? "large" : "small", " pool, stream ", seg.stream, ", ",
+                               seg.owner_private_pool_id == mine                         ? "this graph's private pool"
+                               : seg.owner_private_pool_id == at::cuda::MempoolId_t{0, 0} ? "no private pool"
+                                                                                           : "another private pool",
+                               " (", seg.owner_private_pool_id.first, ",", seg.owner_private_pool_id.second, ")");
+      std::size_t offset = seg.address;
+      for (const auto& b : seg.blocks) {
+        if (address < offset + b.size) {
+          out += detail::concat("; block at +", offset - seg.address, " of ", b.size, " bytes (", b.requested_size,
+                        " requested), ", b.allocated ? "allocated" : b.active ? "active" : "free");
+          break;
+        }
+        offset += b.size;
+      }
+      const bool recorded = segments_.contains(address), in_pool = pool_.contains(address);
+      return out + detail::concat("); at capture this segment was ", recorded ? "" : "not yet ", "allocated",
+                          recorded ? (in_pool ? ", in this graph's pool" : ", outside this graph's pool") : "");
+    }
+    return "in no caching-allocator segment";
+  }
+
  private:
   void record_memory() {
     const auto pool = graph_.pool();

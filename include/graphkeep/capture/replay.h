@@ -63,6 +63,11 @@ class ReplayBackend {
   // Persistent workspaces of libraries the graph calls (cuBLAS), which a
   // captured kernel may read without any model tensor owning them.
   virtual std::vector<AddressRange> library_ranges() const { return {}; }
+  // What the backend knows of an address no model tensor owns, for error
+  // messages: on CUDA, the caching-allocator segment and block holding it
+  // (pool, stream, sizes, allocated or free) as the allocator sees it now.
+  // Empty when it knows nothing.
+  virtual std::string describe_address(std::uintptr_t /*address*/) const { return {}; }
   virtual std::string name() const = 0;
   virtual c10::Device device() const = 0;
 
