@@ -33,12 +33,7 @@ void mla_absorbed_cpu(const float* q, const float* c, const float* w_uk_t, const
 
 MlaAttention::MlaAttention(int64_t heads, int64_t dn, int64_t dv, int64_t latent, c10::Device device)
     : heads_(heads), dn_(dn), dv_(dv), latent_(latent) {
-  kv_b_proj_ = register_parameter("kv_b_proj", at::zeros({heads * (dn + dv), latent}, at::TensorOptions().device(device)),
-                                  /*requires_grad=*/false);
-}
-
-std::vector<CheckpointParam> MlaAttention::checkpoint_params() const {
-  return {{"kv_b_proj", {{"kv_b_proj", {heads_ * (dn_ + dv_), latent_}, at::kFloat}}}};
+  kv_b_proj_ = checkpoint_param("kv_b_proj", {heads * (dn + dv), latent}, at::kFloat, device);
 }
 
 void MlaAttention::process_weights_after_loading() {

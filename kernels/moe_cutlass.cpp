@@ -15,14 +15,9 @@ using namespace detail;
 
 CutlassMoe::CutlassMoe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device)
     : num_experts_(num_experts), hidden_(hidden), inter_(inter), topk_(topk) {
-  GK_CHECK(DeclarationError, topk >= 1 && topk <= num_experts, "CutlassMoe: need 1 <= topk <= experts");
-  w13_weight_ = register_parameter("w13_weight", at::zeros({num_experts, 2 * inter, hidden}, on(device)), false);
-  w2_weight_ = register_parameter("w2_weight", at::zeros({num_experts, hidden, inter}, on(device)), false);
-}
-
-std::vector<CheckpointParam> CutlassMoe::checkpoint_params() const {
-  return {{"w13_weight", {{"w13_weight", {num_experts_, 2 * inter_, hidden_}, at::kFloat}}},
-          {"w2_weight", {{"w2_weight", {num_experts_, hidden_, inter_}, at::kFloat}}}};
+  check_routing("CutlassMoe", num_experts, topk);
+  w13_weight_ = checkpoint_param("w13_weight", {num_experts, 2 * inter, hidden}, at::kFloat, device);
+  w2_weight_ = checkpoint_param("w2_weight", {num_experts, hidden, inter}, at::kFloat, device);
 }
 
 void CutlassMoe::process_weights_after_loading() {
@@ -31,9 +26,8 @@ void CutlassMoe::process_weights_after_loading() {
 }
 
 at::Tensor CutlassMoe::forward(const at::Tensor& x, const at::Tensor& logits) {
-  check_inputs("CutlassMoe", x, logits, hidden_, num_experts_);
-  GK_CHECK(StateError, experts_ != nullptr, "CutlassMoe: forward before process_weights_after_loading");
-  return experts_->apply({x, logits, w13_weight_, w2_weight_, {}, {}});
+  return apply_experts("CutlassMoe", experts_.get(), hidden_, num_experts_,
+                       {x, logits, w13_weight_, w2_weight_, {}, {}});
 }
 
 }  // namespace gk::kernels

@@ -1,8 +1,21 @@
-// kernels/moe_layer_support.h: what the MoE layer sources share (private to
-// the kernels layer): input checks, tensor options, the int4 repacking.
+// kernels/moe_layer_support.h: what the top-k MoE layer sources share
+// (private to the kernels layer). The skeleton of such a layer:
+//
+//   constructor  check_routing, the layer's own shape checks, then one
+//                checkpoint_param line per checkpoint parameter
+//                (gk::DescribedLayer records them for checkpoint_params());
+//   PWAL         the layer's own: repack, derive, rebuild the experts object;
+//   forward      apply_experts (through an experts object, moe_experts.h),
+//                or check_inputs and a launch of the layer's own.
+//
+// Also: tensor options and the int4 repacking. The quant layer's MoE layers
+// (top-1 routing by a gate parameter, no experts object) share only the
+// checkpoint declaration with these, which gk::DescribedLayer already gives
+// both layers.
 #pragma once
 
 #include <graphkeep/core/check.h>
+#include <graphkeep/kernels/moe_experts.h>
 #include <graphkeep/runtime/host_stream.h>
 
 #include "cuda/moe_common.h"
@@ -25,6 +38,21 @@ inline void check_inputs(const char* layer, const at::Tensor& x, const at::Tenso
                logits.is_contiguous(),
            layer, ": x must be a contiguous float [T, ", K, "] and logits [T, ", E, "], got ", x.sizes(), " and ",
            logits.sizes());
+}
+
+// The routing arguments of a top-k MoE layer, checked in its constructor.
+inline void check_routing(const char* layer, int64_t num_experts, int64_t topk) {
+  GK_CHECK(DeclarationError, topk >= 1 && topk <= num_experts, layer, ": need 1 <= topk <= experts, got topk ", topk,
+           " and ", num_experts, " experts");
+}
+
+// The forward of a layer whose PWAL builds an experts object: checks the
+// inputs and that PWAL has run, then applies the experts.
+inline at::Tensor apply_experts(const char* layer, const MoeExperts* experts, int64_t K, int64_t E,
+                                const MoeCall& call) {
+  check_inputs(layer, call.x, call.logits, K, E);
+  GK_CHECK(StateError, experts != nullptr, layer, ": forward before process_weights_after_loading");
+  return experts->apply(call);
 }
 
 inline at::TensorOptions on(c10::Device device, at::ScalarType dtype = at::kFloat) {

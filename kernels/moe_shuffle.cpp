@@ -32,24 +32,21 @@ void shuffled_cpu(const float* x, const float* logits, const float* w13s, const 
 
 ShuffledMoe::ShuffledMoe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device)
     : num_experts_(num_experts), hidden_(hidden), inter_(inter), topk_(topk) {
+  check_routing("ShuffledMoe", num_experts, topk);
   GK_CHECK(DeclarationError,
-           topk >= 1 && topk <= num_experts && inter % mc::kShuffleRows == 0 && inter % mc::kShuffleCols == 0 &&
-               hidden % mc::kShuffleRows == 0 && hidden % mc::kShuffleCols == 0,
+           inter % mc::kShuffleRows == 0 && inter % mc::kShuffleCols == 0 && hidden % mc::kShuffleRows == 0 &&
+               hidden % mc::kShuffleCols == 0,
            "ShuffledMoe: hidden (", hidden, ") and inter (", inter, ") must be multiples of ", mc::kShuffleRows,
-           " and ", mc::kShuffleCols, ", and 1 <= topk <= experts");
-  w13_weight_ = register_parameter("w13_weight", at::zeros({num_experts * 2 * inter, hidden}, on(device)), false);
-  w2_weight_ = register_parameter("w2_weight", at::zeros({num_experts * hidden, inter}, on(device)), false);
-}
-
-std::vector<CheckpointParam> ShuffledMoe::checkpoint_params() const {
-  CheckpointParam w13{"w13_weight", {}}, w2{"w2_weight", {}};
-  for (int64_t e = 0; e < num_experts_; ++e) {
+           " and ", mc::kShuffleCols);
+  std::vector<CheckpointTensor> w13, w2;  // per expert: w1 and w3 rows, then w2
+  for (int64_t e = 0; e < num_experts; ++e) {
     const std::string p = "experts." + std::to_string(e) + ".";
-    w13.tensors.push_back({p + "w1", {inter_, hidden_}, at::kFloat});
-    w13.tensors.push_back({p + "w3", {inter_, hidden_}, at::kFloat});
-    w2.tensors.push_back({p + "w2", {hidden_, inter_}, at::kFloat});
+    w13.push_back({p + "w1", {inter, hidden}, at::kFloat});
+    w13.push_back({p + "w3", {inter, hidden}, at::kFloat});
+    w2.push_back({p + "w2", {hidden, inter}, at::kFloat});
   }
-  return {w13, w2};
+  w13_weight_ = checkpoint_param("w13_weight", std::move(w13), device);  // [E*2N, K]
+  w2_weight_ = checkpoint_param("w2_weight", std::move(w2), device);     // [E*K, N]
 }
 
 void ShuffledMoe::process_weights_after_loading() {

@@ -16,24 +16,16 @@ using namespace detail;
 W4A8Moe::W4A8Moe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group,
                  c10::Device device)
     : num_experts_(num_experts), hidden_(hidden), inter_(inter), topk_(topk), group_(group) {
+  check_routing("W4A8Moe", num_experts, topk);
   GK_CHECK(DeclarationError,
-           topk >= 1 && topk <= num_experts && group > 0 && hidden % 8 == 0 && inter % 8 == 0 && hidden % group == 0 &&
-               inter % group == 0,
+           group > 0 && hidden % 8 == 0 && inter % 8 == 0 && hidden % group == 0 && inter % group == 0,
            "W4A8Moe: hidden (", hidden, ") and inter (", inter, ") must be multiples of 8 and of the group size (",
-           group, "), and 1 <= topk <= experts");
+           group, ")");
   const int64_t E = num_experts, K = hidden, N = inter, G = group;
-  w13_qweight_ = register_parameter("w13_qweight", at::zeros({E, 2 * N, K / 2}, on(device, at::kByte)), false);
-  w13_scales_ = register_parameter("w13_scales", at::zeros({E, 2 * N, K / G}, on(device)), false);
-  w2_qweight_ = register_parameter("w2_qweight", at::zeros({E, K, N / 2}, on(device, at::kByte)), false);
-  w2_scales_ = register_parameter("w2_scales", at::zeros({E, K, N / G}, on(device)), false);
-}
-
-std::vector<CheckpointParam> W4A8Moe::checkpoint_params() const {
-  const int64_t E = num_experts_, K = hidden_, N = inter_, G = group_;
-  return {{"w13_qweight", {{"w13_qweight", {E, 2 * N, K / 2}, at::kByte}}},
-          {"w13_scales", {{"w13_scales", {E, 2 * N, K / G}, at::kFloat}}},
-          {"w2_qweight", {{"w2_qweight", {E, K, N / 2}, at::kByte}}},
-          {"w2_scales", {{"w2_scales", {E, K, N / G}, at::kFloat}}}};
+  w13_qweight_ = checkpoint_param("w13_qweight", {E, 2 * N, K / 2}, at::kByte, device);
+  w13_scales_ = checkpoint_param("w13_scales", {E, 2 * N, K / G}, at::kFloat, device);
+  w2_qweight_ = checkpoint_param("w2_qweight", {E, K, N / 2}, at::kByte, device);
+  w2_scales_ = checkpoint_param("w2_scales", {E, K, N / G}, at::kFloat, device);
 }
 
 void W4A8Moe::process_weights_after_loading() {
@@ -48,9 +40,8 @@ void W4A8Moe::process_weights_after_loading() {
 }
 
 at::Tensor W4A8Moe::forward(const at::Tensor& x, const at::Tensor& logits) {
-  check_inputs("W4A8Moe", x, logits, hidden_, num_experts_);
-  GK_CHECK(StateError, experts_ != nullptr, "W4A8Moe: forward before process_weights_after_loading");
-  return experts_->apply({x, logits, w13_packed_, w2_packed_, w13_scales_t_, w2_scales_t_});
+  return apply_experts("W4A8Moe", experts_.get(), hidden_, num_experts_,
+                       {x, logits, w13_packed_, w2_packed_, w13_scales_t_, w2_scales_t_});
 }
 
 }  // namespace gk::kernels

@@ -79,21 +79,13 @@ at::Tensor Rdna3Wna16Kernel::apply(const at::Tensor& x, const at::Tensor& logits
 Rdna3Wna16Moe::Rdna3Wna16Moe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
                              int64_t max_tokens, c10::Device device)
     : num_experts_(num_experts), hidden_(hidden), inter_(inter), topk_(topk), max_tokens_(max_tokens) {
-  GK_CHECK(DeclarationError, topk >= 1 && topk <= num_experts && max_tokens >= 1,
-           "Rdna3Wna16Moe: need 1 <= topk <= experts and max_tokens >= 1");
+  check_routing("Rdna3Wna16Moe", num_experts, topk);
+  GK_CHECK(DeclarationError, max_tokens >= 1, "Rdna3Wna16Moe: need max_tokens >= 1, got ", max_tokens);
   const int64_t E = num_experts, K = hidden, N = inter;
-  w13_qweight_ = register_parameter("w13_qweight", at::zeros({E, 2 * N, K}, on(device, at::kChar)), false);
-  w13_scales_ = register_parameter("w13_scales", at::zeros({E, 2 * N}, on(device)), false);
-  w2_qweight_ = register_parameter("w2_qweight", at::zeros({E, K, N}, on(device, at::kChar)), false);
-  w2_scales_ = register_parameter("w2_scales", at::zeros({E, K}, on(device)), false);
-}
-
-std::vector<CheckpointParam> Rdna3Wna16Moe::checkpoint_params() const {
-  const int64_t E = num_experts_, K = hidden_, N = inter_;
-  return {{"w13_qweight", {{"w13_qweight", {E, 2 * N, K}, at::kChar}}},
-          {"w13_scales", {{"w13_scales", {E, 2 * N}, at::kFloat}}},
-          {"w2_qweight", {{"w2_qweight", {E, K, N}, at::kChar}}},
-          {"w2_scales", {{"w2_scales", {E, K}, at::kFloat}}}};
+  w13_qweight_ = checkpoint_param("w13_qweight", {E, 2 * N, K}, at::kChar, device);
+  w13_scales_ = checkpoint_param("w13_scales", {E, 2 * N}, at::kFloat, device);
+  w2_qweight_ = checkpoint_param("w2_qweight", {E, K, N}, at::kChar, device);
+  w2_scales_ = checkpoint_param("w2_scales", {E, K}, at::kFloat, device);
 }
 
 void Rdna3Wna16Moe::process_weights_after_loading() {

@@ -57,16 +57,9 @@ void pad_last_dim(at::Tensor& param, int64_t pad) {
 
 PaddedMoe::PaddedMoe(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device)
     : experts_(experts), hidden_(hidden), inter_(intermediate) {
-  const auto opts = at::TensorOptions().device(device);
-  w13_weight_ = register_parameter("w13_weight", at::zeros({experts, 2 * intermediate, hidden}, opts), false);
-  w2_weight_ = register_parameter("w2_weight", at::zeros({experts, hidden, intermediate}, opts), false);
-  gate_ = register_parameter("gate", at::zeros({experts, hidden}, opts), false);
-}
-
-std::vector<CheckpointParam> PaddedMoe::checkpoint_params() const {
-  return {{"w13_weight", {{"w13_weight", {experts_, 2 * inter_, hidden_}, at::kFloat}}},
-          {"w2_weight", {{"w2_weight", {experts_, hidden_, inter_}, at::kFloat}}},
-          {"gate", {{"gate", {experts_, hidden_}, at::kFloat}}}};
+  w13_weight_ = checkpoint_param("w13_weight", {experts, 2 * intermediate, hidden}, at::kFloat, device);
+  w2_weight_ = checkpoint_param("w2_weight", {experts, hidden, intermediate}, at::kFloat, device);
+  gate_ = checkpoint_param("gate", {experts, hidden}, at::kFloat, device);
 }
 
 void PaddedMoe::process_weights_after_loading() {

@@ -1,6 +1,9 @@
 #include <graphkeep/core/check.h>
 #include <graphkeep/model/layer.h>
 
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
 namespace gk {
 
 std::vector<std::int64_t> CheckpointTensor::shard_shape() const {
@@ -45,6 +48,16 @@ void default_load(const LoadRequest& r) {
     dst = dst.narrow(t.shard_dim, r.shard * len, len);
   }
   dst.copy_(r.value);
+}
+
+at::Tensor CheckpointParams::add(torch::nn::Module& module, std::string param, std::vector<CheckpointTensor> tensors,
+                                c10::Device device, Fill fill) {
+  CheckpointParam cp{std::move(param), std::move(tensors)};
+  const auto options = at::TensorOptions().device(device).dtype(cp.dtype());
+  at::Tensor initial = fill == Fill::ones ? at::ones(cp.shape(), options) : at::zeros(cp.shape(), options);
+  at::Tensor registered = module.register_parameter(cp.param, std::move(initial), /*requires_grad=*/false);
+  params_.push_back(std::move(cp));
+  return registered;
 }
 
 }  // namespace gk

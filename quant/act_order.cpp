@@ -78,16 +78,9 @@ MacheteW4A16Linear::MacheteW4A16Linear(int64_t in, int64_t out, int64_t group_si
     : in_(in), out_(out), group_size_(group_size) {
   GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
            "MacheteW4A16Linear: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
-  const auto opts = at::TensorOptions().device(device);
-  qweight_ = this->register_parameter("qweight", at::zeros({in / 8, out}, opts.dtype(at::kInt)), false);
-  scales_ = this->register_parameter("scales", at::zeros({in / group_size, out}, opts.dtype(at::kFloat)), false);
-  g_idx_ = this->register_parameter("g_idx", at::zeros({in}, opts.dtype(at::kInt)), false);
-}
-
-std::vector<CheckpointParam> MacheteW4A16Linear::checkpoint_params() const {
-  return {{"qweight", {{"qweight", {in_ / 8, out_}, at::kInt}}},
-          {"scales", {{"scales", {in_ / group_size_, out_}, at::kFloat}}},
-          {"g_idx", {{"g_idx", {in_}, at::kInt}}}};
+  qweight_ = checkpoint_param("qweight", {in / 8, out}, at::kInt, device);
+  scales_ = checkpoint_param("scales", {in / group_size, out}, at::kFloat, device);
+  g_idx_ = checkpoint_param("g_idx", {in}, at::kInt, device);
 }
 
 void MacheteW4A16Linear::process_weights_after_loading() {

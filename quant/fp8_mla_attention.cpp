@@ -97,12 +97,7 @@ QuantizedMlaAttention::QuantizedMlaAttention(int64_t heads, int64_t dn, int64_t 
   GK_CHECK(WeightError, format != MlaWeightFormat::mxfp4 || (dn % kMxBlock == 0 && latent % kMxBlock == 0),
            "QuantizedMlaAttention: mxfp4 needs dn and latent to be multiples of ", kMxBlock, ", got dn=", dn,
            " latent=", latent);
-  kv_b_proj_ = this->register_parameter(
-      "kv_b_proj", at::zeros({heads * (dn + dv), latent}, at::TensorOptions().device(device)), false);
-}
-
-std::vector<CheckpointParam> QuantizedMlaAttention::checkpoint_params() const {
-  return {{"kv_b_proj", {{"kv_b_proj", {heads_ * (dn_ + dv_), latent_}, at::kFloat}}}};
+  kv_b_proj_ = checkpoint_param("kv_b_proj", {heads * (dn + dv), latent}, at::kFloat, device);
 }
 
 void QuantizedMlaAttention::process_weights_after_loading() {

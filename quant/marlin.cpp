@@ -167,16 +167,9 @@ MarlinW4A16Linear::MarlinW4A16Linear(int64_t in, int64_t out, int64_t group_size
     : in_(in), out_(out), group_size_(group_size), split_(split) {
   GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
            "MarlinW4A16Linear: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
-  const auto opts = at::TensorOptions().device(device);
-  qweight_ = this->register_parameter("qweight", at::zeros({in / 8, out}, opts.dtype(at::kInt)), false);
-  scales_ = this->register_parameter("scales", at::zeros({in / group_size, out}, opts.dtype(at::kFloat)), false);
-  g_idx_ = this->register_parameter("g_idx", at::zeros({in}, opts.dtype(at::kInt)), false);
-}
-
-std::vector<CheckpointParam> MarlinW4A16Linear::checkpoint_params() const {
-  return {{"qweight", {{"qweight", {in_ / 8, out_}, at::kInt}}},
-          {"scales", {{"scales", {in_ / group_size_, out_}, at::kFloat}}},
-          {"g_idx", {{"g_idx", {in_}, at::kInt}}}};
+  qweight_ = checkpoint_param("qweight", {in / 8, out}, at::kInt, device);
+  scales_ = checkpoint_param("scales", {in / group_size, out}, at::kFloat, device);
+  g_idx_ = checkpoint_param("g_idx", {in}, at::kInt, device);
 }
 
 void MarlinW4A16Linear::process_weights_after_loading() {
@@ -213,14 +206,8 @@ at::Tensor MarlinFp8Kernel::apply(const at::Tensor& x) const {
 
 MarlinFp8Linear::MarlinFp8Linear(int64_t in, int64_t out, c10::Device device, MarlinSplitK split)
     : in_(in), out_(out), split_(split) {
-  const auto opts = at::TensorOptions().device(device);
-  weight_ = register_parameter("weight", at::zeros({out, in}, opts.dtype(at::kFloat8_e4m3fn)), false);
-  weight_scale_ = register_parameter("weight_scale", at::zeros({out}, opts.dtype(at::kFloat)), false);
-}
-
-std::vector<CheckpointParam> MarlinFp8Linear::checkpoint_params() const {
-  return {{"weight", {{"weight", {out_, in_}, at::kFloat8_e4m3fn}}},
-          {"weight_scale", {{"weight_scale", {out_}, at::kFloat}}}};
+  weight_ = checkpoint_param("weight", {out, in}, at::kFloat8_e4m3fn, device);
+  weight_scale_ = checkpoint_param("weight_scale", {out}, at::kFloat, device);
 }
 
 void MarlinFp8Linear::process_weights_after_loading() {
@@ -267,17 +254,9 @@ MarlinFp4Linear::MarlinFp4Linear(int64_t in, int64_t out, c10::Device device, Ma
     : in_(in), out_(out), split_(split) {
   GK_CHECK(WeightError, in % MarlinFp4Kernel::kBlock == 0, "MarlinFp4Linear: in = ", in,
            " must be a multiple of ", MarlinFp4Kernel::kBlock);
-  const auto opts = at::TensorOptions().device(device);
-  weight_ = register_parameter("weight", at::zeros({out, in / 2}, opts.dtype(at::kByte)), false);
-  weight_scale_ = register_parameter(
-      "weight_scale", at::zeros({out, in / MarlinFp4Kernel::kBlock}, opts.dtype(at::kFloat8_e4m3fn)), false);
-  weight_scale_2_ = register_parameter("weight_scale_2", at::zeros({1}, opts.dtype(at::kFloat)), false);
-}
-
-std::vector<CheckpointParam> MarlinFp4Linear::checkpoint_params() const {
-  return {{"weight", {{"weight", {out_, in_ / 2}, at::kByte}}},
-          {"weight_scale", {{"weight_scale", {out_, in_ / MarlinFp4Kernel::kBlock}, at::kFloat8_e4m3fn}}},
-          {"weight_scale_2", {{"weight_scale_2", {1}, at::kFloat}}}};
+  weight_ = checkpoint_param("weight", {out, in / 2}, at::kByte, device);
+  weight_scale_ = checkpoint_param("weight_scale", {out, in / MarlinFp4Kernel::kBlock}, at::kFloat8_e4m3fn, device);
+  weight_scale_2_ = checkpoint_param("weight_scale_2", {1}, at::kFloat, device);
 }
 
 void MarlinFp4Linear::process_weights_after_loading() {
@@ -323,16 +302,9 @@ MarlinMoeLayer::MarlinMoeLayer(int64_t experts, int64_t in, int64_t out, int64_t
     : experts_(experts), in_(in), out_(out), group_size_(group_size), split_(split) {
   GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
            "MarlinMoeLayer: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
-  const auto opts = at::TensorOptions().device(device);
-  gate_ = register_parameter("gate", at::zeros({experts, in}, opts.dtype(at::kFloat)), false);
-  w_ = register_parameter("w", at::zeros({experts, in / 8, out}, opts.dtype(at::kInt)), false);
-  scales_ = register_parameter("scales", at::zeros({experts, in / group_size, out}, opts.dtype(at::kFloat)), false);
-}
-
-std::vector<CheckpointParam> MarlinMoeLayer::checkpoint_params() const {
-  return {{"gate", {{"gate", {experts_, in_}, at::kFloat}}},
-          {"w", {{"w", {experts_, in_ / 8, out_}, at::kInt}}},
-          {"scales", {{"scales", {experts_, in_ / group_size_, out_}, at::kFloat}}}};
+  gate_ = checkpoint_param("gate", {experts, in}, at::kFloat, device);
+  w_ = checkpoint_param("w", {experts, in / 8, out}, at::kInt, device);
+  scales_ = checkpoint_param("scales", {experts, in / group_size, out}, at::kFloat, device);
 }
 
 void MarlinMoeLayer::process_weights_after_loading() {

@@ -94,34 +94,16 @@ B12xNvfp4Moe::B12xNvfp4Moe(int64_t experts, int64_t hidden, int64_t intermediate
   GK_CHECK(WeightError, hidden % kNvfp4Block == 0 && intermediate % kNvfp4Block == 0,
            "B12xNvfp4Moe: hidden and intermediate sizes must be multiples of ", kNvfp4Block, ", got ", hidden, " and ",
            intermediate);
-  const auto u8 = at::TensorOptions().device(device).dtype(at::kByte);
-  const auto f32 = at::TensorOptions().device(device).dtype(at::kFloat);
   const int64_t E = experts, K = hidden, N = intermediate;
-  w13_weight_ = this->register_parameter("w13_weight", at::zeros({E, 2 * N, K / 2}, u8), false);
-  w13_weight_scale_ = this->register_parameter("w13_weight_scale", at::zeros({E, 2 * N, K / kNvfp4Block}, u8), false);
-  w13_weight_scale_2_ = this->register_parameter("w13_weight_scale_2", at::ones({E}, f32), false);
-  w13_input_scale_ = this->register_parameter("w13_input_scale", at::ones({E}, f32), false);
-  w2_weight_ = this->register_parameter("w2_weight", at::zeros({E, K, N / 2}, u8), false);
-  w2_weight_scale_ = this->register_parameter("w2_weight_scale", at::zeros({E, K, N / kNvfp4Block}, u8), false);
-  w2_weight_scale_2_ = this->register_parameter("w2_weight_scale_2", at::ones({E}, f32), false);
-  w2_input_scale_ = this->register_parameter("w2_input_scale", at::ones({E}, f32), false);
-  gate_ = this->register_parameter("gate", at::zeros({E, K}, f32), false);
-}
-
-std::vector<CheckpointParam> B12xNvfp4Moe::checkpoint_params() const {
-  const int64_t E = experts_, K = hidden_, N = inter_;
-  auto one = [](const char* name, std::vector<int64_t> shape, at::ScalarType dt) {
-    return CheckpointParam{name, {{name, std::move(shape), dt}}};
-  };
-  return {one("w13_weight", {E, 2 * N, K / 2}, at::kByte),
-          one("w13_weight_scale", {E, 2 * N, K / kNvfp4Block}, at::kByte),
-          one("w13_weight_scale_2", {E}, at::kFloat),
-          one("w13_input_scale", {E}, at::kFloat),
-          one("w2_weight", {E, K, N / 2}, at::kByte),
-          one("w2_weight_scale", {E, K, N / kNvfp4Block}, at::kByte),
-          one("w2_weight_scale_2", {E}, at::kFloat),
-          one("w2_input_scale", {E}, at::kFloat),
-          one("gate", {E, K}, at::kFloat)};
+  w13_weight_ = checkpoint_param("w13_weight", {E, 2 * N, K / 2}, at::kByte, device);
+  w13_weight_scale_ = checkpoint_param("w13_weight_scale", {E, 2 * N, K / kNvfp4Block}, at::kByte, device);
+  w13_weight_scale_2_ = checkpoint_param("w13_weight_scale_2", {E}, at::kFloat, device, Fill::ones);
+  w13_input_scale_ = checkpoint_param("w13_input_scale", {E}, at::kFloat, device, Fill::ones);
+  w2_weight_ = checkpoint_param("w2_weight", {E, K, N / 2}, at::kByte, device);
+  w2_weight_scale_ = checkpoint_param("w2_weight_scale", {E, K, N / kNvfp4Block}, at::kByte, device);
+  w2_weight_scale_2_ = checkpoint_param("w2_weight_scale_2", {E}, at::kFloat, device, Fill::ones);
+  w2_input_scale_ = checkpoint_param("w2_input_scale", {E}, at::kFloat, device, Fill::ones);
+  gate_ = checkpoint_param("gate", {E, K}, at::kFloat, device);
 }
 
 void B12xNvfp4Moe::process_weights_after_loading() {

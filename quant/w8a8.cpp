@@ -71,22 +71,16 @@ W8A8Int8Linear::W8A8Int8Linear(int64_t in, std::vector<std::string> shard_names,
     : in_(in), shard_names_(std::move(shard_names)), shard_rows_(std::move(shard_rows)) {
   GK_CHECK(WeightError, !shard_names_.empty() && shard_names_.size() == shard_rows_.size(),
            "W8A8Int8Linear: give one row count per shard name");
-  const int64_t n = std::accumulate(shard_rows_.begin(), shard_rows_.end(), int64_t{0});
-  const auto shards = static_cast<int64_t>(shard_rows_.size());
-  const auto opts = at::TensorOptions().device(device);
-  weight_ = this->register_parameter("weight", at::zeros({n, in}, opts.dtype(at::kChar)), false);
-  weight_scale_ = this->register_parameter("weight_scale", at::zeros({shards}, opts.dtype(at::kFloat)), false);
-  input_scale_ = this->register_parameter("input_scale", at::ones({shards}, opts.dtype(at::kFloat)), false);
-}
-
-std::vector<CheckpointParam> W8A8Int8Linear::checkpoint_params() const {
-  CheckpointParam w{"weight", {}}, ws{"weight_scale", {}}, is{"input_scale", {}};
+  // Per shard s, concatenated: weight [N, in] int8, weight_scale [S] and input_scale [S] float32.
+  std::vector<CheckpointTensor> w, ws, is;
   for (std::size_t s = 0; s < shard_names_.size(); ++s) {
-    w.tensors.push_back({shard_names_[s] + ".weight", {shard_rows_[s], in_}, at::kChar});
-    ws.tensors.push_back({shard_names_[s] + ".weight_scale", {1}, at::kFloat});
-    is.tensors.push_back({shard_names_[s] + ".input_scale", {1}, at::kFloat});
+    w.push_back({shard_names_[s] + ".weight", {shard_rows_[s], in}, at::kChar});
+    ws.push_back({shard_names_[s] + ".weight_scale", {1}, at::kFloat});
+    is.push_back({shard_names_[s] + ".input_scale", {1}, at::kFloat});
   }
-  return {w, ws, is};
+  weight_ = checkpoint_param("weight", std::move(w), device);
+  weight_scale_ = checkpoint_param("weight_scale", std::move(ws), device);
+  input_scale_ = checkpoint_param("input_scale", std::move(is), device, Fill::ones);
 }
 
 void W8A8Int8Linear::process_weights_after_loading() {

@@ -96,14 +96,10 @@ struct Faults {
   friend bool operator==(const Faults&, const Faults&) = default;
 };
 
-class ToyLinear : public torch::nn::Module, public gk::ReloadableLayer {
+class ToyLinear : public torch::nn::Module, public gk::DescribedLayer<ToyLinear> {
  public:
   ToyLinear(int64_t in, int64_t out, int64_t shards = 1) : in_(in), out_(out), shards_(shards) {
-    weight_ = register_parameter("weight", at::zeros({out, in}), /*requires_grad=*/false);
-  }
-
-  std::vector<gk::CheckpointParam> checkpoint_params() const override {
-    return {{"weight", {{"weight", {out_, in_}, at::kFloat, shards_, 0}}}};
+    weight_ = checkpoint_param("weight", {{"weight", {out, in}, at::kFloat, shards, 0}}, at::kCPU);
   }
 
   void process_weights_after_loading() override {
@@ -111,8 +107,6 @@ class ToyLinear : public torch::nn::Module, public gk::ReloadableLayer {
     kernel_ = std::make_unique<RowScaleKernel>(weight_, faults.pad_on_pwal);
     if (faults.change_config) changed_ += 1;
   }
-
-  gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
 
   at::Tensor forward(const at::Tensor& x) { return kernel_->forward(x); }
 
@@ -126,8 +120,8 @@ class ToyLinear : public torch::nn::Module, public gk::ReloadableLayer {
   int64_t in_, out_, shards_;
   int64_t changed_ = 0;  // a configuration value PWAL may change (see Faults::change_config)
 
-  GRAPHKEEP_DESCRIBE_DERIVED(ToyLinear, (torch::nn::Module, gk::ReloadableLayer), (weight_, gk::parameter), kernel_,
-                             in_, out_, shards_, changed_, faults)
+  GRAPHKEEP_DESCRIBE_DERIVED(ToyLinear, (torch::nn::Module, gk::DescribedLayer<ToyLinear>), (weight_, gk::parameter),
+                             kernel_, in_, out_, shards_, changed_, faults)
 };
 
 // A plain module (no ReloadableLayer): its parameter reloads as is.

@@ -21,13 +21,11 @@
 
 namespace gk::kernels {
 
-class MlaAttention : public torch::nn::Module, public ReloadableLayer {
+class MlaAttention : public torch::nn::Module, public DescribedLayer<MlaAttention> {
  public:
   MlaAttention(int64_t heads, int64_t dn, int64_t dv, int64_t latent, c10::Device device);
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   // q: [T, H*dn], c: [T, L] (float32, on the layer's device) -> [T, H*dv]
   at::Tensor forward(const at::Tensor& q, const at::Tensor& c);
@@ -41,8 +39,9 @@ class MlaAttention : public torch::nn::Module, public ReloadableLayer {
   at::Tensor W_UV_;       // [H, L, dv]
   int64_t heads_, dn_, dv_, latent_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(MlaAttention, (torch::nn::Module, ReloadableLayer), (kv_b_proj_, gk::parameter),
-                             (W_UK_T_, gk::derived_weight), (W_UV_, gk::derived_weight), heads_, dn_, dv_, latent_)
+  GRAPHKEEP_DESCRIBE_DERIVED(MlaAttention, (torch::nn::Module, DescribedLayer<MlaAttention>),
+                             (kv_b_proj_, gk::parameter), (W_UK_T_, gk::derived_weight), (W_UV_, gk::derived_weight),
+                             heads_, dn_, dv_, latent_)
 };
 
 }  // namespace gk::kernels

@@ -21,13 +21,11 @@
 
 namespace gk::kernels {
 
-class CutlassMoe : public torch::nn::Module, public ReloadableLayer {
+class CutlassMoe : public torch::nn::Module, public DescribedLayer<CutlassMoe> {
  public:
   CutlassMoe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   // x: [T, K], logits: [T, E] (float32, on the layer's device) -> [T, K]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& logits);
@@ -40,7 +38,7 @@ class CutlassMoe : public torch::nn::Module, public ReloadableLayer {
   std::unique_ptr<MoeExperts> experts_;  // a CutlassExperts, rebuilt by every PWAL
   int64_t num_experts_, hidden_, inter_, topk_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(CutlassMoe, (torch::nn::Module, ReloadableLayer), (w13_weight_, parameter),
+  GRAPHKEEP_DESCRIBE_DERIVED(CutlassMoe, (torch::nn::Module, DescribedLayer<CutlassMoe>), (w13_weight_, parameter),
                              (w2_weight_, parameter), experts_, num_experts_, hidden_, inter_, topk_)
 };
 

@@ -23,14 +23,12 @@
 
 namespace gk::kernels {
 
-class ShuffledMoe : public torch::nn::Module, public ReloadableLayer {
+class ShuffledMoe : public torch::nn::Module, public DescribedLayer<ShuffledMoe> {
  public:
+  // Checkpoint: w13_weight from experts.<e>.w1 and experts.<e>.w3, w2_weight from experts.<e>.w2.
   ShuffledMoe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
 
-  // w13_weight from experts.<e>.w1 and experts.<e>.w3, w2_weight from experts.<e>.w2.
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   // x: [T, K], logits: [T, E] (float32, on the layer's device) -> [T, K]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& logits);
@@ -45,7 +43,7 @@ class ShuffledMoe : public torch::nn::Module, public ReloadableLayer {
   at::Tensor w2_shuffled_;   // [E, K/4, N/8, 4, 8]
   int64_t num_experts_, hidden_, inter_, topk_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(ShuffledMoe, (torch::nn::Module, ReloadableLayer), (w13_weight_, parameter),
+  GRAPHKEEP_DESCRIBE_DERIVED(ShuffledMoe, (torch::nn::Module, DescribedLayer<ShuffledMoe>), (w13_weight_, parameter),
                              (w2_weight_, parameter), (w13_shuffled_, derived_weight), (w2_shuffled_, derived_weight),
                              num_experts_, hidden_, inter_, topk_)
 };

@@ -23,13 +23,11 @@
 
 namespace gk::kernels {
 
-class W4A8Moe : public torch::nn::Module, public ReloadableLayer {
+class W4A8Moe : public torch::nn::Module, public DescribedLayer<W4A8Moe> {
  public:
   W4A8Moe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group, c10::Device device);
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   // x: [T, K], logits: [T, E] (float32, on the layer's device) -> [T, K]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& logits);
@@ -48,7 +46,7 @@ class W4A8Moe : public torch::nn::Module, public ReloadableLayer {
   std::unique_ptr<MoeExperts> experts_;  // a CutlassW4A8Experts, rebuilt by every PWAL
   int64_t num_experts_, hidden_, inter_, topk_, group_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(W4A8Moe, (torch::nn::Module, ReloadableLayer), (w13_qweight_, parameter),
+  GRAPHKEEP_DESCRIBE_DERIVED(W4A8Moe, (torch::nn::Module, DescribedLayer<W4A8Moe>), (w13_qweight_, parameter),
                              (w13_scales_, parameter), (w2_qweight_, parameter), (w2_scales_, parameter),
                              (w13_packed_, derived_weight), (w2_packed_, derived_weight), (w13_scales_t_, scale),
                              (w2_scales_t_, scale), experts_, num_experts_, hidden_, inter_, topk_, group_)

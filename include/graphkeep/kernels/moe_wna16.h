@@ -45,14 +45,12 @@ class Rdna3Wna16Kernel {
                      inter_, topk_, max_tokens_)
 };
 
-class Rdna3Wna16Moe : public torch::nn::Module, public ReloadableLayer {
+class Rdna3Wna16Moe : public torch::nn::Module, public DescribedLayer<Rdna3Wna16Moe> {
  public:
   Rdna3Wna16Moe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t max_tokens,
                 c10::Device device);
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   // x: [T, K], logits: [T, E] (float32, on the layer's device), T <= max_tokens -> [T, K]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& logits);
@@ -67,9 +65,9 @@ class Rdna3Wna16Moe : public torch::nn::Module, public ReloadableLayer {
   Rdna3Wna16Kernel kernel_;  // rebuilt by every PWAL, with fresh scratch
   int64_t num_experts_, hidden_, inter_, topk_, max_tokens_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(Rdna3Wna16Moe, (torch::nn::Module, ReloadableLayer), (w13_qweight_, parameter),
-                             (w13_scales_, parameter), (w2_qweight_, parameter), (w2_scales_, parameter), kernel_,
-                             num_experts_, hidden_, inter_, topk_, max_tokens_)
+  GRAPHKEEP_DESCRIBE_DERIVED(Rdna3Wna16Moe, (torch::nn::Module, DescribedLayer<Rdna3Wna16Moe>),
+                             (w13_qweight_, parameter), (w13_scales_, parameter), (w2_qweight_, parameter),
+                             (w2_scales_, parameter), kernel_, num_experts_, hidden_, inter_, topk_, max_tokens_)
 };
 
 }  // namespace gk::kernels

@@ -30,16 +30,14 @@
 
 namespace gk::kernels {
 
-class PaddedMoe : public torch::nn::Module, public ReloadableLayer {
+class PaddedMoe : public torch::nn::Module, public DescribedLayer<PaddedMoe> {
  public:
   // Rows are padded by this many bytes (vLLM's ROCm padding size).
   static constexpr int64_t kPadBytes = 128;
 
   PaddedMoe(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device);
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   // x: [T, K] float32 on the layer's device -> [T, K]
   at::Tensor forward(const at::Tensor& x);
@@ -57,7 +55,7 @@ class PaddedMoe : public torch::nn::Module, public ReloadableLayer {
   int64_t w13_row_stride_ = 0; // set by PWAL, read by the kernel by value
   int64_t w2_row_stride_ = 0;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(PaddedMoe, (torch::nn::Module, ReloadableLayer), (w13_weight_, gk::parameter),
+  GRAPHKEEP_DESCRIBE_DERIVED(PaddedMoe, (torch::nn::Module, DescribedLayer<PaddedMoe>), (w13_weight_, gk::parameter),
                              (w2_weight_, gk::parameter), (gate_, gk::parameter), experts_, hidden_, inter_, pad_,
                              w13_row_stride_, w2_row_stride_)
 };

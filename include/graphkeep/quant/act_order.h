@@ -86,13 +86,11 @@ class MacheteLinearMethod {
                      group_size_)
 };
 
-class MacheteW4A16Linear : public torch::nn::Module, public ReloadableLayer {
+class MacheteW4A16Linear : public torch::nn::Module, public DescribedLayer<MacheteW4A16Linear> {
  public:
   MacheteW4A16Linear(int64_t in, int64_t out, int64_t group_size, c10::Device device);
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   at::Tensor forward(const at::Tensor& x);  // [M, in] -> [M, out]
 
@@ -105,8 +103,9 @@ class MacheteW4A16Linear : public torch::nn::Module, public ReloadableLayer {
   std::unique_ptr<MacheteLinearMethod> quant_method_;
   int64_t in_, out_, group_size_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(MacheteW4A16Linear, (torch::nn::Module, ReloadableLayer), (qweight_, gk::parameter),
-                             (scales_, gk::parameter), (g_idx_, gk::parameter), quant_method_, in_, out_, group_size_)
+  GRAPHKEEP_DESCRIBE_DERIVED(MacheteW4A16Linear, (torch::nn::Module, DescribedLayer<MacheteW4A16Linear>),
+                             (qweight_, gk::parameter), (scales_, gk::parameter), (g_idx_, gk::parameter),
+                             quant_method_, in_, out_, group_size_)
 };
 
 }  // namespace gk::quant

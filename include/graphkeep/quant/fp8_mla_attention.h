@@ -35,14 +35,12 @@ namespace gk::quant {
 
 enum class MlaWeightFormat : int { fp8_e4m3 = 0, mxfp4 = 1 };
 
-class QuantizedMlaAttention : public torch::nn::Module, public ReloadableLayer {
+class QuantizedMlaAttention : public torch::nn::Module, public DescribedLayer<QuantizedMlaAttention> {
  public:
   QuantizedMlaAttention(int64_t heads, int64_t dn, int64_t dv, int64_t latent, MlaWeightFormat format,
                         c10::Device device, float softmax_scale = 0.125f);
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   // q: [T, H*dn], c: [T, L] (float32, contiguous, on the layer's device) -> [T, H*dv]
   at::Tensor forward(const at::Tensor& q, const at::Tensor& c);
@@ -63,7 +61,7 @@ class QuantizedMlaAttention : public torch::nn::Module, public ReloadableLayer {
   MlaWeightFormat format_;
   float softmax_scale_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(QuantizedMlaAttention, (torch::nn::Module, ReloadableLayer),
+  GRAPHKEEP_DESCRIBE_DERIVED(QuantizedMlaAttention, (torch::nn::Module, DescribedLayer<QuantizedMlaAttention>),
                              (kv_b_proj_, gk::parameter), (W_K_, gk::derived_weight), (W_V_, gk::derived_weight),
                              (W_K_scale_, gk::scale), (W_V_scale_, gk::scale), heads_, dn_, dv_, latent_, format_,
                              softmax_scale_)

@@ -94,13 +94,11 @@ class MarlinW4A16Kernel {
                      (workspace_, gk::workspace(gk::Init::zero)), size_k_, size_n_, split_)
 };
 
-class MarlinW4A16Linear : public torch::nn::Module, public ReloadableLayer {
+class MarlinW4A16Linear : public torch::nn::Module, public DescribedLayer<MarlinW4A16Linear> {
  public:
   MarlinW4A16Linear(int64_t in, int64_t out, int64_t group_size, c10::Device device, MarlinSplitK split = {});
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   // x: [M, in] float32 on the layer's device -> [M, out]
   at::Tensor forward(const at::Tensor& x);
@@ -115,8 +113,9 @@ class MarlinW4A16Linear : public torch::nn::Module, public ReloadableLayer {
   int64_t in_, out_, group_size_;
   MarlinSplitK split_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(MarlinW4A16Linear, (torch::nn::Module, ReloadableLayer), (qweight_, gk::parameter),
-                             (scales_, gk::parameter), (g_idx_, gk::parameter), kernel_, in_, out_, group_size_, split_)
+  GRAPHKEEP_DESCRIBE_DERIVED(MarlinW4A16Linear, (torch::nn::Module, DescribedLayer<MarlinW4A16Linear>),
+                             (qweight_, gk::parameter), (scales_, gk::parameter), (g_idx_, gk::parameter), kernel_, in_,
+                             out_, group_size_, split_)
 };
 
 // ---------------------------------------------------------------------------
@@ -141,12 +140,10 @@ class MarlinFp8Kernel {
                      (workspace_, gk::workspace(gk::Init::zero)), size_k_, size_n_, split_)
 };
 
-class MarlinFp8Linear : public torch::nn::Module, public ReloadableLayer {
+class MarlinFp8Linear : public torch::nn::Module, public DescribedLayer<MarlinFp8Linear> {
  public:
   MarlinFp8Linear(int64_t in, int64_t out, c10::Device device, MarlinSplitK split = {});
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
   at::Tensor forward(const at::Tensor& x);
   const MarlinFp8Kernel& kernel() const { return *kernel_; }
 
@@ -157,8 +154,8 @@ class MarlinFp8Linear : public torch::nn::Module, public ReloadableLayer {
   int64_t in_, out_;
   MarlinSplitK split_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(MarlinFp8Linear, (torch::nn::Module, ReloadableLayer), (weight_, gk::parameter),
-                             (weight_scale_, gk::parameter), kernel_, in_, out_, split_)
+  GRAPHKEEP_DESCRIBE_DERIVED(MarlinFp8Linear, (torch::nn::Module, DescribedLayer<MarlinFp8Linear>),
+                             (weight_, gk::parameter), (weight_scale_, gk::parameter), kernel_, in_, out_, split_)
 };
 
 // ---------------------------------------------------------------------------
@@ -187,12 +184,10 @@ class MarlinFp4Kernel {
                      (workspace_, gk::workspace(gk::Init::zero)), size_k_, size_n_, split_)
 };
 
-class MarlinFp4Linear : public torch::nn::Module, public ReloadableLayer {
+class MarlinFp4Linear : public torch::nn::Module, public DescribedLayer<MarlinFp4Linear> {
  public:
   MarlinFp4Linear(int64_t in, int64_t out, c10::Device device, MarlinSplitK split = {});
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
   at::Tensor forward(const at::Tensor& x);
   const MarlinFp4Kernel& kernel() const { return *kernel_; }
 
@@ -204,8 +199,9 @@ class MarlinFp4Linear : public torch::nn::Module, public ReloadableLayer {
   int64_t in_, out_;
   MarlinSplitK split_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(MarlinFp4Linear, (torch::nn::Module, ReloadableLayer), (weight_, gk::parameter),
-                             (weight_scale_, gk::parameter), (weight_scale_2_, gk::parameter), kernel_, in_, out_, split_)
+  GRAPHKEEP_DESCRIBE_DERIVED(MarlinFp4Linear, (torch::nn::Module, DescribedLayer<MarlinFp4Linear>),
+                             (weight_, gk::parameter), (weight_scale_, gk::parameter), (weight_scale_2_, gk::parameter),
+                             kernel_, in_, out_, split_)
 };
 
 // ---------------------------------------------------------------------------
@@ -231,13 +227,11 @@ class MarlinMoeKernel {
                      (workspace_, gk::workspace(gk::Init::zero)), experts_, size_k_, size_n_, group_size_, split_)
 };
 
-class MarlinMoeLayer : public torch::nn::Module, public ReloadableLayer {
+class MarlinMoeLayer : public torch::nn::Module, public DescribedLayer<MarlinMoeLayer> {
  public:
   MarlinMoeLayer(int64_t experts, int64_t in, int64_t out, int64_t group_size, c10::Device device,
                  MarlinSplitK split = {});
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
   // x: [M, in] -> [M, out]; the router (gate) picks each token's expert.
   at::Tensor forward(const at::Tensor& x);
   const MarlinMoeKernel& kernel() const { return *kernel_; }
@@ -250,8 +244,9 @@ class MarlinMoeLayer : public torch::nn::Module, public ReloadableLayer {
   int64_t experts_, in_, out_, group_size_;
   MarlinSplitK split_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(MarlinMoeLayer, (torch::nn::Module, ReloadableLayer), (gate_, gk::parameter),
-                             (w_, gk::parameter), (scales_, gk::parameter), kernel_, experts_, in_, out_, group_size_, split_)
+  GRAPHKEEP_DESCRIBE_DERIVED(MarlinMoeLayer, (torch::nn::Module, DescribedLayer<MarlinMoeLayer>),
+                             (gate_, gk::parameter), (w_, gk::parameter), (scales_, gk::parameter), kernel_, experts_,
+                             in_, out_, group_size_, split_)
 };
 
 }  // namespace gk::quant

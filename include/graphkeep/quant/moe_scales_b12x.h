@@ -39,13 +39,11 @@ at::Tensor swizzle_sf_128x4(const at::Tensor& sf);
 // The inverse, for tests: [E, S] swizzled -> [E, M, Ksf] plain.
 at::Tensor unswizzle_sf_128x4(const at::Tensor& swizzled, int64_t m, int64_t ksf);
 
-class B12xNvfp4Moe : public torch::nn::Module, public ReloadableLayer {
+class B12xNvfp4Moe : public torch::nn::Module, public DescribedLayer<B12xNvfp4Moe> {
  public:
   B12xNvfp4Moe(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device);
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   // x: [T, K] float32, contiguous, on the layer's device -> [T, K]
   at::Tensor forward(const at::Tensor& x);
@@ -74,13 +72,13 @@ class B12xNvfp4Moe : public torch::nn::Module, public ReloadableLayer {
   at::Tensor fc2_input_scale_;     // float [1]
   int64_t experts_, hidden_, inter_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(B12xNvfp4Moe, (torch::nn::Module, ReloadableLayer), (w13_weight_, gk::parameter),
-                             (w13_weight_scale_, gk::parameter), (w13_weight_scale_2_, gk::parameter),
-                             (w13_input_scale_, gk::parameter), (w2_weight_, gk::parameter),
-                             (w2_weight_scale_, gk::parameter), (w2_weight_scale_2_, gk::parameter),
-                             (w2_input_scale_, gk::parameter), (gate_, gk::parameter), (w13_sf_mma_, gk::scale),
-                             (w2_sf_mma_, gk::scale), (fc1_input_scale_, gk::scale), (fc2_input_scale_, gk::scale),
-                             experts_, hidden_, inter_)
+  GRAPHKEEP_DESCRIBE_DERIVED(B12xNvfp4Moe, (torch::nn::Module, DescribedLayer<B12xNvfp4Moe>),
+                             (w13_weight_, gk::parameter), (w13_weight_scale_, gk::parameter),
+                             (w13_weight_scale_2_, gk::parameter), (w13_input_scale_, gk::parameter),
+                             (w2_weight_, gk::parameter), (w2_weight_scale_, gk::parameter),
+                             (w2_weight_scale_2_, gk::parameter), (w2_input_scale_, gk::parameter),
+                             (gate_, gk::parameter), (w13_sf_mma_, gk::scale), (w2_sf_mma_, gk::scale),
+                             (fc1_input_scale_, gk::scale), (fc2_input_scale_, gk::scale), experts_, hidden_, inter_)
 };
 
 }  // namespace gk::quant

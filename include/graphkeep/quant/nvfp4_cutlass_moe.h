@@ -35,13 +35,11 @@
 
 namespace gk::quant {
 
-class Nvfp4CutlassMoe : public torch::nn::Module, public ReloadableLayer {
+class Nvfp4CutlassMoe : public torch::nn::Module, public DescribedLayer<Nvfp4CutlassMoe> {
  public:
   Nvfp4CutlassMoe(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device);
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   // x: [T, K] float32, contiguous, on the layer's device -> [T, K]
   at::Tensor forward(const at::Tensor& x);
@@ -67,13 +65,13 @@ class Nvfp4CutlassMoe : public torch::nn::Module, public ReloadableLayer {
   at::Tensor a1_gscale_, a2_gscale_;    // float [E]
   int64_t experts_, hidden_, inter_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(Nvfp4CutlassMoe, (torch::nn::Module, ReloadableLayer), (w13_weight_, gk::parameter),
-                             (w13_weight_scale_, gk::parameter), (w13_weight_global_scale_, gk::parameter),
-                             (w13_input_global_scale_, gk::parameter), (w2_weight_, gk::parameter),
-                             (w2_weight_scale_, gk::parameter), (w2_weight_global_scale_, gk::parameter),
-                             (w2_input_global_scale_, gk::parameter), (gate_, gk::parameter), (g1_alphas_, gk::scale),
-                             (g2_alphas_, gk::scale), (a1_gscale_, gk::scale), (a2_gscale_, gk::scale), experts_,
-                             hidden_, inter_)
+  GRAPHKEEP_DESCRIBE_DERIVED(Nvfp4CutlassMoe, (torch::nn::Module, DescribedLayer<Nvfp4CutlassMoe>),
+                             (w13_weight_, gk::parameter), (w13_weight_scale_, gk::parameter),
+                             (w13_weight_global_scale_, gk::parameter), (w13_input_global_scale_, gk::parameter),
+                             (w2_weight_, gk::parameter), (w2_weight_scale_, gk::parameter),
+                             (w2_weight_global_scale_, gk::parameter), (w2_input_global_scale_, gk::parameter),
+                             (gate_, gk::parameter), (g1_alphas_, gk::scale), (g2_alphas_, gk::scale),
+                             (a1_gscale_, gk::scale), (a2_gscale_, gk::scale), experts_, hidden_, inter_)
 };
 
 }  // namespace gk::quant

@@ -59,16 +59,14 @@ class CompressedTensorsW8A8Int8 {
 };
 
 // A fused linear layer (e.g. q_proj and k_proj as one) with the scheme.
-class W8A8Int8Linear : public torch::nn::Module, public ReloadableLayer {
+class W8A8Int8Linear : public torch::nn::Module, public DescribedLayer<W8A8Int8Linear> {
  public:
   // Checkpoint tensors per shard s: <shard_names[s]>.weight [shard_rows[s], in]
   // int8, <name>.weight_scale [1] and <name>.input_scale [1] float32.
   W8A8Int8Linear(int64_t in, std::vector<std::string> shard_names, std::vector<int64_t> shard_rows,
                  c10::Device device);
 
-  std::vector<CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
-  ObjectRef registered_members() override { return ObjectRef::of(*this); }
 
   at::Tensor forward(const at::Tensor& x);  // [M, in] -> [M, sum(shard_rows)]
 
@@ -83,9 +81,9 @@ class W8A8Int8Linear : public torch::nn::Module, public ReloadableLayer {
   std::vector<std::string> shard_names_;
   std::vector<int64_t> shard_rows_;
 
-  GRAPHKEEP_DESCRIBE_DERIVED(W8A8Int8Linear, (torch::nn::Module, ReloadableLayer), (weight_, gk::parameter),
-                             (weight_scale_, gk::parameter), (input_scale_, gk::parameter), scheme_, in_, shard_names_,
-                             shard_rows_)
+  GRAPHKEEP_DESCRIBE_DERIVED(W8A8Int8Linear, (torch::nn::Module, DescribedLayer<W8A8Int8Linear>),
+                             (weight_, gk::parameter), (weight_scale_, gk::parameter), (input_scale_, gk::parameter),
+                             scheme_, in_, shard_names_, shard_rows_)
 };
 
 }  // namespace gk::quant
