@@ -6,7 +6,7 @@
 //   site 11  kernel-owned scratch (RDNA3 WNA16)             gk::kernels::Rdna3Wna16Moe / Rdna3Wna16Kernel
 #include "site_harness.h"
 
-#include <graphkeep/kernels/catalog_moe.h>
+#include <graphkeep/kernels/catalog.h>
 #include <graphkeep/reload/collector.h>
 
 #include <cstdio>

@@ -1,12 +1,9 @@
 // graphkeep/quant/catalog.h: the quantization types of quant/, as
 // compile-time lists (graphkeep/catalog.h joins them with the kernels').
-//   MarlinTypes  site 5   Marlin W4A16 act-order: lock workspace + g_idx_sort_indices
-//                site 6   Marlin FP8 / FP4 / MoE siblings, each with its own lock workspace
-//                site 12  Machete act-order: the act_perm closure as a registered functor
-//                site 13  compressed-tensors W8A8 int8: scales cloned in PWAL
-//   ScalesTypes  site 7   FP8/FP4 MLA weights and scales
-//                site 8   B12x MoE input scales and swizzled scale factors
-//                site 9   NVFP4 MoE alphas and global scales
+//
+// A new type is one row of a list below (`TypeList<MyMethod>,`), and a new
+// header one #include; each list ends in TypeList<>, so that every row ends
+// in a comma (see graphkeep/kernels/catalog.h).
 #pragma once
 
 #include <graphkeep/quant/act_order.h>
@@ -18,9 +15,29 @@
 #include <graphkeep/registry/type_registry.h>
 
 namespace gk::quant {
-using MarlinTypes = TypeList<MarlinW4A16Kernel, MarlinW4A16Linear, MarlinFp8Kernel, MarlinFp8Linear, MarlinFp4Kernel,
-                             MarlinFp4Linear, MarlinMoeKernel, MarlinMoeLayer, ActPerm, MacheteLinearMethod,
-                             MacheteW4A16Linear, CompressedTensorsW8A8Int8, W8A8Int8Linear>;
-using ScalesTypes = TypeList<QuantizedMlaAttention, B12xNvfp4Moe, Nvfp4CutlassMoe>;
+
+// Lock workspaces, permutations and scheme scales.
+using MarlinTypes = concat_t<TypeList<MarlinW4A16Kernel>,          // site 5: lock workspace + g_idx_sort_indices
+                             TypeList<MarlinW4A16Linear>,          //
+                             TypeList<MarlinFp8Kernel>,            // site 6: the siblings, each with its own locks
+                             TypeList<MarlinFp8Linear>,            //
+                             TypeList<MarlinFp4Kernel>,            //
+                             TypeList<MarlinFp4Linear>,            //
+                             TypeList<MarlinMoeKernel>,            //
+                             TypeList<MarlinMoeLayer>,             //
+                             TypeList<ActPerm>,                    // site 12: the act_perm closure as a functor
+                             TypeList<MacheteLinearMethod>,        //
+                             TypeList<MacheteW4A16Linear>,         //
+                             TypeList<CompressedTensorsW8A8Int8>,  // site 13: W8A8 scales cloned in PWAL
+                             TypeList<W8A8Int8Linear>,             //
+                             TypeList<>>;
+
+// Derived scales.
+using ScalesTypes = concat_t<TypeList<QuantizedMlaAttention>,  // site 7: FP8/FP4 MLA weights and scales
+                             TypeList<B12xNvfp4Moe>,           // site 8: MoE input scales, swizzled scale factors
+                             TypeList<Nvfp4CutlassMoe>,        // site 9: NVFP4 MoE alphas and global scales
+                             TypeList<>>;
+
 using Types = concat_t<MarlinTypes, ScalesTypes>;
+
 }  // namespace gk::quant
