@@ -8,7 +8,7 @@
 // through the captured graphs, teacher-forced), then reloads each next step
 // *without recapture* and compares again.
 //
-//   gk-hf-check --ref DIR [--format dense|fp8] [--device cpu|cuda] [--prefill P] [--tol X]
+//   gk-hf-check --ref DIR [--format dense|fp8|w4a16] [--device cpu|cuda] [--prefill P] [--tol X]
 //               [--unprotect SLOT] [--bad-reload DIR]...
 //
 // --bad-reload tries to reload DIR after step 0, expects it to be refused
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--bad-reload")) a.bad_reloads.push_back(val());
     else if (!std::strcmp(argv[i], "--separate-pools")) a.separate_pools = true;
     else {
-      std::fprintf(stderr, "usage: gk-hf-check --ref DIR [--format dense|fp8] [--device cpu|cuda] [--prefill P] [--tol X]\n");
+      std::fprintf(stderr, "usage: gk-hf-check --ref DIR [--format dense|fp8|w4a16] [--device cpu|cuda] [--prefill P] [--tol X]\n");
       return 2;
     }
   }
@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
                                    : c10::Device(c10::kCPU);
     const demo::WeightFormat format = demo::parse_weight_format(a.format);
     const auto ref = read_reference((std::filesystem::path(a.ref) / "reference.safetensors").string());
-    const bool fp8 = format == demo::WeightFormat::fp8;
-    const std::string logits_key = fp8 ? "logits_fp8" : "logits";
+    const std::string logits_key = format == demo::WeightFormat::dense ? "logits"
+                                   : "logits_" + std::string(demo::to_string(format));
     std::int64_t steps = 0;
     while (ref.count("step" + std::to_string(steps) + ".tokens")) ++steps;
     if (steps == 0) throw std::runtime_error("reference.safetensors holds no step0.tokens");

@@ -9,7 +9,7 @@
 //   gk-rl-demo                         the built-in tiny model (written to gk-demo-model/ on first run),
 //                                      CPU replay backend, or CUDA graphs if a GPU is present
 //   gk-rl-demo --model DIR --quant fp8 a Hugging Face directory (config.json + safetensors), FP8 made in PWAL
-//   gk-rl-demo --unprotect model.layers.0.self_attn.qkv_fp8_.scale_ --quant fp8
+//   gk-rl-demo --unprotect model.layers.0.self_attn.qkv_.fp8_.scale_ --quant fp8
 //                                      disable one slot's copy-back: the manifest catches the drift, and
 //                                      replaying anyway shows what an engine without graphkeep serves
 #include "engine/checkpoint_writer.h"
@@ -55,7 +55,8 @@ void usage() {
       "                       model.safetensors or shards + index); default: a built-in tiny Qwen3-shaped\n"
       "                       model, written under --work on first run\n"
       "  --work DIR           where the built-in model and the trainer's checkpoints go (default gk-demo-model)\n"
-      "  --quant Q            dense (the checkpoint's dtype) or fp8 (W8A8 made in PWAL); default dense\n"
+      "  --quant Q            dense (the checkpoint's dtype), fp8 (W8A8 made in PWAL) or w4a16 (int4 groups\n"
+      "                       through the Marlin-style kernel, packed in PWAL); default dense\n"
       "  --steps N            RL steps (default 5)\n"
       "  --batch B            sequences generated per step, 1..256 (default 8)\n"
       "  --tokens T           tokens generated per sequence (default 8)\n"

@@ -14,7 +14,7 @@ OUT=$(mktemp -d) bash scripts/gpu.sh > "$R/gpu_ctest.txt" 2>&1
 rc=$?
 ctest --test-dir "$B" -L gpu -V 2>&1 | grep -E "TEST CASE|MESSAGE|child:|test cases:|assertions:|Test +#|Passed|Failed|Skipped" > "$R/gpu_tests.txt"
 (cd "$B" && ./examples/gk-rl-demo --steps 5 > "$R/demo_cuda.txt" 2>&1; echo "exit $?" >> "$R/demo_cuda.txt")
-(cd "$B" && ./examples/gk-rl-demo --steps 2 --quant fp8 --unprotect model.layers.0.self_attn.qkv_fp8_.scale_ > "$R/demo_cuda_unprotected.txt" 2>&1
+(cd "$B" && ./examples/gk-rl-demo --steps 2 --quant fp8 --unprotect model.layers.0.self_attn.qkv_.fp8_.scale_ > "$R/demo_cuda_unprotected.txt" 2>&1
  echo "exit $?" >> "$R/demo_cuda_unprotected.txt")
 (cd "$B" && ./bench/bench_reload --device cuda --reps 9 --json "$R/gpu_reload.json" && \
   ./bench/bench_plan_resolution --benchmark_out="$R/plan_resolution.json" --benchmark_out_format=json \

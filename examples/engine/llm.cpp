@@ -126,10 +126,17 @@ gk::CheckpointParam checkpoint_param(std::string_view layer, std::string_view pa
 WeightFormat parse_weight_format(std::string_view name) {
   if (name == "dense" || name == "bf16" || name == "none") return WeightFormat::dense;
   if (name == "fp8") return WeightFormat::fp8;
-  GK_THROW(gk::StateError, "unknown weight format '", name, "' (dense or fp8)");
+  if (name == "w4a16") return WeightFormat::w4a16;
+  GK_THROW(gk::StateError, "unknown weight format '", name, "' (dense, fp8 or w4a16)");
 }
 
-std::string_view to_string(WeightFormat f) { return f == WeightFormat::fp8 ? "fp8" : "dense"; }
+std::string_view to_string(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::fp8: return "fp8";
+    case WeightFormat::w4a16: return "w4a16";
+    default: return "dense";
+  }
+}
 
 RopeTables make_rope_tables(const HfConfig& c, int64_t max_len, c10::Device device) {
   // transformers' default rope: inv_freq = 1 / theta^(2i / d), angles = position * inv_freq
@@ -180,13 +187,59 @@ at::Tensor Fp8Weights::apply(const at::Tensor& x) const {
   });
 }
 
+// Note [W4A16 from the checkpoint]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Symmetric int4 per group of g input channels (g = 128, or K when K < 128):
+//   s[n, j] = max_{k in group j} |W[n,k]| / 7,  q = clamp(round_half_even(W / s), -8, 7)
+//   y[t, n] = sum_k x[t,k] * q[n,k] * s[n, k / g]      (float32, then the model dtype)
+// packed GPTQ-style (q + 8, eight per int32 along K) for MarlinW4A16Kernel,
+// whose split-K sum runs in float32 (four slices added in turn).
+// tests/hf/make_reference.py computes the same inside transformers.
+std::int64_t W4A16Weights::group_size(std::int64_t k) { return k < 128 ? k : 128; }
+
+void W4A16Weights::build(const at::Tensor& dense) {
+  const int64_t n = dense.size(0), k = dense.size(1), g = group_size(k);
+  GK_CHECK(gk::WeightError, k % 8 == 0 && k % g == 0, "w4a16: K = ", k, " must be a multiple of 8 and of the group ",
+           g);
+  const at::Tensor w = dense.to(at::kFloat).view({n, k / g, g});
+  const at::Tensor s = (w.abs().amax(-1) / 7.0).clamp_min(1e-12);                       // [N, G]
+  const at::Tensor q = (w / s.unsqueeze(-1)).round().clamp(-8, 7).view({n, k}).to(at::kLong);
+  const at::Tensor qweight = gk::quant::pack_int_rows((q + 8).t().contiguous(), 8, 4);  // [K/8, N]
+  scales_ = s.t().contiguous();
+  g_idx_ = at::floor_divide(at::arange(k, dense.options().dtype(at::kLong)), g).to(at::kInt).contiguous();
+  kernel_.emplace(qweight, g_idx_, gk::quant::MarlinSplitK{});
+}
+
+at::Tensor W4A16Weights::apply(const at::Tensor& x) const {
+  GK_CHECK(gk::StateError, kernel_.has_value(), "W4A16Weights::apply before PWAL built the weights");
+  if (x.scalar_type() == at::kFloat) return kernel_->apply(x, scales_, g_idx_);
+  auto cast = [](const at::Tensor& t, at::ScalarType dt) {
+    return op("cast", {t}, t.sizes(), t.options().dtype(dt), [](auto& in, auto& out) { out[0].copy_(in[0]); });
+  };
+  return cast(kernel_->apply(cast(x, at::kFloat), scales_, g_idx_), x.scalar_type());
+}
+
+void ProjectionWeights::build(const at::Tensor& dense) {
+  if (format_ == WeightFormat::fp8) fp8_.build(dense);
+  if (format_ == WeightFormat::w4a16) w4a16_.build(dense);
+}
+
+at::Tensor ProjectionWeights::apply(const char* name, const at::Tensor& x, const at::Tensor& dense) const {
+  switch (format_) {
+    case WeightFormat::fp8: return fp8_.apply(x);
+    case WeightFormat::w4a16: return w4a16_.apply(x);
+    default: return linear(name, x, dense);
+  }
+}
+
 Attention::Attention(const HfConfig& c, c10::Device device, WeightFormat format)
     : hidden_(c.hidden_size),
       heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.head_dim),
-      eps_(c.rms_norm_eps),
-      format_(format) {
+      eps_(c.rms_norm_eps) {
+  qkv_ = ProjectionWeights(format);
+  o_ = ProjectionWeights(format);
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
   qkv_proj_ = register_parameter("qkv_proj", at::zeros({(heads_ + 2 * kv_heads_) * head_dim_, hidden_}, opts), false);
   o_proj_ = register_parameter("o_proj", at::zeros({hidden_, heads_ * head_dim_}, opts), false);
@@ -204,14 +257,13 @@ std::vector<gk::CheckpointParam> Attention::checkpoint_params() const {
 }
 
 void Attention::process_weights_after_loading() {
-  if (format_ != WeightFormat::fp8) return;
-  qkv_fp8_.build(qkv_proj_);
-  o_fp8_.build(o_proj_);
+  qkv_.build(qkv_proj_);
+  o_.build(o_proj_);
 }
 
 at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
                               const RopeTables& rope) {
-  const at::Tensor qkv = format_ == WeightFormat::fp8 ? qkv_fp8_.apply(x) : linear("qkv_proj", x, qkv_proj_);
+  const at::Tensor qkv = qkv_.apply("qkv_proj", x, qkv_proj_);
   std::vector<at::Tensor> in{qkv, batch.positions, batch.seqs, cache.k, cache.v, rope.cos, rope.sin};
   const bool qk_norm = q_norm_ != nullptr;
   if (qk_norm) {
@@ -251,11 +303,11 @@ at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, cons
     const at::Tensor p = at::softmax(scores, -1, at::kFloat).to(dt);
     out[0].copy_(at::matmul(p, V).reshape({T, H * D}));
   });
-  return format_ == WeightFormat::fp8 ? o_fp8_.apply(a) : linear("o_proj", a, o_proj_);
+  return o_.apply("o_proj", a, o_proj_);
 }
 
 Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format)
-    : hidden_(c.hidden_size), inter_(c.intermediate_size), format_(format) {
+    : gate_up_(format), down_(format), hidden_(c.hidden_size), inter_(c.intermediate_size) {
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
   gate_up_proj_ = register_parameter("gate_up_proj", at::zeros({2 * inter_, hidden_}, opts), false);
   down_proj_ = register_parameter("down_proj", at::zeros({hidden_, inter_}, opts), false);
@@ -268,14 +320,12 @@ std::vector<gk::CheckpointParam> Mlp::checkpoint_params() const {
 }
 
 void Mlp::process_weights_after_loading() {
-  if (format_ != WeightFormat::fp8) return;
-  gate_up_fp8_.build(gate_up_proj_);
-  down_fp8_.build(down_proj_);
+  gate_up_.build(gate_up_proj_);
+  down_.build(down_proj_);
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x) {
-  if (format_ == WeightFormat::fp8) return down_fp8_.apply(silu_and_mul(gate_up_fp8_.apply(x)));
-  return linear("down_proj", silu_and_mul(linear("gate_up_proj", x, gate_up_proj_)), down_proj_);
+  return down_.apply("down_proj", silu_and_mul(gate_up_.apply("gate_up_proj", x, gate_up_proj_)), down_proj_);
 }
 
 SparseMoe::SparseMoe(const HfConfig& c, c10::Device device)

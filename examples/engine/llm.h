@@ -20,10 +20,15 @@
 //   fp8    W8A8 made in PWAL from the checkpoint: float8_e4m3fn weights with
 //          a float32 scale per output channel, activations quantized per token
 //          at run time (dynamic scale); at::_scaled_mm on CUDA, an exact CPU
-//          twin (Note [FP8 CPU twin] in llm.cpp). The router, norms, embedding,
-//          lm_head and MoE experts stay dense.
-// PWAL builds the FP8 weights and scales at new addresses on every reload:
-// they are derived tensors, declared gk::derived_weight and gk::scale, and
+//          twin (Note [FP8 CPU twin] in llm.cpp);
+//   w4a16  int4 weights with a float32 scale per group of 128 input channels
+//          (fewer when the layer is narrower), packed in PWAL from the
+//          checkpoint, through graphkeep's Marlin-style split-K kernel
+//          (gk::quant::MarlinW4A16Kernel: its lock workspace, permutation and
+//          packed weights are derived per PWAL too).
+// The router, norms, embedding, lm_head and MoE experts stay dense.
+// PWAL builds the quantized weights, scales and kernel state at new addresses
+// on every reload: they are derived tensors, declared with their roles, and
 // graphkeep copies them back into the storage the graphs captured.
 //
 //   demo::HfConfig cfg = demo::read_hf_config(dir);
@@ -34,19 +39,21 @@
 #include "hf_config.h"
 
 #include <graphkeep/model/layer.h>
+#include <graphkeep/quant/marlin.h>
 #include <graphkeep/registry.h>
 
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace demo {
 
-enum class WeightFormat { dense, fp8 };
-WeightFormat parse_weight_format(std::string_view name);  // "dense" (or "bf16"), "fp8"
+enum class WeightFormat { dense, fp8, w4a16 };
+WeightFormat parse_weight_format(std::string_view name);  // "dense" (or "bf16"), "fp8", "w4a16"
 std::string_view to_string(WeightFormat f);
 
 // Where a batch of tokens sits in the KV cache: token t is at position
@@ -80,8 +87,8 @@ class Plain : public torch::nn::Module {
   at::Tensor weight;
 };
 
-// A linear layer's kernel-format weights, built by PWAL from its dense
-// checkpoint-format parameter. Empty in the dense format.
+// FP8 W8A8 weights of one projection, built by PWAL from its dense
+// checkpoint-format parameter.
 class Fp8Weights {
  public:
   void build(const at::Tensor& dense);            // dense: [N, K] -> qweight [N, K] e4m3, scale [N]
@@ -92,6 +99,37 @@ class Fp8Weights {
   at::Tensor qweight_;  // [N, K] float8_e4m3fn
   at::Tensor scale_;    // [N] float32, dequantization scale per output channel
   GRAPHKEEP_DESCRIBE(Fp8Weights, (qweight_, gk::derived_weight), (scale_, gk::scale))
+};
+
+// W4A16 weights of one projection: symmetric int4 per group of input
+// channels (Note [W4A16 from the checkpoint] in llm.cpp), packed for
+// gk::quant::MarlinW4A16Kernel.
+class W4A16Weights {
+ public:
+  void build(const at::Tensor& dense);            // dense: [N, K]
+  at::Tensor apply(const at::Tensor& x) const;    // x [T, K] model dtype -> [T, N] model dtype
+  static std::int64_t group_size(std::int64_t k);
+
+ private:
+  std::optional<gk::quant::MarlinW4A16Kernel> kernel_;
+  at::Tensor scales_;  // [K / group, N] float32
+  at::Tensor g_idx_;   // [K] int32: the group of each input channel
+  GRAPHKEEP_DESCRIBE(W4A16Weights, kernel_, (scales_, gk::scale), (g_idx_, gk::metadata))
+};
+
+// One projection's kernel-format weights in the run's format (nothing for dense).
+class ProjectionWeights {
+ public:
+  explicit ProjectionWeights(WeightFormat f = WeightFormat::dense) : format_(f) {}
+  void build(const at::Tensor& dense);  // PWAL
+  // y = x W^T in the run's format; `dense` is the checkpoint-format parameter.
+  at::Tensor apply(const char* name, const at::Tensor& x, const at::Tensor& dense) const;
+
+ private:
+  WeightFormat format_;
+  Fp8Weights fp8_;
+  W4A16Weights w4a16_;
+  GRAPHKEEP_DESCRIBE(ProjectionWeights, format_, fp8_, w4a16_)
 };
 
 // Self-attention with fused QKV, Qwen3's per-head q/k norms (child modules
@@ -110,17 +148,16 @@ class Attention : public torch::nn::Module, public gk::ReloadableLayer {
  private:
   at::Tensor qkv_proj_;  // [(H + 2 KV) D, hidden]
   at::Tensor o_proj_;    // [hidden, H D]
-  Fp8Weights qkv_fp8_, o_fp8_;
+  ProjectionWeights qkv_, o_;
   std::shared_ptr<Plain> q_norm_, k_norm_;  // Qwen3 only
   std::int64_t hidden_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0;
   double eps_ = 1e-6;
-  WeightFormat format_ = WeightFormat::dense;
 
   GRAPHKEEP_DESCRIBE_DERIVED(Attention, (torch::nn::Module, gk::ReloadableLayer), (qkv_proj_, gk::parameter),
-                             (o_proj_, gk::parameter), qkv_fp8_, o_fp8_,
+                             (o_proj_, gk::parameter), qkv_, o_,
                              (q_norm_, gk::opaque("a child module: its weight is a module parameter, reloaded as one")),
                              (k_norm_, gk::opaque("a child module: its weight is a module parameter, reloaded as one")),
-                             hidden_, heads_, kv_heads_, head_dim_, eps_, format_)
+                             hidden_, heads_, kv_heads_, head_dim_, eps_)
 };
 
 // The SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up fused.
@@ -135,12 +172,11 @@ class Mlp : public torch::nn::Module, public gk::ReloadableLayer {
  private:
   at::Tensor gate_up_proj_;  // [2 I, hidden]
   at::Tensor down_proj_;     // [hidden, I]
-  Fp8Weights gate_up_fp8_, down_fp8_;
+  ProjectionWeights gate_up_, down_;
   std::int64_t hidden_ = 0, inter_ = 0;
-  WeightFormat format_ = WeightFormat::dense;
 
   GRAPHKEEP_DESCRIBE_DERIVED(Mlp, (torch::nn::Module, gk::ReloadableLayer), (gate_up_proj_, gk::parameter),
-                             (down_proj_, gk::parameter), gate_up_fp8_, down_fp8_, hidden_, inter_, format_)
+                             (down_proj_, gk::parameter), gate_up_, down_, hidden_, inter_)
 };
 
 // Qwen3-MoE's sparse block: a router (gate), softmax over the experts in

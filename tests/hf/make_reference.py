@@ -24,7 +24,9 @@ Writes
                                                         (the KV-cache path; extra)
         step{k}.logits_fp8        [B, T, V]    float32  full forward with the engine's FP8 W8A8
                                                         format applied inside transformers
-                                                        (fp8_linear below)
+                                                        (fp8_forward below)
+        step{k}.logits_w4a16      [B, T, V]    float32  the same with the engine's W4A16 format
+                                                        (w4a16_forward below)
         metadata: arch, size, dtype, steps, seed, tied, shard_size, transformers, torch
 
     The outputs of step k are computed by a model loaded back from DIR/step{k} with
@@ -187,15 +189,37 @@ def fp8_forward(lin):
     return forward
 
 
-def fp8_logits(model, tokens):
-    """Full-forward logits with FP8_LINEAR projections computed in the engine's FP8 format."""
+# The engine's W4A16 format (examples/engine/llm.cpp, Note [W4A16 from the
+# checkpoint]): symmetric int4 per group of 128 input channels (K when K < 128),
+# scale = max |w| / 7 per group, computed in float32, cast back.
+def w4a16_forward(lin):
+    torch = sys.modules["torch"]
+    w = lin.weight.detach().float()
+    n, k = w.shape
+    g = k if k < 128 else 128
+    wg = w.view(n, k // g, g)
+    s = (wg.abs().amax(-1) / 7.0).clamp_min(1e-12)
+    q = (wg / s.unsqueeze(-1)).round().clamp(-8, 7)
+    wdq = (q * s.unsqueeze(-1)).view(n, k)
+
+    def forward(x):
+        shape = x.shape
+        y = x.reshape(-1, shape[-1]).float() @ wdq.t()
+        return y.to(x.dtype).reshape(*shape[:-1], -1)
+    return forward
+
+
+def fp8_logits(model, tokens, make_forward=None):
+    """Full-forward logits with FP8_LINEAR projections computed in the engine's FP8
+    format (or the format `make_forward` gives)."""
+    make_forward = make_forward or fp8_forward
     saved = {}
     for name, mod in model.named_modules():
         if FP8_LINEAR.search(name):
             saved[name] = mod.forward
-            mod.forward = fp8_forward(mod)
+            mod.forward = make_forward(mod)
     if not saved:
-        die("fp8 reference: no projection matched FP8_LINEAR")
+        die("quantized reference: no projection matched FP8_LINEAR")
     try:
         return model(input_ids=tokens, use_cache=False).logits.float().cpu()
     finally:
@@ -293,6 +317,7 @@ def main():
         with torch.no_grad():
             logits = model(input_ids=tokens.to(device), use_cache=False).logits.float().cpu()
             logits_fp8 = fp8_logits(model, tokens.to(device))
+            logits_w4a16 = fp8_logits(model, tokens.to(device), w4a16_forward)
             g = model.generate(
                 input_ids=tokens[:, :PROMPT].to(device),
                 attention_mask=torch.ones(B, PROMPT, dtype=torch.int64, device=device),
@@ -312,6 +337,7 @@ def main():
         refs[f"step{k}.generated"] = generated.contiguous()
         refs[f"step{k}.generated_logits"] = gen_logits.contiguous()
         refs[f"step{k}.logits_fp8"] = logits_fp8.contiguous()
+        refs[f"step{k}.logits_w4a16"] = logits_w4a16.contiguous()
 
         shards = count_shards(step_dir)
         d_prev = (logits - prev_logits).abs().max().item() if prev_logits is not None else 0.0
