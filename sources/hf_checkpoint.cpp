@@ -3,6 +3,8 @@
 // streamed shard by shard through SafetensorsSource.
 #include <graphkeep/core/check.h>
 #include <graphkeep/sources/hf_checkpoint.h>
+
+#include "json_depth.h"
 #include <graphkeep/sources/safetensors_source.h>
 
 #include <nlohmann/json.hpp>
@@ -100,28 +102,6 @@ std::string read_small_file(const std::string& path, const std::string& label) {
   return text;
 }
 
-// The deepest nesting of arrays and objects in `text`, counting up to `limit + 1`.
-std::size_t nesting_depth(std::string_view text, std::size_t limit) {
-  std::size_t depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) return deepest;
-    } else if ((c == '}' || c == ']') && depth > 0) {
-      --depth;
-    }
-  }
-  return deepest;
-}
 
 // Finds the first key repeated within one JSON object (nlohmann keeps the
 // last silently, which would hide a tensor listed twice in the weight map).
@@ -159,7 +139,7 @@ struct DuplicateKeys {
 // every problem of the file reported against `label`.
 std::map<std::string, std::string> parse_index(const std::string& path, const std::string& label) {
   const std::string text = read_small_file(path, label);
-  GK_CHECK(WeightError, nesting_depth(text, kMaxIndexNesting) <= kMaxIndexNesting, label,
+  GK_CHECK(WeightError, detail::json_nesting_depth(text, kMaxIndexNesting) <= kMaxIndexNesting, label,
            ": it nests arrays or objects deeper than ", kMaxIndexNesting,
            " levels; the file is corrupt or not an index");
   // nlohmann's lexer takes a NUL byte for the end of the input; no valid JSON holds one.

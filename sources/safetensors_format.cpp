@@ -4,6 +4,8 @@
 #include <graphkeep/core/check.h>
 #include <graphkeep/sources/safetensors_format.h>
 
+#include "json_depth.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -141,36 +143,11 @@ struct DuplicateKeys {
   }
 };
 
-// The deepest nesting of arrays and objects in `text`, outside strings, or
-// stops counting as soon as it passes `limit` (scans without recursion, so a
-// hostile header cannot exhaust the stack before the parser even starts).
-std::size_t nesting_depth(std::string_view text, std::size_t limit) {
-  std::size_t depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) return deepest;
-    } else if ((c == '}' || c == ']') && depth > 0) {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 json parse_json(std::span<const std::byte> header, std::string_view label) {
   const char* b = reinterpret_cast<const char*>(header.data());
   // The reference parser (serde_json) stops at 128 levels of nesting, in any
   // member, ignored ones included; nlohmann recurses without a limit.
-  GK_CHECK(WeightError, nesting_depth({b, header.size()}, kMaxSafetensorsNesting) <= kMaxSafetensorsNesting, label,
+  GK_CHECK(WeightError, detail::json_nesting_depth({b, header.size()}, kMaxSafetensorsNesting) <= kMaxSafetensorsNesting, label,
            ": the header nests arrays or objects deeper than ", kMaxSafetensorsNesting,
            " levels (the reference implementation's limit); the file is corrupt or hostile");
   // nlohmann's lexer takes a NUL byte for the end of the input, so "{}\0..."
@@ -301,6 +278,33 @@ std::map<std::string, std::string> parse_metadata(const json& m, std::string_vie
 }
 
 }  // namespace
+
+namespace detail {
+// The deepest nesting of arrays and objects in `text`, outside strings, or
+// stops counting as soon as it passes `limit` (scans without recursion, so a
+// hostile header cannot exhaust the stack before the parser even starts).
+std::size_t json_nesting_depth(std::string_view text, std::size_t limit) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+}  // namespace detail
 
 std::string_view safetensors_dtype_name(SafetensorsDtype dtype) { return info(dtype).name; }
 
