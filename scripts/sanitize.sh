@@ -12,7 +12,7 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FL
 # Only what the unit tests below run (not the soak test or the fuzz
 # targets): a unit test added without its target here fails the run loudly
 # ("Could not find executable").
-cmake --build "$BUILD" -j"$(nproc)" --target test_registry test_safetensors safetensors_check test_reload \
+cmake --build "$BUILD" -j"$(nproc)" --target test_registry test_safetensors safetensors_check test_hf_checkpoint hf_checkpoint_check test_reload \
   test_sites test_sites_moe test_sites_scales test_sites_marlin test_distributed test_fail_closed \
   test_structure_fuzz
 export ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0:abort_on_error=1
