@@ -1,4 +1,5 @@
-// The experts objects of sites 4 and 10 and their grouped pipeline: CPU twins
+// The experts objects of sites 4 and 10, the Qwen3-MoE experts
+// (SwigluExperts), and their grouped pipeline: CPU twins
 // (recorded through gk::hostrt) of the kernels in kernels/cuda/moe_grouped.cu,
 // computing every element with the same scalar code (moe_common.h).
 #include <graphkeep/core/check.h>
@@ -11,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <vector>
 
 namespace gk::kernels {
@@ -88,6 +90,36 @@ void w4a8_gemm_cpu(const int8_t* a, const float* ascale, const int32_t* b, const
   }
 }
 
+// SwigluExperts' steps.
+void route_softmax_cpu(const float* logits, float* probs, int32_t* order, int32_t* ids, float* gates,
+                       int32_t* offsets, int32_t* perm, int32_t* inv, int64_t T, int64_t E, int64_t topk,
+                       bool renormalize) {
+  for (int64_t t = 0; t < T; ++t)
+    mc::route_token_softmax(logits + t * E, E, topk, renormalize, probs + t * E, order + t * E, ids + t * topk,
+                            gates + t * topk);
+  mc::sort_by_expert(ids, T * topk, E, offsets, perm, inv);
+}
+
+template <class W>
+void grouped_gemm_nt_w_cpu(const float* a, const typename W::type* b, float* c, const int32_t* offsets,
+                           const int64_t* as, const int64_t* bs, const int64_t* cs, int64_t E, int64_t ncols,
+                           int64_t kdim) {
+  for (int64_t g = 0; g < E; ++g) {
+    const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+    const int64_t lda = as[g], ldb = bs[g], ldc = cs[g];  // per group, from the stride arrays
+    const float* ag = a + r0 * kdim;
+    const typename W::type* bg = b + g * ncols * kdim;
+    float* cg = c + r0 * ncols;
+    for (int64_t n = 0; n < ncols; ++n)
+      for (int64_t r = 0; r < r1 - r0; ++r) cg[r * ldc + n] = mc::dot_w<W>(ag + r * lda, bg + n * ldb, kdim);
+  }
+}
+
+void silu_act_cpu(const float* c1, float* h, int64_t M, int64_t N) {
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t n = 0; n < N; ++n) h[r * N + n] = mc::silu_act(c1[r * 2 * N + n], c1[r * 2 * N + N + n]);
+}
+
 // --- the steps, on the tensors' device ----------------------------------------------
 
 // The per-call routing metadata (vLLM: topk_ids/topk_weights, expert_offsets,
@@ -113,6 +145,36 @@ Routing route(const at::Tensor& logits, int64_t E, int64_t topk) {
     hostrt::launch("moe_route",
                    {reads(logits), writes(rt.ids), writes(rt.gates), writes(rt.offsets), writes(rt.perm), writes(rt.inv)},
                    [=] { route_cpu(lp, ids, gates, off, perm, inv, T, E, topk); });
+  }
+  return rt;
+}
+
+// SwigluExperts' routing; probs and order are the per-token scratch of the
+// softmax and the top-k ([T, E], from the capture pool like the rest).
+Routing route_softmax(const at::Tensor& logits, int64_t E, int64_t topk, bool renormalize) {
+  const int64_t T = logits.size(0), M = T * topk;
+  const auto iopt = logits.options().dtype(at::kInt);
+  Routing rt{runtime::empty({M}, iopt), runtime::empty({M}, logits.options()), runtime::empty({E + 1}, iopt),
+             runtime::empty({M}, iopt), runtime::empty({M}, iopt)};
+  const at::Tensor probs = runtime::empty({T, E}, logits.options());
+  const at::Tensor order = runtime::empty({T, E}, iopt);
+  const float* lp = logits.data_ptr<float>();
+  float* pp = probs.data_ptr<float>();
+  int32_t* op = order.data_ptr<int32_t>();
+  int32_t* ids = rt.ids.data_ptr<int32_t>();
+  float* gates = rt.gates.data_ptr<float>();
+  int32_t* off = rt.offsets.data_ptr<int32_t>();
+  int32_t* perm = rt.perm.data_ptr<int32_t>();
+  int32_t* inv = rt.inv.data_ptr<int32_t>();
+  if (logits.is_cuda()) {
+    GK_LAUNCH_CUDA("moe_route_softmax", logits,
+                   cuda::launch_moe_route_softmax(lp, pp, op, ids, gates, off, perm, inv, T, E, topk, renormalize,
+                                                  runtime::cuda_stream(logits)));
+  } else {
+    hostrt::launch("moe_route_softmax",
+                   {reads(logits), writes(probs), writes(order), writes(rt.ids), writes(rt.gates), writes(rt.offsets),
+                    writes(rt.perm), writes(rt.inv)},
+                   [=] { route_softmax_cpu(lp, pp, op, ids, gates, off, perm, inv, T, E, topk, renormalize); });
   }
   return rt;
 }
@@ -206,6 +268,104 @@ at::Tensor CutlassExperts::apply(const MoeCall& call) const {
   return finalize(c2, rt, T, K, topk);
 }
 
+// --- Qwen3-MoE / Mixtral experts ---------------------------------------------------
+
+SwigluExperts::SwigluExperts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, bool norm_topk_prob,
+                             c10::Device device)
+    : MoeExperts(num_experts, hidden, inter, topk), norm_topk_prob_(norm_topk_prob) {
+  GK_CHECK(DeclarationError, topk >= 1 && topk <= num_experts, "SwigluExperts: need 1 <= topk <= experts, got topk ",
+           topk, " and ", num_experts, " experts");
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  ab_strides1_ = at::full({num_experts}, hidden, opts);
+  c_strides2_ = ab_strides1_;  // one tensor, as site 4
+  ab_strides2_ = at::full({num_experts}, inter, opts);
+  c_strides1_ = at::full({num_experts}, 2 * inter, opts);
+}
+
+at::Tensor SwigluExperts::apply(const MoeCall& call) const {
+  const int64_t E = num_experts_, K = hidden_, N = inter_, topk = topk_;
+  const at::Tensor& x = call.x;
+  GK_CHECK(WeightError,
+           x.dim() == 2 && x.size(1) == K && x.scalar_type() == at::kFloat && x.is_contiguous() &&
+               call.logits.dim() == 2 && call.logits.size(0) == x.size(0) && call.logits.size(1) == E &&
+               call.logits.scalar_type() == at::kFloat && call.logits.is_contiguous(),
+           "SwigluExperts: x must be a contiguous float32 [T, ", K, "] and logits [T, ", E, "]; got ", x.sizes(), " ",
+           x.scalar_type(), " and ", call.logits.sizes(), " ", call.logits.scalar_type());
+  const at::ScalarType wt = call.w13.scalar_type();
+  GK_CHECK(WeightError,
+           call.w13.sizes() == at::IntArrayRef({E, 2 * N, K}) && call.w2.sizes() == at::IntArrayRef({E, K, N}) &&
+               call.w2.scalar_type() == wt && (wt == at::kFloat || wt == at::kBFloat16 || wt == at::kHalf) &&
+               call.w13.is_contiguous() && call.w2.is_contiguous() && call.w13.device() == x.device() &&
+               call.w2.device() == x.device(),
+           "SwigluExperts: w13 must be a contiguous [", E, ", ", 2 * N, ", ", K, "] and w2 [", E, ", ", K, ", ", N,
+           "], both float32, bfloat16 or float16, on ", x.device(), "; got ", call.w13.sizes(), " ",
+           call.w13.scalar_type(), " and ", call.w2.sizes(), " ", call.w2.scalar_type());
+  check_strides(ab_strides1_, E, "ab_strides1");
+  check_strides(ab_strides2_, E, "ab_strides2");
+  check_strides(c_strides1_, E, "c_strides1");
+  check_strides(c_strides2_, E, "c_strides2");
+  const int64_t T = x.size(0), M = T * topk;
+  const Routing rt = route_softmax(call.logits, E, topk, norm_topk_prob_);
+  at::Tensor a1 = runtime::empty({M, K}, x.options());
+  at::Tensor c1 = runtime::empty({M, 2 * N}, x.options());
+  at::Tensor h = runtime::empty({M, N}, x.options());
+  at::Tensor c2 = runtime::empty({M, K}, x.options());
+
+  const float* xp = x.data_ptr<float>();
+  const int32_t* perm = rt.perm.data_ptr<int32_t>();
+  const int32_t* off = rt.offsets.data_ptr<int32_t>();
+  const void* w13 = call.w13.data_ptr();
+  const void* w2 = call.w2.data_ptr();
+  const int64_t* ab1 = ab_strides1_.data_ptr<int64_t>();
+  const int64_t* ab2 = ab_strides2_.data_ptr<int64_t>();
+  const int64_t* cs1 = c_strides1_.data_ptr<int64_t>();
+  const int64_t* cs2 = c_strides2_.data_ptr<int64_t>();
+  float* a1p = a1.data_ptr<float>();
+  float* c1p = c1.data_ptr<float>();
+  float* hp = h.data_ptr<float>();
+  float* c2p = c2.data_ptr<float>();
+  const cuda::MoeWeightType type = wt == at::kFloat      ? cuda::MoeWeightType::f32
+                                   : wt == at::kBFloat16 ? cuda::MoeWeightType::bf16
+                                                         : cuda::MoeWeightType::f16;
+  if (x.is_cuda()) {
+    GK_LAUNCH_CUDA("moe_swiglu_gemm", x, {
+      void* s = runtime::cuda_stream(x);
+      cuda::launch_moe_gather_rows(xp, perm, a1p, M, K, topk, s);
+      cuda::launch_moe_grouped_gemm_nt_w(a1p, w13, type, c1p, off, ab1, ab1, cs1, E, 2 * N, K, s);
+      cuda::launch_moe_silu_act_rows(c1p, hp, M, N, s);
+      cuda::launch_moe_grouped_gemm_nt_w(hp, w2, type, c2p, off, ab2, ab2, cs2, E, K, N, s);
+    });
+  } else {
+    // The weights' storage type picks the instantiation; c10::BFloat16 and
+    // c10::Half are standard-layout wrappers of their uint16_t bits.
+    auto gemm = [type](const float* a, const void* b, float* c, const int32_t* o, const int64_t* as,
+                       const int64_t* bs, const int64_t* cs, int64_t e, int64_t ncols, int64_t kdim) {
+      switch (type) {
+        case cuda::MoeWeightType::f32:
+          grouped_gemm_nt_w_cpu<mc::F32Weight>(a, static_cast<const float*>(b), c, o, as, bs, cs, e, ncols, kdim);
+          break;
+        case cuda::MoeWeightType::bf16:
+          grouped_gemm_nt_w_cpu<mc::Bf16Weight>(a, static_cast<const std::uint16_t*>(b), c, o, as, bs, cs, e, ncols,
+                                                kdim);
+          break;
+        case cuda::MoeWeightType::f16:
+          grouped_gemm_nt_w_cpu<mc::F16Weight>(a, static_cast<const std::uint16_t*>(b), c, o, as, bs, cs, e, ncols,
+                                               kdim);
+          break;
+      }
+    };
+    hostrt::launch("moe_gather", {reads(x), reads(rt.perm), writes(a1)}, [=] { gather_cpu(xp, perm, a1p, M, K, topk); });
+    hostrt::launch("moe_swiglu_gemm1",
+                   {reads(a1), reads(call.w13), writes(c1), reads(rt.offsets), reads(ab_strides1_), reads(c_strides1_)},
+                   [=] { gemm(a1p, w13, c1p, off, ab1, ab1, cs1, E, 2 * N, K); });
+    hostrt::launch("moe_silu_act", {reads(c1), writes(h)}, [=] { silu_act_cpu(c1p, hp, M, N); });
+    hostrt::launch("moe_swiglu_gemm2",
+                   {reads(h), reads(call.w2), writes(c2), reads(rt.offsets), reads(ab_strides2_), reads(c_strides2_)},
+                   [=] { gemm(hp, w2, c2p, off, ab2, ab2, cs2, E, K, N); });
+  }
+  return finalize(c2, rt, T, K, topk);
+}
+
 // --- site 10 -----------------------------------------------------------------------
 
 CutlassW4A8Experts::CutlassW4A8Experts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
@@ -293,3 +453,4 @@ at::Tensor CutlassW4A8Experts::apply(const MoeCall& call) const {
 
 GRAPHKEEP_REGISTER_TYPE(gk::kernels::CutlassExperts);
 GRAPHKEEP_REGISTER_TYPE(gk::kernels::CutlassW4A8Experts);
+GRAPHKEEP_REGISTER_TYPE(gk::kernels::SwigluExperts);

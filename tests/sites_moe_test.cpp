@@ -4,22 +4,32 @@
 //   site 4   CUTLASS grouped GEMM stride arrays             gk::kernels::CutlassMoe / CutlassExperts
 //   site 10  W4A8 grouped GEMM a/c/s stride arrays          gk::kernels::W4A8Moe / CutlassW4A8Experts
 //   site 11  kernel-owned scratch (RDNA3 WNA16)             gk::kernels::Rdna3Wna16Moe / Rdna3Wna16Kernel
+// and the Qwen3-MoE experts (issue 16), site 4's stride arrays under
+// softmax routing and a SiLU-gated activation:       gk::kernels::SwigluExperts
 #include "site_harness.h"
 
 #include <graphkeep/kernels/catalog.h>
+#include <graphkeep/numerics/softmax_topk.h>
 #include <graphkeep/reload/collector.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
+#include <memory>
 #include <numeric>
+#include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
 
 using gk::kernels::CutlassExperts;
 using gk::kernels::CutlassW4A8Experts;
+using gk::kernels::SwigluExperts;
 
 constexpr int64_t E = 4, K = 16, N = 16, TOPK = 2, T = 6, G = 8, MAX_TOKENS = 8;
 
@@ -110,6 +120,93 @@ struct Wna16Model : torch::nn::Module {
   at::Tensor example_input(c10::Device d) const { return moe_input(d); }
   at::Tensor forward(const at::Tensor& x) { return moe->forward(sites::slice(x, 1, 0, K), sites::slice(x, 1, K, E)); }
 };
+
+// The Qwen3-MoE experts, held as the example engine's SparseMoe holds them:
+// PWAL rebuilds the experts object; the weights are the parameters, in WT.
+class SwigluLayer : public torch::nn::Module, public gk::DescribedLayer<SwigluLayer> {
+ public:
+  SwigluLayer(c10::Device d, at::ScalarType wt) {
+    w13_ = checkpoint_param("w13", {E, 2 * N, K}, wt, d);
+    w2_ = checkpoint_param("w2", {E, K, N}, wt, d);
+  }
+  void process_weights_after_loading() override {
+    experts_ = std::make_unique<SwigluExperts>(E, K, N, TOPK, /*norm_topk_prob=*/true, w13_.device());
+  }
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& logits) {
+    return experts_->apply({x, logits, w13_, w2_, {}, {}});
+  }
+  const SwigluExperts& experts() const { return dynamic_cast<const SwigluExperts&>(*experts_); }
+
+ private:
+  at::Tensor w13_, w2_;
+  std::unique_ptr<gk::kernels::MoeExperts> experts_;
+  GRAPHKEEP_DESCRIBE_DERIVED(SwigluLayer, (torch::nn::Module, gk::DescribedLayer<SwigluLayer>), (w13_, gk::parameter),
+                             (w2_, gk::parameter), experts_)
+};
+
+template <at::ScalarType WT>
+struct SwigluModelT : torch::nn::Module {
+  std::shared_ptr<SwigluLayer> moe;
+  explicit SwigluModelT(c10::Device d) { moe = register_module("moe", std::make_shared<SwigluLayer>(d, WT)); }
+  std::vector<gk::NamedTensor> checkpoint(int step) const {
+    return {{"moe.w13", wave({E, 2 * N, K}, 0.13, 1.0 * step).to(WT)},
+            {"moe.w2", wave({E, K, N}, 0.17, 1.1 * step + 0.5).to(WT)}};
+  }
+  at::Tensor example_input(c10::Device d) const { return moe_input(d); }
+  at::Tensor forward(const at::Tensor& x) { return moe->forward(sites::slice(x, 1, 0, K), sites::slice(x, 1, K, E)); }
+  const SwigluExperts& experts() const { return moe->experts(); }
+};
+using SwigluModel = SwigluModelT<at::kFloat>;
+using SwigluBf16Model = SwigluModelT<at::kBFloat16>;
+
+// transformers' Qwen3MoeSparseMoeBlock in float32 (tests/hf/README.md): softmax
+// over all experts, torch.topk, renormalized when `norm`; each expert hit by
+// some token in ascending order, its output times the token's weight added
+// with index_add_. The weights are widened to float32 first.
+at::Tensor qwen3_moe_reference(const at::Tensor& x, const at::Tensor& logits, const at::Tensor& w13,
+                               const at::Tensor& w2, int64_t topk, bool norm) {
+  const at::Tensor probs = at::softmax(logits, 1, at::kFloat);
+  auto [w, idx] = at::topk(probs, topk, 1);
+  if (norm) w = w / w.sum(-1, /*keepdim=*/true);
+  const int64_t n = w13.size(1) / 2;
+  at::Tensor out = at::zeros_like(x);
+  for (int64_t e = 0; e < w13.size(0); ++e) {
+    const at::Tensor hit = idx.eq(e);
+    const at::Tensor rows = hit.any(1).nonzero().view(-1);
+    if (rows.numel() == 0) continue;
+    const at::Tensor h = at::mm(x.index_select(0, rows), w13[e].to(at::kFloat).t());
+    const at::Tensor a = at::silu(h.narrow(1, 0, n)) * h.narrow(1, n, n);
+    const at::Tensor o = at::mm(a, w2[e].to(at::kFloat).t());
+    out.index_add_(0, rows, o * (w * hit.to(at::kFloat)).sum(1).index_select(0, rows).unsqueeze(1));
+  }
+  return out;
+}
+
+// Router logits with many exact ties: small integers (and, with `spread`, a
+// distinct fraction on some tokens).
+at::Tensor tied_logits(int64_t tokens, int64_t experts, uint32_t seed, bool spread) {
+  std::mt19937 rng(seed);
+  std::vector<float> v(static_cast<std::size_t>(tokens * experts));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    v[i] = static_cast<float>(rng() % 3);
+    if (spread && (i / static_cast<std::size_t>(experts)) % 2 == 1) v[i] += static_cast<float>(rng() % 1000) * 1e-3f;
+  }
+  return at::tensor(v, at::kFloat).reshape({tokens, experts});
+}
+
+// One call of a fresh SwigluExperts of the given shape on `d`, eagerly.
+at::Tensor swiglu_apply(c10::Device d, int64_t experts, int64_t topk, bool norm, const at::Tensor& x,
+                        const at::Tensor& logits, const at::Tensor& w13, const at::Tensor& w2) {
+  const SwigluExperts ex(experts, x.size(1), w2.size(2), topk, norm, d);
+  at::Tensor y = ex.apply({x.to(d), logits.to(d), w13.to(d), w2.to(d), {}, {}});
+  sites::sync(d);
+  return y.to(at::kCPU);
+}
+
+// The units in the last place between a and b (finite floats of one sign).
+int64_t ulps(float a, float b) {
+  return std::abs(static_cast<int64_t>(gk::numerics::bits_of(a)) - static_cast<int64_t>(gk::numerics::bits_of(b)));
+}
 
 const gk::PlannedSlot* find_slot(const gk::SlotPlan& plan, const std::string& name) {
   for (const auto& l : plan.layers())
@@ -302,6 +399,127 @@ TEST_SUITE("cpu") {
   TEST_CASE("site 11 RDNA3 WNA16 scratch: negative (undeclared)") {
     sites::negative_undeclared<Wna16Model>(sites::cpu(), "moe.kernel_.rdna3_w1_buf_");
   }
+
+  // The Qwen3-MoE experts (issue 16)
+  TEST_CASE("Qwen3-MoE SwigluExperts: the catalog lists its stride arrays") {
+    using R = gk::Registry<gk::kernels::MoeTypes>;
+    int strides = 0;
+    for (const auto& e : R::table()) {
+      if (e.root != "SwigluExperts") continue;
+      for (const char* p : {"ab_strides1_", "ab_strides2_", "c_strides1_", "c_strides2_"})
+        if (e.path_equals(p)) {
+          CHECK(e.role.role == gk::Role::metadata);
+          CHECK(e.role.effective_init() == gk::Init::copy_new);
+          ++strides;
+        }
+    }
+    CHECK(strides == 4);
+  }
+  TEST_CASE("Qwen3-MoE SwigluExperts: positive (float32 and bfloat16 weights)") {
+    sites::positive<SwigluModel>(sites::cpu());
+    sites::positive<SwigluBf16Model>(sites::cpu());
+  }
+  TEST_CASE("Qwen3-MoE SwigluExperts: PWAL rebuilds the experts object, the captured strides stay") {
+    sites::Rig<SwigluModel> rig(sites::cpu());
+    const gk::PlannedSlot* s = find_slot(rig.engine->plan(), "moe.experts_.ab_strides1_");
+    REQUIRE(s != nullptr);
+    REQUIRE(s->paths.size() == 2);
+    CHECK(s->paths[1].str() == "experts_.c_strides2_");
+    const void* captured = rig.model->experts().ab_strides2().data_ptr();
+    for (int step = 1; step <= 2; ++step) {
+      CAPTURE(step);
+      const auto* before = &rig.model->experts();
+      rig.reload(step);
+      CHECK(&rig.model->experts() != before);
+      CHECK(rig.model->experts().ab_strides2().data_ptr() == captured);
+      CHECK(rig.model->experts().norm_topk_prob());
+      CHECK(sites::same(rig.replay(), sites::fresh_output<SwigluModel>(sites::cpu(), step, rig.input), true));
+    }
+  }
+  TEST_CASE("Qwen3-MoE SwigluExperts: negative (copy-back disabled: drift found, values unchanged)") {
+    // The strides are the same values after every PWAL, so a forced replay
+    // still computes the right output from the old storage; the manifest
+    // reports the moved address all the same and replay is refused.
+    sites::unprotected_drift_detected<SwigluModel>(sites::cpu(), "moe.experts_.ab_strides1_");
+    sites::unprotected_drift_detected<SwigluModel>(sites::cpu(), "moe.experts_.c_strides1_");
+  }
+  TEST_CASE("Qwen3-MoE SwigluExperts: negative (undeclared)") {
+    sites::negative_undeclared<SwigluModel>(sites::cpu(), "moe.experts_.ab_strides2_");
+  }
+  TEST_CASE("Qwen3-MoE SwigluExperts: equals transformers' sparse block, exact ties included") {
+    // (experts, topk): 8/2 and 16/4 are the tiny and small reference models.
+    for (auto [experts, topk] : {std::pair<int64_t, int64_t>{8, 2}, {16, 4}, {4, 1}, {6, 6}})
+      for (const bool norm : {true, false})
+        for (const at::ScalarType wt : {at::kFloat, at::kBFloat16, at::kHalf})
+          for (const bool spread : {false, true}) {
+            CAPTURE(experts);
+            CAPTURE(topk);
+            CAPTURE(norm);
+            CAPTURE(wt);
+            CAPTURE(spread);
+            const int64_t tokens = 64, k = 16, n = 8;
+            const at::Tensor x = wave({tokens, k}, 0.29, 0.3, 1.0);
+            const at::Tensor logits = tied_logits(tokens, experts, static_cast<uint32_t>(experts * 7 + topk), spread);
+            // weights of the storage type; float16 with a few subnormals
+            const at::Tensor w13 = (wave({experts, 2 * n, k}, 0.37, 0.1) * (wt == at::kHalf ? 1e-4 : 1.0)).to(wt);
+            const at::Tensor w2 = wave({experts, k, n}, 0.41, 0.7).to(wt);
+            const at::Tensor y = swiglu_apply(sites::cpu(), experts, topk, norm, x, logits, w13, w2);
+            const at::Tensor want = qwen3_moe_reference(x, logits, w13, w2, topk, norm);
+            const double scale = std::max(1e-30, want.abs().max().item<double>());
+            CHECK((y - want).abs().max().item<double>() / scale < 1e-5);
+          }
+  }
+  TEST_CASE("Qwen3-MoE routing: torch_topk_order is torch.topk's order, ties and NaNs included") {
+    std::mt19937 rng(12345);
+    int64_t cases = 0, tie_orders = 0;
+    for (const int64_t n : {1, 2, 3, 4, 5, 8, 16, 17, 33, 64, 128, 160})
+      for (const int64_t k : {1, 2, 3, 4, 8, 17, 18, 20}) {
+        if (k > n) continue;
+        for (int trial = 0; trial < 40; ++trial) {
+          std::vector<float> v(static_cast<std::size_t>(n));
+          const uint32_t distinct = 1 + trial % 5;
+          for (float& f : v) f = static_cast<float>(rng() % distinct) * 0.25f;
+          if (trial % 10 == 9) v[rng() % v.size()] = std::numeric_limits<float>::quiet_NaN();
+          std::vector<int32_t> q(static_cast<std::size_t>(n));
+          gk::numerics::torch_topk_order(v.data(), n, k, q.data());
+          const at::Tensor want = std::get<1>(at::topk(at::tensor(v, at::kFloat), k));
+          const at::Tensor got = at::tensor(std::vector<int32_t>(q.begin(), q.begin() + k), at::kInt).to(at::kLong);
+          INFO("n " << n << " k " << k << " trial " << trial << ": torch " << want << " ours " << got);
+          CHECK(at::equal(got, want));
+          ++cases;
+          // count the cases where lower-index-first would have been wrong
+          std::vector<int32_t> stable(static_cast<std::size_t>(n));
+          std::iota(stable.begin(), stable.end(), 0);
+          std::stable_sort(stable.begin(), stable.end(), [&](int32_t a, int32_t b) {
+            const float x = v[static_cast<std::size_t>(a)], y = v[static_cast<std::size_t>(b)];
+            return (std::isnan(x) && !std::isnan(y)) || x > y;
+          });
+          tie_orders += std::equal(q.begin(), q.begin() + k, stable.begin()) ? 0 : 1;
+        }
+      }
+    MESSAGE(cases << " cases, " << tie_orders << " where torch's order is not lower index first");
+    CHECK(tie_orders > cases / 10);  // the inputs really exercise the tie order
+  }
+  TEST_CASE("Qwen3-MoE routing: fexp within 2 ulp, fsilu as ATen's silu") {
+    int64_t worst = 0;
+    for (int64_t i = 0; i <= 2000000; ++i) {
+      const float x = static_cast<float>(-104.0 + (88.7 + 104.0) * static_cast<double>(i) / 2000000.0);
+      const float want = static_cast<float>(std::exp(static_cast<double>(x)));
+      if (want < std::numeric_limits<float>::min()) continue;  // subnormal results: absolute error only
+      worst = std::max(worst, ulps(gk::numerics::fexp(x), want));
+    }
+    MESSAGE("fexp: worst " << worst << " ulp");
+    CHECK(worst <= 2);
+    CHECK(gk::numerics::fexp(0.f) == 1.f);
+    CHECK(gk::numerics::fexp(-std::numeric_limits<float>::infinity()) == 0.f);
+    CHECK(std::isinf(gk::numerics::fexp(100.f)));
+    CHECK(std::isnan(gk::numerics::fexp(std::numeric_limits<float>::quiet_NaN())));
+    const at::Tensor xs = at::linspace(-30, 30, 6001, at::kFloat);
+    const at::Tensor want = at::silu(xs);
+    std::vector<float> got(6001);
+    for (int64_t i = 0; i < 6001; ++i) got[static_cast<std::size_t>(i)] = gk::numerics::fsilu(xs[i].item<float>());
+    CHECK(at::allclose(at::tensor(got, at::kFloat), want, 1e-6, 1e-30));
+  }
 }
 
 TEST_SUITE("gpu") {
@@ -360,6 +578,31 @@ TEST_SUITE("gpu") {
   TEST_CASE("site 11 RDNA3 WNA16 scratch on CUDA graphs: negative (undeclared)") {
     sites::negative_undeclared<Wna16Model>(sites::gpu(), "moe.kernel_.rdna3_w1_buf_");
   }
+  // The Qwen3-MoE experts (issue 16)
+  TEST_CASE("Qwen3-MoE SwigluExperts on CUDA graphs: positive") {
+    sites::positive<SwigluModel>(sites::gpu());
+    sites::positive<SwigluBf16Model>(sites::gpu());
+  }
+  TEST_CASE("Qwen3-MoE SwigluExperts on CUDA graphs: negative (copy-back disabled, undeclared)") {
+    sites::unprotected_drift_detected<SwigluModel>(sites::gpu(), "moe.experts_.ab_strides1_");
+    sites::negative_undeclared<SwigluModel>(sites::gpu(), "moe.experts_.ab_strides2_");
+  }
+  TEST_CASE("Qwen3-MoE SwigluExperts: the CUDA kernel equals its CPU twin bit for bit") {
+    for (const at::ScalarType wt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      CAPTURE(wt);
+      const int64_t tokens = 200, experts = 16, topk = 4, k = 32, n = 16;
+      const at::Tensor x = wave({tokens, k}, 0.29, 0.3, 1.0);
+      const at::Tensor logits = tied_logits(tokens, experts, 99, true);
+      const at::Tensor w13 = wave({experts, 2 * n, k}, 0.37, 0.1).to(wt);
+      const at::Tensor w2 = wave({experts, k, n}, 0.41, 0.7).to(wt);
+      const at::Tensor on_cpu = swiglu_apply(sites::cpu(), experts, topk, true, x, logits, w13, w2);
+      const at::Tensor on_gpu = swiglu_apply(sites::gpu(), experts, topk, true, x, logits, w13, w2);
+      CHECK(at::equal(on_cpu, on_gpu));
+      const at::Tensor want = qwen3_moe_reference(x, logits, w13, w2, topk, true);
+      CHECK((on_gpu - want).abs().max().item<double>() / want.abs().max().item<double>() < 1e-5);
+    }
+  }
+
   TEST_CASE("site 11 RDNA3 WNA16 scratch on CUDA graphs: replay writes through the freed scratch") {
     const gk::testing::ChildResult r = gk::testing::run_child("moe_site11_freed_scratch");
     INFO("child output: " << r.output);

@@ -4,14 +4,16 @@
 // bitwise:
 //   - arithmetic through fmul/fadd/fsub/fdiv, which are __fmul_rn & co. on
 //     the device (no FMA contraction) and plain IEEE operations on the host;
-//   - no transcendental functions (expf/silu differ by an ulp between libm
-//     and CUDA): the router renormalizes rationally and the gated activation
-//     is softsign(a) * b;
+//   - no libm or CUDA transcendental functions (expf/silu differ by an ulp
+//     between them): the sites' router renormalizes rationally and their
+//     gated activation is softsign(a) * b; the Qwen3-MoE experts' softmax
+//     and SiLU use numerics/softmax_topk.h's fexp, built from the above;
 //   - routing and the counting sort are single-threaded, deterministic loops.
 // No Torch, no Boost: this header is included by .cu files.
 #pragma once
 
 #include <graphkeep/numerics/exact_math.h>
+#include <graphkeep/numerics/softmax_topk.h>
 
 #include <cstdint>
 
@@ -221,5 +223,67 @@ GK_MOE_HD float wna16_output(const float* h, const int32_t* ids, const float* ga
   }
   return acc;
 }
+
+}  // namespace gk::kernels::moe
+
+// --- the Qwen3-MoE / Mixtral pipeline (SwigluExperts) ---------------------------
+//
+// Softmax routing and the SiLU-gated activation need e^x: both sides use
+// graphkeep/numerics/softmax_topk.h (fexp from basic operations), so they
+// still agree bit for bit.
+
+namespace gk::kernels::moe {
+
+// The expert weights' storage types, widened exactly to float on load.
+struct F32Weight {
+  using type = float;
+  GK_MOE_HD static float load(float w) { return w; }
+};
+struct Bf16Weight {  // the upper half of a float32
+  using type = std::uint16_t;
+  GK_MOE_HD static float load(std::uint16_t b) { return numerics::float_of(static_cast<std::uint32_t>(b) << 16); }
+};
+struct F16Weight {  // IEEE binary16
+  using type = std::uint16_t;
+  GK_MOE_HD static float load(std::uint16_t h) {
+    const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+    const std::uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0x1Fu) return numerics::float_of(sign | 0x7F800000u | (m << 13));  // inf, NaN
+    if (e != 0u) return numerics::float_of(sign | ((e + 112u) << 23) | (m << 13));
+    const float v = fmul(static_cast<float>(m), 5.9604644775390625e-8f);  // subnormal: m * 2^-24, exact
+    return sign != 0u ? -v : v;
+  }
+};
+
+// sum_i a[i] * W::load(b[i]), in index order (for F32Weight the same
+// operations as dot).
+template <class W>
+GK_MOE_HD float dot_w(const float* a, const typename W::type* b, int64_t n) {
+  float acc = 0.f;
+  for (int64_t i = 0; i < n; ++i) acc = mac(acc, a[i], W::load(b[i]));
+  return acc;
+}
+
+// Qwen3-MoE's router for one token: p = softmax(logits) over all E experts
+// (float32), the top-k of p in torch.topk's order (ties included), gates = p
+// of the chosen experts, divided by their sum (in rank order) when
+// `renormalize` (norm_topk_prob). probs [E] and order [E] are scratch.
+GK_MOE_HD void route_token_softmax(const float* logits, int64_t num_experts, int64_t topk, bool renormalize,
+                                   float* probs, int32_t* order, int32_t* ids, float* gates) {
+  numerics::softmax_row(logits, num_experts, probs);
+  numerics::torch_topk_order(probs, num_experts, topk, order);
+  float sum = 0.f;
+  for (int64_t j = 0; j < topk; ++j) {
+    ids[j] = order[j];
+    gates[j] = probs[order[j]];
+    sum = fadd(sum, gates[j]);
+  }
+  if (renormalize)
+    for (int64_t j = 0; j < topk; ++j) gates[j] = fdiv(gates[j], sum);
+}
+
+// The SiLU-gated activation of Qwen3-MoE's experts: silu(a) * b (a: the gate
+// projection, b: the up projection), ATen's silu formula.
+GK_MOE_HD float silu_act(float a, float b) { return fmul(numerics::fsilu(a), b); }
 
 }  // namespace gk::kernels::moe

@@ -1,5 +1,7 @@
 // The CUTLASS-style grouped MoE pipeline of sites 4 (fp32 grouped GEMM with
-// ab/c stride arrays) and 10 (W4A8 grouped GEMM with a/c/s stride arrays):
+// ab/c stride arrays) and 10 (W4A8 grouped GEMM with a/c/s stride arrays),
+// and of the Qwen3-MoE experts (softmax routing, SiLU-gated activation,
+// float32 / bfloat16 / float16 weights, site 4's stride arrays):
 // route -> gather (or quantize) -> grouped GEMM1 -> activation -> grouped
 // GEMM2 -> unpermute and reduce. The grouped GEMMs read each expert's
 // leading-dimension strides from device memory per group, like CUTLASS's
@@ -105,6 +107,56 @@ __global__ void moe_w4a8_gemm_kernel(const int8_t* __restrict__ a, const float* 
     cg[r * ldc + n] = fmul(w4a8_dot(ag + r * lda, brow, sg, lds, n, kdim, group), ascale[r0 + r]);
 }
 
+// --- Qwen3-MoE / Mixtral experts (SwigluExperts) ---------------------------------
+
+// One block, as moe_route_kernel; each token's softmax and top-k work in its
+// rows of probs and order [T, E].
+__global__ void moe_route_softmax_kernel(const float* __restrict__ logits, float* __restrict__ probs,
+                                         int32_t* __restrict__ order, int32_t* __restrict__ ids,
+                                         float* __restrict__ gates, int32_t* __restrict__ offsets,
+                                         int32_t* __restrict__ perm, int32_t* __restrict__ inv, int64_t T, int64_t E,
+                                         int64_t topk, bool renormalize) {
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x)
+    route_token_softmax(logits + t * E, E, topk, renormalize, probs + t * E, order + t * E, ids + t * topk,
+                        gates + t * topk);
+  __syncthreads();
+  if (threadIdx.x == 0) sort_by_expert(ids, T * topk, E, offsets, perm, inv);
+}
+
+// moe_grouped_gemm_nt_kernel with B stored as W::type.
+template <class W>
+__global__ void moe_grouped_gemm_nt_w_kernel(const float* __restrict__ a, const typename W::type* __restrict__ b,
+                                             float* __restrict__ c, const int32_t* __restrict__ offsets,
+                                             const int64_t* __restrict__ a_strides,
+                                             const int64_t* __restrict__ b_strides,
+                                             const int64_t* __restrict__ c_strides, int64_t ncols, int64_t kdim) {
+  const int64_t g = blockIdx.x;
+  const int64_t n = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (n >= ncols) return;
+  const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+  const int64_t lda = a_strides[g], ldb = b_strides[g], ldc = c_strides[g];  // per group, from global memory
+  const float* ag = a + r0 * kdim;
+  const typename W::type* bg = b + g * ncols * kdim;
+  float* cg = c + r0 * ncols;
+  for (int64_t r = 0; r < r1 - r0; ++r) cg[r * ldc + n] = dot_w<W>(ag + r * lda, bg + n * ldb, kdim);
+}
+
+template <class W>
+void grouped_gemm_nt_w(const float* a, const void* b, float* c, const int32_t* offsets, const int64_t* a_strides,
+                       const int64_t* b_strides, const int64_t* c_strides, int64_t experts, int64_t ncols,
+                       int64_t kdim, cudaStream_t stream) {
+  dim3 grid(static_cast<unsigned>(experts), blocks_for(ncols));
+  moe_grouped_gemm_nt_w_kernel<W><<<grid, kThreads, 0, stream>>>(
+      a, static_cast<const typename W::type*>(b), c, offsets, a_strides, b_strides, c_strides, ncols, kdim);
+}
+
+__global__ void moe_silu_act_kernel(const float* __restrict__ c1, float* __restrict__ h, int64_t M, int64_t N) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M * N) return;
+  const int64_t r = i / N, n = i % N;
+  h[i] = silu_act(c1[r * 2 * N + n], c1[r * 2 * N + N + n]);
+}
+
 }  // namespace
 
 void launch_moe_route(const float* logits, int32_t* ids, float* gates, int32_t* offsets, int32_t* perm,
@@ -161,6 +213,37 @@ void launch_moe_w4a8_grouped_gemm(const int8_t* a, const float* ascale, const in
   dim3 grid(static_cast<unsigned>(experts), blocks_for(ncols));
   moe_w4a8_gemm_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       a, ascale, b, s, c, offsets, a_strides, c_strides, s_strides, ncols, kdim, group);
+}
+
+void launch_moe_route_softmax(const float* logits, float* probs, int32_t* order, int32_t* ids, float* gates,
+                              int32_t* offsets, int32_t* perm, int32_t* inv, int64_t tokens, int64_t experts,
+                              int64_t topk, bool renormalize, void* stream) {
+  moe_route_softmax_kernel<<<1, 128, 0, static_cast<cudaStream_t>(stream)>>>(
+      logits, probs, order, ids, gates, offsets, perm, inv, tokens, experts, topk, renormalize);
+}
+
+void launch_moe_grouped_gemm_nt_w(const float* a, const void* b, MoeWeightType b_type, float* c,
+                                  const int32_t* offsets, const int64_t* a_strides, const int64_t* b_strides,
+                                  const int64_t* c_strides, int64_t experts, int64_t ncols, int64_t kdim,
+                                  void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (b_type) {
+    case MoeWeightType::f32:
+      grouped_gemm_nt_w<F32Weight>(a, b, c, offsets, a_strides, b_strides, c_strides, experts, ncols, kdim, s);
+      break;
+    case MoeWeightType::bf16:
+      grouped_gemm_nt_w<Bf16Weight>(a, b, c, offsets, a_strides, b_strides, c_strides, experts, ncols, kdim, s);
+      break;
+    case MoeWeightType::f16:
+      grouped_gemm_nt_w<F16Weight>(a, b, c, offsets, a_strides, b_strides, c_strides, experts, ncols, kdim, s);
+      break;
+  }
+}
+
+void launch_moe_silu_act_rows(const float* c1, float* h, int64_t rows, int64_t inter, void* stream) {
+  if (rows * inter == 0) return;
+  moe_silu_act_kernel<<<blocks_for(rows * inter), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(c1, h, rows,
+                                                                                                     inter);
 }
 
 }  // namespace gk::kernels::cuda

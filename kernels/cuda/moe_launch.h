@@ -1,9 +1,9 @@
 // kernels/cuda/moe_launch.h: the plain CUDA launchers of the MoE sites
-// (2, 4, 10, 11). Raw device pointers in, work enqueued on `stream` (an
-// opaque cudaStream_t). Shapes: T tokens, E experts, K hidden, N
-// intermediate, M = T * topk routed rows. The CPU twins live in
-// kernels/moe_experts.cpp and kernels/moe_layers.cpp and use the same
-// scalar code (moe_common.h).
+// (2, 4, 10, 11) and of the Qwen3-MoE experts (SwigluExperts). Raw device
+// pointers in, work enqueued on `stream` (an opaque cudaStream_t). Shapes:
+// T tokens, E experts, K hidden, N intermediate, M = T * topk routed rows.
+// The CPU twins live in kernels/moe_experts.cpp and kernels/moe_layers.cpp
+// and use the same scalar code (moe_common.h).
 #pragma once
 #include <cstdint>
 
@@ -48,6 +48,25 @@ void launch_moe_act_rows(const float* c1, float* h, int64_t rows, int64_t inter,
 // y[t] = sum_j gates[t*topk+j] * c2[inv[t*topk+j]]   (unpermute and reduce)
 void launch_moe_finalize(const float* c2, const float* gates, const int32_t* inv, float* y, int64_t tokens,
                          int64_t hidden, int64_t topk, void* stream);
+
+// --- Qwen3-MoE / Mixtral experts (SwigluExperts), same grouped pipeline ---------
+
+// Routes every token with moe_common.h route_token_softmax (softmax over the
+// experts, torch.topk's order, renormalized when `renormalize`) and groups the
+// rows by expert. probs and order: scratch [tokens, experts].
+void launch_moe_route_softmax(const float* logits, float* probs, int32_t* order, int32_t* ids, float* gates,
+                              int32_t* offsets, int32_t* perm, int32_t* inv, int64_t tokens, int64_t experts,
+                              int64_t topk, bool renormalize, void* stream);
+// The expert weights' storage type of launch_moe_grouped_gemm_nt_w.
+enum class MoeWeightType : int { f32 = 0, bf16 = 1, f16 = 2 };
+// launch_moe_grouped_gemm_nt with B of `b_type` (float, or bfloat16 / float16
+// bits), each element widened exactly to float; the math in float32.
+void launch_moe_grouped_gemm_nt_w(const float* a, const void* b, MoeWeightType b_type, float* c,
+                                  const int32_t* offsets, const int64_t* a_strides, const int64_t* b_strides,
+                                  const int64_t* c_strides, int64_t experts, int64_t ncols, int64_t kdim,
+                                  void* stream);
+// h[r, n] = silu(c1[r, n]) * c1[r, N + n]   (Qwen3-MoE's act_fn(gate) * up)
+void launch_moe_silu_act_rows(const float* c1, float* h, int64_t rows, int64_t inter, void* stream);
 
 // W4A8 (site 10). aq[r] = int8(x[perm[r] / topk] / ascale[r]), per-row scale.
 void launch_moe_quant_rows(const float* x, const int32_t* perm, int8_t* aq, float* ascale, int64_t rows,

@@ -28,6 +28,7 @@ using MoeTypes = concat_t<TypeList<ShuffledMoe>,         // site 2: shuffled exp
                           TypeList<CutlassMoe>,          //
                           TypeList<CutlassW4A8Experts>,  // site 10: W4A8 a/c/s stride arrays
                           TypeList<W4A8Moe>,             //
+                          TypeList<SwigluExperts>,       // Qwen3-MoE experts: site 4's stride arrays
                           TypeList<Rdna3Wna16Kernel>,    // site 11: kernel-owned scratch
                           TypeList<Rdna3Wna16Moe>,       //
                           TypeList<>>;

@@ -24,10 +24,14 @@
 //   (s_strides: the row stride of the group-scale matrices [K/G, 2N] and
 //   [N/G, K] that PWAL transposes the checkpoint scales into).
 //
-// The pipeline of both (kernels/cuda/moe_grouped.cu, CPU twins in
+// SwigluExperts (below) runs site 4's pipeline with Qwen3-MoE's routing and
+// activation, for the example engine's Qwen3-MoE layer.
+//
+// The pipeline of all three (kernels/cuda/moe_grouped.cu, CPU twins in
 // kernels/moe_experts.cpp): route top-k and group the rows by expert ->
 // gather (site 10: quantize to int8) -> grouped GEMM1 -> softsign-gated
-// activation (site 10: + quantize) -> grouped GEMM2 -> unpermute and reduce.
+// activation (site 10: + quantize; SwigluExperts: SiLU-gated) -> grouped
+// GEMM2 -> unpermute and reduce.
 // The per-call temporaries come from the capture pool, as in vLLM.
 #pragma once
 
@@ -86,6 +90,49 @@ class CutlassExperts final : public MoeExperts {
 
   GRAPHKEEP_DESCRIBE_DERIVED(CutlassExperts, (MoeExperts), (ab_strides1_, metadata), (ab_strides2_, metadata),
                              (c_strides1_, metadata), (c_strides2_, metadata))
+};
+
+// Qwen3-MoE / Mixtral experts (issue 16; the example engine's SparseMoe):
+// site 4's grouped pipeline and stride arrays (ab_strides1 aliased as
+// c_strides2, ab_strides2, c_strides1: the same slots, the same failure when
+// a captured graph reads the strides of a destroyed object), with
+// transformers' Qwen3MoeSparseMoeBlock semantics:
+//   route    p = softmax(logits) over all E experts, in float32; the top-k of
+//            p in torch.topk's order on the CPU, ties included
+//            (graphkeep/numerics/softmax_topk.h); gates = p of the chosen
+//            experts, divided by their sum when norm_topk_prob;
+//   GEMM1    [M,K] x w13[e]:[2N,K]^T -> [M,2N]   (rows: gate_proj, then up_proj)
+//   act      h = silu(gate) * up
+//   GEMM2    [M,N] x w2[e]:[K,N]^T -> [M,K]       (down_proj)
+//   reduce   y[t] = sum_j gate_j * c2[row of (t, j)], in top-k rank order.
+// x, logits and y are float32, and so is all arithmetic. w13 [E, 2N, K] and
+// w2 [E, K, N] (contiguous, one dtype) may be float32, bfloat16 or float16:
+// the GEMMs widen each weight exactly on load, so a model in bf16 needs no
+// float32 copy of its experts. CPU twin and CUDA kernel agree bit for bit;
+// against transformers in float32 the results differ only by the order of
+// the sums (about 1e-7 relative).
+class SwigluExperts final : public MoeExperts {
+ public:
+  SwigluExperts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, bool norm_topk_prob,
+                c10::Device device);
+
+  at::Tensor apply(const MoeCall& call) const override;
+
+  bool norm_topk_prob() const { return norm_topk_prob_; }
+  const at::Tensor& ab_strides1() const { return ab_strides1_; }
+  const at::Tensor& ab_strides2() const { return ab_strides2_; }
+  const at::Tensor& c_strides1() const { return c_strides1_; }
+  const at::Tensor& c_strides2() const { return c_strides2_; }
+
+ private:
+  at::Tensor ab_strides1_;  // int64 [E] = K
+  at::Tensor ab_strides2_;  // int64 [E] = N
+  at::Tensor c_strides1_;   // int64 [E] = 2N
+  at::Tensor c_strides2_;   // int64 [E] = K, aliases ab_strides1_
+  bool norm_topk_prob_ = true;  // renormalize the top-k gates (configuration: checked across PWAL)
+
+  GRAPHKEEP_DESCRIBE_DERIVED(SwigluExperts, (MoeExperts), (ab_strides1_, metadata), (ab_strides2_, metadata),
+                             (c_strides1_, metadata), (c_strides2_, metadata), norm_topk_prob_)
 };
 
 // Site 10. w13: int32 [E, 2N, K/8] packed int4 (moe_common.h int4_at),
