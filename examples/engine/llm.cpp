@@ -62,6 +62,12 @@ at::Tensor residual(const at::Tensor& a, const at::Tensor& b) {
   return op("add", {a, b}, a.sizes(), a.options(), [](auto& in, auto& out) { at::add_out(out[0], in[0], in[1]); });
 }
 
+// t in dtype `dt` (t itself when it already is), as an op.
+at::Tensor to_dtype(const char* name, const at::Tensor& t, at::ScalarType dt) {
+  if (t.scalar_type() == dt) return t;
+  return op(name, {t}, t.sizes(), t.options().dtype(dt), [](auto& in, auto& out) { out[0].copy_(in[0]); });
+}
+
 // Fused SwiGLU activation: [T, 2I] (gate, then up) -> silu(gate) * up [T, I].
 at::Tensor silu_and_mul(const at::Tensor& h) {
   const int64_t i = h.size(1) / 2;
@@ -331,39 +337,51 @@ at::Tensor Mlp::forward(const at::Tensor& x) {
 SparseMoe::SparseMoe(const HfConfig& c, c10::Device device)
     : hidden_(c.hidden_size),
       inter_(c.moe_intermediate_size),
-      experts_(c.num_experts),
+      num_experts_(c.num_experts),
       topk_(c.num_experts_per_tok),
       norm_topk_(c.norm_topk_prob) {
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
-  gate_ = register_parameter("gate", at::zeros({experts_, hidden_}, opts), false);
-  w13_ = register_parameter("w13", at::zeros({experts_ * 2 * inter_, hidden_}, opts), false);
-  w2_ = register_parameter("w2", at::zeros({experts_ * hidden_, inter_}, opts), false);
+  gate_ = register_parameter("gate", at::zeros({num_experts_, hidden_}, opts), false);
+  w13_ = register_parameter("w13", at::zeros({num_experts_ * 2 * inter_, hidden_}, opts), false);
+  w2_ = register_parameter("w2", at::zeros({num_experts_ * hidden_, inter_}, opts), false);
 }
 
 std::vector<gk::CheckpointParam> SparseMoe::checkpoint_params() const {
   const at::ScalarType dt = gate_.scalar_type();
-  return {checkpoint_param("mlp (moe)", "gate", {experts_}, hidden_, dt),
-          checkpoint_param("mlp (moe)", "w13", {inter_, inter_}, hidden_, dt, experts_),
-          checkpoint_param("mlp (moe)", "w2", {hidden_}, inter_, dt, experts_)};
+  return {checkpoint_param("mlp (moe)", "gate", {num_experts_}, hidden_, dt),
+          checkpoint_param("mlp (moe)", "w13", {inter_, inter_}, hidden_, dt, num_experts_),
+          checkpoint_param("mlp (moe)", "w2", {hidden_}, inter_, dt, num_experts_)};
 }
 
+void SparseMoe::process_weights_after_loading() {
+  // A fresh experts object, and with it fresh stride arrays, on every load.
+  experts_ = std::make_unique<gk::kernels::SwigluExperts>(num_experts_, hidden_, inter_, topk_, norm_topk_,
+                                                          w13_.device());
+}
+
+// Note [Qwen3-MoE through the grouped kernel]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The router logits come from a dense projection in the model dtype, as in
+// transformers; x and the logits are cast to float32 (the kernel's input
+// type), the kernel routes (softmax in float32, torch.topk's order, ties
+// included, renormalized), runs only the chosen experts over the model-dtype
+// weights (read as the parameters' [E, 2I, H] / [E, H, I] views, widened
+// exactly) in float32, and its float32 output is cast back. In float32 this
+// is transformers' computation up to the order of the sums; in bf16 and
+// float16 transformers rounds the routing weights, each expert's output and
+// the sum to the model dtype, which the kernel does not: in bf16 the logits
+// differ by about that rounding (5e-3 relative measured on the tiny model,
+// tolerance 3e-2; tests/hf/README.md; float16 has no transformers reference
+// here). Every dtype the engine reads (float32, bfloat16, float16) has the
+// kernel path: there is no dense fallback.
 at::Tensor SparseMoe::forward(const at::Tensor& x) {
+  GK_CHECK(gk::StateError, experts_ != nullptr, "SparseMoe: forward before process_weights_after_loading");
   const at::Tensor logits = linear("router", x, gate_);
-  const int64_t E = experts_, I = inter_, Hd = hidden_, K = topk_;
-  const bool norm = norm_topk_;
-  // Every expert on every token, weighted by the sparse routing weights (zero
-  // for experts not chosen): fixed shapes, so the block captures as is.
-  return op("moe_experts", {x, logits, w13_, w2_}, x.sizes(), x.options(), [=](auto& t, auto& out) {
-    const at::ScalarType dt = t[0].scalar_type();
-    const at::Tensor probs = at::softmax(t[1], 1, at::kFloat);
-    auto [w, idx] = at::topk(probs, K, 1);
-    if (norm) w = w / w.sum(-1, /*keepdim=*/true);
-    const at::Tensor gates = at::zeros({t[0].size(0), E}, t[0].options()).scatter(1, idx, w.to(dt));  // [T, E]
-    const at::Tensor h = at::matmul(t[0].unsqueeze(0), t[2].view({E, 2 * I, Hd}).transpose(1, 2));     // [E, T, 2I]
-    const at::Tensor a = at::silu(h.narrow(2, 0, I)) * h.narrow(2, I, I);
-    const at::Tensor o = at::matmul(a, t[3].view({E, Hd, I}).transpose(1, 2));                         // [E, T, Hd]
-    out[0].copy_((o * gates.t().unsqueeze(-1)).sum(0));
-  });
+  const int64_t E = num_experts_, I = inter_, Hd = hidden_;
+  const at::Tensor xf = to_dtype("moe_x_f32", x, at::kFloat);
+  const at::Tensor lf = to_dtype("router_f32", logits, at::kFloat);
+  const at::Tensor y = experts_->apply({xf, lf, w13_.view({E, 2 * I, Hd}), w2_.view({E, Hd, I}), {}, {}});
+  return to_dtype("moe_out", y, x.scalar_type());
 }
 
 DecoderLayer::DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format) : eps_(c.rms_norm_eps) {

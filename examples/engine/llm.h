@@ -26,7 +26,9 @@
 //          checkpoint, through graphkeep's Marlin-style split-K kernel
 //          (gk::quant::MarlinW4A16Kernel: its lock workspace, permutation and
 //          packed weights are derived per PWAL too).
-// The router, norms, embedding, lm_head and MoE experts stay dense.
+// The router, norms, embedding and lm_head stay dense; the MoE experts, in
+// every format, run through graphkeep's grouped MoE kernel
+// (gk::kernels::SwigluExperts) on the checkpoint-dtype weights.
 // PWAL builds the quantized weights, scales and kernel state at new addresses
 // on every reload: they are derived tensors, declared with their roles, and
 // graphkeep copies them back into the storage the graphs captured.
@@ -38,6 +40,7 @@
 
 #include "hf_config.h"
 
+#include <graphkeep/kernels/moe_experts.h>
 #include <graphkeep/model/layer.h>
 #include <graphkeep/quant/marlin.h>
 #include <graphkeep/registry.h>
@@ -181,11 +184,19 @@ class Mlp : public torch::nn::Module, public gk::ReloadableLayer {
 
 // Qwen3-MoE's sparse block: a router (gate), softmax over the experts in
 // float32, top-k, renormalized when norm_topk_prob; each chosen expert is a
-// SwiGLU MLP. The experts' weights are one storage each for w13 and w2.
+// SwiGLU MLP. The experts' weights are one storage each for w13 and w2. The
+// router is a dense projection; the rest runs through graphkeep's grouped
+// MoE kernel, gk::kernels::SwigluExperts (Qwen3-MoE's routing and SiLU-gated
+// activation, float32 math, the weights read in the model's dtype), whose
+// experts object PWAL rebuilds on every load, as vLLM does: its per-expert
+// stride arrays are derived tensors at new addresses each time, which
+// graphkeep copies back into the storage the graphs captured
+// (model.layers.<i>.mlp.experts_.ab_strides1_ and the others).
 class SparseMoe : public torch::nn::Module, public gk::ReloadableLayer {
  public:
   SparseMoe(const HfConfig& c, c10::Device device);
   std::vector<gk::CheckpointParam> checkpoint_params() const override;
+  void process_weights_after_loading() override;
   gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
   at::Tensor forward(const at::Tensor& x);
 
@@ -193,11 +204,13 @@ class SparseMoe : public torch::nn::Module, public gk::ReloadableLayer {
   at::Tensor gate_;  // [E, hidden] router
   at::Tensor w13_;   // [E * 2 I, hidden]: expert e's gate rows, then its up rows
   at::Tensor w2_;    // [E * hidden, I]
-  std::int64_t hidden_ = 0, inter_ = 0, experts_ = 0, topk_ = 0;
+  std::unique_ptr<gk::kernels::MoeExperts> experts_;  // a SwigluExperts, rebuilt by every PWAL
+  std::int64_t hidden_ = 0, inter_ = 0, num_experts_ = 0, topk_ = 0;
   bool norm_topk_ = true;
 
   GRAPHKEEP_DESCRIBE_DERIVED(SparseMoe, (torch::nn::Module, gk::ReloadableLayer), (gate_, gk::parameter),
-                             (w13_, gk::parameter), (w2_, gk::parameter), hidden_, inter_, experts_, topk_, norm_topk_)
+                             (w13_, gk::parameter), (w2_, gk::parameter), experts_, hidden_, inter_, num_experts_,
+                             topk_, norm_topk_)
 };
 
 class DecoderLayer : public torch::nn::Module {
