@@ -15,12 +15,12 @@
 #include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
 
+#include <graphkeep/core/stopwatch.h>
 #include <graphkeep/reload/errors.h>
 #include <graphkeep/runtime/device.h>
 
 #include <ATen/ATen.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -96,10 +96,6 @@ void parse(int argc, char** argv, Args& a) {
   if (a.batch < 1 || a.batch > 256) throw std::invalid_argument("--batch must be in 1..256");
 }
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // Greedy generation: prefill each sequence's prompt eagerly, then decode
 // `tokens` steps for all sequences at once (graph replays, or eager when
 // `graphs` is false). Returns the generated tokens [B, tokens] and the logits
@@ -162,6 +158,11 @@ int main(int argc, char** argv) {
     opts.max_len = args.prompt + args.tokens;
     opts.reload.mode = args.mode == "transactional" ? gk::ReloadMode::transactional : gk::ReloadMode::streaming;
     if (!args.unprotect.empty()) opts.reload.unprotected_slots = {args.unprotect};
+    // The reference: a fresh engine per checkpoint, eager only (no graphs).
+    demo::LlmEngineOptions reference_opts;
+    reference_opts.batch_sizes = {};
+    reference_opts.max_len = opts.max_len;
+    reference_opts.max_seqs = args.batch;
     demo::LlmEngine eng(base, device, format, opts);  // a --unprotect name that is no slot fails here
     const demo::HfConfig& cfg = eng.config();
     if (args.list_slots) {
@@ -194,18 +195,14 @@ int main(int argc, char** argv) {
       demo::write_hf_checkpoint(dir, cfg, demo::trainer_update(prev, args.seed, step));
       prev = dir;
       // --- serving pauses for the reload ---------------------------------------
-      const auto t0 = std::chrono::steady_clock::now();
+      const gk::Stopwatch pause_watch;
       gk::ReloadReport r;
       try {
         r = eng.reload(dir);
       } catch (const gk::DriftError& e) {
         std::printf("step %d/%d: the capture manifest caught drift; replay is refused:\n%s\n", step, args.steps,
                     e.what());
-        demo::LlmEngineOptions ref_opts;
-        ref_opts.batch_sizes = {};
-        ref_opts.max_len = opts.max_len;
-        ref_opts.max_seqs = args.batch;
-        demo::LlmEngine fresh(dir, device, format, ref_opts);
+        demo::LlmEngine fresh(dir, device, format, reference_opts);
         const Compare c = compare(generate(eng, prompts, args.tokens, true, /*checked=*/false),
                                   generate(fresh, prompts, args.tokens, false, true));
         std::printf("SUMMARY: unprotected slot %s -> drift caught by the manifest; replayed without the check, "
@@ -214,14 +211,10 @@ int main(int argc, char** argv) {
                     c.max_logit_diff);
         return 3;
       }
-      const double pause = ms_since(t0);
+      const double pause = pause_watch.elapsed_ms();
       // --- serve, and compare with a fresh engine of the same checkpoint ---------
       const auto got = generate(eng, prompts, args.tokens, /*graphs=*/true, /*checked=*/true);
-      demo::LlmEngineOptions ref_opts;
-      ref_opts.batch_sizes = {};
-      ref_opts.max_len = opts.max_len;
-      ref_opts.max_seqs = args.batch;
-      demo::LlmEngine fresh(dir, device, format, ref_opts);
+      demo::LlmEngine fresh(dir, device, format, reference_opts);
       const Compare c = compare(got, generate(fresh, prompts, args.tokens, false, true));
       reload_ms += r.times.total_ms;
       drift += r.drift;

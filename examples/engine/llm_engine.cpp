@@ -1,20 +1,16 @@
 #include "llm_engine.h"
 
 #include <graphkeep/core/check.h>
+#include <graphkeep/core/stopwatch.h>
 #include <graphkeep/runtime/device.h>
 #include <graphkeep/sources/hf_checkpoint.h>
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <chrono>
 
 namespace demo {
 namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // The checkpoint of `dir`, checked against the model's expectations before
 // any tensor is read. Names are Hugging Face's (module paths mirror them);
@@ -107,7 +103,7 @@ LlmEngine::~LlmEngine() {
 }
 
 void LlmEngine::capture_graphs() {
-  const auto t0 = std::chrono::steady_clock::now();
+  const gk::Stopwatch watch;
   const c10::Device device = model_->device();
   for (auto& g : graphs_) engine_->untrack(*g.graph);
   graphs_.clear();
@@ -129,7 +125,7 @@ void LlmEngine::capture_graphs() {
   }
   std::reverse(graphs_.begin(), graphs_.end());  // smallest first, for decode()'s search
   gk::runtime::synchronize(device);
-  capture_ms_ = ms_since(t0);
+  capture_ms_ = watch.elapsed_ms();
 }
 
 double LlmEngine::recapture() {
