@@ -705,7 +705,9 @@ void ReloadEngine::track(ReplayBackend& graph) {
         break;
       }
       problem += concat("\n  node ", e.use.node, " (", e.use.node_name, ") address 0x", std::hex, e.use.address,
-                        std::dec, ": ");
+                        std::dec);
+      if (e.use.param >= 0) problem += concat(" (kernel parameter ", e.use.param, ", byte ", e.use.byte_offset, ")");
+      problem += ": ";
       if (e.reachable != SIZE_MAX) {
         const ReachableTensor& r = m.reachable()[e.reachable];
         problem += concat("in the undeclared tensor ", r.path, " (role ", to_string(r.role.role),

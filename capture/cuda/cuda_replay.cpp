@@ -13,13 +13,66 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <alloca.h>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
 
 namespace gk {
 namespace {
+
+// Note [Stale bytes in kernel parameters]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A kernel node's parameter bytes are copied by the driver from the host
+// arguments of the launch, padding included. A by-value argument built by an
+// implicit copy constructor copies members, not padding, so its padding holds
+// whatever the stack slot held before: ATen's elementwise kernels take a
+// lambda whose capture of an empty functor (1 byte) is followed by 7 bytes of
+// padding at an 8-aligned device offset. The scan reads every 8-aligned word
+// (Note [Kernel parameter words] in cuda_graph_addresses.cpp), so a stale
+// device pointer left there by earlier eager work - a live 8-byte tensor
+// outside the graph's pool, say - looks like an address the graph reads, and
+// track() refuses the graph (fail closed: a false refusal, never a missed
+// address). Seen on the H200 in about 1 engine start of 10 (docs/gpu-runs.md).
+//
+// capture() therefore zeroes kScrubBytes of the unused stack below its frame
+// before the forward runs: the frames of the forward, the dispatcher and the
+// launch stubs all live in that region, so padding can only hold zeros or
+// values written during the capture itself, and those point at memory the
+// forward handled (its pool, the model's tensors, its static buffers), which
+// the manifest owns. A zero word is never an address; a word that is the
+// functor's byte is never plausible. tests/cuda_graph_test.cpp shows both the
+// stale pointer (a dirtied stack, captured without the scrub) and its absence
+// through this backend.
+constexpr std::size_t kScrubBytes = std::size_t{512} << 10;
+// Never scrub closer than this to the end of the thread's stack.
+constexpr std::size_t kScrubReserve = std::size_t{64} << 10;
+
+// The bytes of this thread's stack below `here` that may be scrubbed.
+std::size_t scrubbable_below(std::uintptr_t here) {
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) != 0) return 0;
+  void* low = nullptr;
+  std::size_t size = 0;
+  const bool ok = pthread_attr_getstack(&attr, &low, &size) == 0;
+  pthread_attr_destroy(&attr);
+  const auto lo = reinterpret_cast<std::uintptr_t>(low);
+  if (!ok || here <= lo + kScrubReserve) return 0;
+  return std::min(kScrubBytes, here - lo - kScrubReserve);
+}
+
+[[gnu::noinline]] void scrub_stack_below() {
+  unsigned char marker = 0;
+  const std::size_t bytes = scrubbable_below(reinterpret_cast<std::uintptr_t>(&marker));
+  if (bytes == 0) return;
+  auto* p = static_cast<unsigned char*>(alloca(bytes));
+  std::memset(p, 0, bytes);
+  asm volatile("" : : "r"(p) : "memory");  // the stores must happen
+}
 
 struct Ranges {
   std::vector<AddressRange> r;  // sorted by begin
@@ -44,6 +97,7 @@ class CudaReplay final : public ReplayBackend {
     device_ = c10::Device(c10::kCUDA, c10::cuda::current_device());
     c10::cuda::device_synchronize();
     at::cuda::CUDAStream side = at::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index());
+    scrub_stack_below();  // Note [Stale bytes in kernel parameters]
     {
       c10::cuda::CUDAStreamGuard guard(side);
       if (share_)
@@ -81,7 +135,9 @@ class CudaReplay final : public ReplayBackend {
     out.reserve(scan_.words.size());
     for (const cuda::GraphAddress& w : scan_.words)
       out.push_back({static_cast<std::uintptr_t>(w.address), w.node, w.node_name, 0,
-                     w.kind == cuda::GraphAddress::NodeKind::memcpy && w.param_index == cuda::kMemcpyDstParam});
+                     w.kind == cuda::GraphAddress::NodeKind::memcpy && w.param_index == cuda::kMemcpyDstParam,
+                     w.kind == cuda::GraphAddress::NodeKind::kernel ? static_cast<int>(w.param_index) : -1,
+                     w.byte_offset});
     return out;
   }
   bool in_private_pool(std::uintptr_t address) const override { return pool_.contains(address); }

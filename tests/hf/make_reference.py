@@ -7,14 +7,14 @@ updates, and records what transformers computes for each checkpoint, so that a
 C++ engine that loads the same checkpoints can be checked against it.
 
     python3 tests/hf/make_reference.py --arch {llama,qwen3,qwen3_moe} --out DIR
-        [--size tiny|small] [--dtype float32|bfloat16] [--steps N] [--shard-size SIZE]
+        [--size tiny|small|medium] [--dtype float32|bfloat16] [--steps N] [--shard-size SIZE]
         [--seed 0] [--tied] [--device cpu|cuda] [--threads 1]
 
 Writes
     DIR/step{k}/   k = 0..steps: config.json, generation_config.json,
                    model-0000i-of-0000n.safetensors + model.safetensors.index.json
                    (save_pretrained(max_shard_size=shard_size, safe_serialization=True),
-                   shard_size 200KB for tiny (3-4 shards), 20MB for small;
+                   shard_size 200KB for tiny (3-4 shards), 20MB for small, 200MB for medium;
                    a single model.safetensors when everything fits in one shard)
     DIR/reference.safetensors, per step k:
         step{k}.tokens            [B=3, T=12]  int64    prompts (same for every k)
@@ -92,6 +92,10 @@ SIZES = {
     "small": dict(vocab_size=4096, hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
                   num_key_value_heads=4, head_dim=64, intermediate_size=1408,
                   num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256),
+    # The H200 run's size (docs/gpu-runs.md): 160M parameters dense, 290M MoE.
+    "medium": dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
+                   num_key_value_heads=8, head_dim=64, intermediate_size=2816,
+                   num_experts=32, num_experts_per_tok=4, moe_intermediate_size=256),
 }
 
 
@@ -119,7 +123,7 @@ def parse_args():
     if a.steps < 0:
         die("--steps must be >= 0")
     if a.shard_size is None:
-        a.shard_size = "200KB" if a.size == "tiny" else "20MB"
+        a.shard_size = {"tiny": "200KB", "small": "20MB"}.get(a.size, "200MB")
     return a
 
 

@@ -29,6 +29,11 @@ struct CapturedAddress {
   std::string node_name;        // kernel name
   std::size_t bytes = 0;        // the accessed extent when known (host), else 0
   bool write = false;
+  // Where a CUDA kernel node holds the address: the kernel parameter's index
+  // and the word's byte offset within it (-1 and 0 when not a kernel
+  // parameter, or on the host backend). For error messages.
+  int param = -1;
+  std::uint32_t byte_offset = 0;
 };
 
 // A named range of device (or host) memory.
@@ -96,7 +101,10 @@ class HostReplay final : public ReplayBackend {
 
 // The CUDA backend (GRAPHKEEP_CUDA builds): at::cuda::CUDAGraph with
 // keep_graph=true, captured on a side stream; addresses() walks the graph's
-// nodes with the driver API.
+// nodes with the driver API. capture() zeroes the unused stack below it
+// first, so no stale pointer left there by earlier work can pass for an
+// address the graph reads (Note [Stale bytes in kernel parameters] in
+// capture/cuda/cuda_replay.cpp).
 //
 // Serving engines capture one decode graph per batch size into one shared
 // memory pool (capture the largest first, replay one at a time): pass an
