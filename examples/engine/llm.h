@@ -158,8 +158,7 @@ class Attention : public torch::nn::Module, public gk::ReloadableLayer {
 
   GRAPHKEEP_DESCRIBE_DERIVED(Attention, (torch::nn::Module, gk::ReloadableLayer), (qkv_proj_, gk::parameter),
                              (o_proj_, gk::parameter), qkv_, o_,
-                             (q_norm_, gk::opaque("a child module: its weight is a module parameter, reloaded as one")),
-                             (k_norm_, gk::opaque("a child module: its weight is a module parameter, reloaded as one")),
+                             q_norm_, k_norm_,  // child modules: the engine reloads their parameters
                              hidden_, heads_, kv_heads_, head_dim_, eps_)
 };
 

@@ -27,6 +27,9 @@ Writes
                                                         (fp8_forward below)
         step{k}.logits_w4a16      [B, T, V]    float32  the same with the engine's W4A16 format
                                                         (w4a16_forward below)
+        step{k}.logits_f32        [B, T, V]    float32  bfloat16 runs only: the same checkpoint
+                                                        computed in float32 (transformers' own
+                                                        bfloat16 error, for comparison)
         metadata: arch, size, dtype, steps, seed, tied, shard_size, transformers, torch
 
     The outputs of step k are computed by a model loaded back from DIR/step{k} with
@@ -342,6 +345,14 @@ def main():
         refs[f"step{k}.generated_logits"] = gen_logits.contiguous()
         refs[f"step{k}.logits_fp8"] = logits_fp8.contiguous()
         refs[f"step{k}.logits_w4a16"] = logits_w4a16.contiguous()
+        if dtype != torch.float32:
+            # transformers' own rounding error: the same checkpoint computed in
+            # float32 (gk-hf-check prints the engine's error next to it).
+            m32 = AutoModelForCausalLM.from_pretrained(step_dir, dtype=torch.float32, attn_implementation="eager")
+            m32.to(device).eval()
+            with torch.no_grad():
+                refs[f"step{k}.logits_f32"] = m32(input_ids=tokens.to(device), use_cache=False).logits.float().cpu()
+            del m32
 
         shards = count_shards(step_dir)
         d_prev = (logits - prev_logits).abs().max().item() if prev_logits is not None else 0.0
