@@ -12,6 +12,8 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -111,14 +113,98 @@ struct LayerRun {
   std::vector<char> mismatched;                      // per slot
   StorageBackups backups;                            // captured storages this layer may write, before it did
   bool pwal_unguarded = false;  // PWAL ran on writable captured storage without a backup (restore_in_place_writes off)
+  std::vector<std::shared_ptr<const void>> configs_after;  // staged: the configuration values PWAL left
 };
+
+// Note [Staging copies]
+// ~~~~~~~~~~~~~~~~~~~~~
+// stage() must not write a byte of any captured storage, yet PWAL may write
+// in place into every captured tensor it can reach (a declared member, a
+// buffer it does not load, a view of a parameter's storage; Note [Undo by
+// storage]). So before a layer's PWAL every location of its slots -- the
+// module's parameter or buffer, every declared path -- that still points at
+// a captured storage is pointed (set_data, so every holder of that handle
+// follows) at the same view of a *copy* of that whole storage. One copy per
+// storage for the whole stage: slots viewing one storage (alias, prefix,
+// interior, strided, tied across layers) keep viewing one storage, so the
+// layout and alias checks see what a reload would. The copy holds the old
+// values where a slot of that storage is copy_new (graphs only read those,
+// so copying them races with nothing); a storage whose slots are all zero or
+// preserve (lock workspaces, scratch: the graphs write them while they
+// replay) is copied as zeros instead of read, its value being the init
+// policy's business. After the checks every post-PWAL tensor must lie
+// outside the captured storages (else PWAL reached one through a handle that
+// is no slot location, and stage() refuses), the fields are pointed back at
+// the captured tensors, and the post-PWAL tensors are the staged tensors.
+class StagingCopies {
+ public:
+  explicit StagingCopies(const SlotPlan& plan) {
+    for (const LayerPlan& lp : plan.layers())
+      for (const PlannedSlot& s : lp.slots) {
+        if (!s.defined() || !s.captured.has_storage() || s.captured.storage().nbytes() == 0) continue;
+        bool& copy = read_[key(s.captured)];
+        copy = copy || s.role.effective_init() == Init::copy_new;
+      }
+  }
+  bool captured(const at::Tensor& t) const { return t.defined() && t.has_storage() && read_.count(key(t)) > 0; }
+  // Points t (one handle: a module tensor or a declared field) at the same
+  // view of its storage's copy.
+  void redirect(const at::Tensor& t) {
+    const void* k = key(t);
+    auto it = copies_.find(k);
+    if (it == copies_.end()) {
+      at::Tensor bytes = at::empty({0}, t.options().dtype(at::kByte).requires_grad(false));
+      bytes.set_(t.storage(), 0, {static_cast<std::int64_t>(t.storage().nbytes())}, {1});
+      const at::Tensor copy = read_.at(k) ? bytes.clone() : at::zeros_like(bytes);
+      it = copies_.emplace(k, copy.storage()).first;
+    }
+    at::Tensor view = at::empty({0}, t.options().requires_grad(false));
+    view.set_(it->second, t.storage_offset(), t.sizes(), t.strides());
+    t.set_data(view);
+  }
+
+ private:
+  static const void* key(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+  std::unordered_map<const void*, bool> read_;  // captured storage -> copy its values (else zeros)
+  std::unordered_map<const void*, at::Storage> copies_;
+};
+
+namespace detail {
+// What a StagedReload holds (staged_reload.h).
+struct StagedState {
+  ReloadEngine* engine = nullptr;  // null once the engine is destroyed
+  std::vector<LayerRun> runs;      // per layer: the staged (post-PWAL) tensors and configuration values
+  ReloadReport rep;
+  ReloadOptions options;
+  std::uint64_t base_version = 0, plan_generation = 0, graphs_generation = 0;
+  std::string dropped;  // why the engine dropped it (prepare(), the engine destroyed); empty otherwise
+  std::size_t bytes = 0;
+  bool done = false;  // committed or aborted
+};
+}  // namespace detail
 
 struct ReloadEngine::Impl {
   torch::nn::Module& model;
   ReloadOptions options;
   SlotPlan plan;
-  EngineState state = EngineState::unprepared;
-  std::string reason;
+  // Atomic: the serving thread reads it (replay_allowed) while stage() runs
+  // (Note [Online reload threading]).
+  std::atomic<EngineState> state{EngineState::unprepared};
+  std::string reason;  // written only by the serving thread's calls
+  std::atomic<std::uint64_t> version{0};  // weight_version()
+  // Bumped by prepare() and by track()/untrack(): a staged reload checked
+  // against an older plan or set of graphs is stale.
+  std::uint64_t plan_generation = 0, graphs_generation = 0;
+  // The call that holds the engine now (nullptr: none), and the staged
+  // reload that is outstanding; both under op_mu.
+  std::mutex op_mu;
+  const char* busy = nullptr;
+  detail::StagedState* outstanding = nullptr;
+  // A failed stage() could not point every field back at its captured tensor
+  // (PWAL changed the object tree): the graphs still read untouched storage,
+  // but the next reload() must run as a recovery.
+  bool fields_unrestored = false;
+  StagingCopies* staging = nullptr;  // set while stage() runs
   std::unordered_map<std::string, Expected> expected;
   std::vector<std::size_t> expected_per_layer;
   struct Tracked {
@@ -177,7 +263,7 @@ struct ReloadEngine::Impl {
     // After a failed reload left the model inconsistent, a path may not
     // resolve (PWAL changed the object tree): this reload's PWAL rebuilds it,
     // and check() reports it if it still does not resolve.
-    const bool recovering = state == EngineState::inconsistent;
+    const bool recovering = state == EngineState::inconsistent || fields_unrestored;
     for (const PlannedSlot& s : lp.slots) {
       if (initial || !s.defined()) continue;
       at::Tensor cur;
@@ -247,7 +333,19 @@ struct ReloadEngine::Impl {
     // PWAL may write into the captured tensors it can reach (declared
     // members, buffers it does not load, views of a parameter's storage):
     // see Note [Undo by storage].
-    if (!initial) {
+    if (!initial && staging != nullptr) {
+      // Note [Staging copies]: PWAL gets copies of the captured storages.
+      for (const PlannedSlot& sl : lp.slots) {
+        if (!sl.defined()) continue;
+        if (sl.kind != PlannedSlot::Kind::declared) {
+          const at::Tensor t = find_module_tensor(*lp.module, sl);
+          if (staging->captured(t)) staging->redirect(t);
+        }
+        for (const SlotPath& path : sl.paths)
+          if (const at::Tensor* f = path.resolve_tensor(lp.root.ptr); f != nullptr && staging->captured(*f))
+            staging->redirect(*f);
+      }
+    } else if (!initial) {
       if (o.restore_in_place_writes) {
         for (const PlannedSlot& sl : lp.slots)
           if (pwal_can_write(lp, sl)) run.backups.take(sl.captured);
@@ -264,6 +362,12 @@ struct ReloadEngine::Impl {
       ScopedMsTimer t(rep.times.check_ms);
       fault(o, "check", lp.prefix);
       check(lp, run, o, rep);
+      if (staging != nullptr)
+        for (std::size_t i = 0; i < lp.slots.size(); ++i)
+          GK_CHECK(StateError, !staging->captured(run.current[i]), "stage(): after PWAL of layer '", lp.prefix,
+                   "', ", lp.slots[i].name, " views a captured storage through a handle that is no slot location "
+                   "(an opaque or undeclared member?), so PWAL may have written what the graphs read; staging "
+                   "cannot keep the old values: declare that member, or use reload()");
     }
     run.phase = LayerRun::Phase::processed;
   }
@@ -377,16 +481,18 @@ struct ReloadEngine::Impl {
     }
   }
 
-  void commit(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+  // `staged`: the commit of a StagedReload, whose caller ran the "copy"
+  // faults first and keeps no undo (Note [Online reload threading]).
+  void commit(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, bool staged = false) {
     if (initial) {
       run.phase = LayerRun::Phase::committed;
       return;
     }
     ScopedMsTimer t(rep.times.copy_ms);
-    fault(o, "copy", lp.prefix);
+    if (!staged) fault(o, "copy", lp.prefix);
     // Transactional: every captured storage this commit writes is saved
     // first, so a later failure can undo it (Note [Undo by storage]).
-    const bool undoable = o.mode == ReloadMode::transactional;
+    const bool undoable = !staged && o.mode == ReloadMode::transactional;
     std::vector<at::Tensor> dst, src, zero;
     for (std::size_t i = 0; i < lp.slots.size(); ++i) {
       PlannedSlot& s = lp.slots[i];
@@ -467,109 +573,33 @@ struct ReloadEngine::Impl {
     return all;
   }
 
-  ReloadReport run_reload(WeightSource& source, const ReloadOptions& o);
-};
-
-ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOptions& o) {
-  GK_CHECK(StateError, state != EngineState::unprepared,
-           "ReloadEngine::reload() before prepare(): call prepare() after the first load and PWAL, "
-           "before capturing graphs");
-  GK_CHECK(StateError, state != EngineState::needs_recapture, "reload refused: ", reason);
-  if (!initial) validate(o);
-  at::NoGradGuard no_grad;
-  const Stopwatch total;
-  ReloadReport rep;
-  rep.mode = o.mode;
-  rep.layers = plan.layers().size();
-  rep.slots_tracked = plan.num_slots();
-  rep.declared_slots = plan.num_declared_slots();
-
-  std::vector<LayerRun> runs(plan.layers().size());
-  for (std::size_t li = 0; li < runs.size(); ++li) {
-    runs[li].expected = expected_per_layer[li];
-    runs[li].shards.resize(expected_per_layer[li]);
+  ReloadReport new_report(const ReloadOptions& o) const {
+    ReloadReport rep;
+    rep.mode = o.mode;
+    rep.layers = plan.layers().size();
+    rep.slots_tracked = plan.num_slots();
+    rep.declared_slots = plan.num_declared_slots();
+    return rep;
   }
-  for (const auto& [name, e] : expected) runs[e.layer].shards[e.flat].assign(e.num_shards, false);
-
-  bool any_committed = false;
-  try {
-    {
-      ScopedMsTimer t(rep.times.detach_ms);
-      for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], o);
+  std::vector<LayerRun> new_runs() const {
+    std::vector<LayerRun> runs(plan.layers().size());
+    for (std::size_t li = 0; li < runs.size(); ++li) {
+      runs[li].expected = expected_per_layer[li];
+      runs[li].shards.resize(expected_per_layer[li]);
     }
-    auto finish_layer = [&](std::size_t li) {
-      process(plan.layers()[li], runs[li], o, rep);
-      if (o.mode == ReloadMode::streaming) {
-        commit(plan.layers()[li], runs[li], o, rep);
-        any_committed = true;
-      }
-    };
-    // Layers without checkpoint tensors (PWAL-only) are complete at once.
-    for (std::size_t li = 0; li < runs.size(); ++li)
-      if (runs[li].expected == 0) finish_layer(li);
-
-    while (true) {
-      std::optional<NamedTensor> nt;
-      {
-        ScopedMsTimer t(rep.times.load_ms);
-        nt = source.next();
-      }
-      if (!nt) break;
-      auto it = expected.find(nt->name);
-      GK_CHECK(WeightError, it != expected.end(), source.describe(), " has weight '", nt->name,
-               "', which the model does not expect (no layer lists it among its checkpoint tensors)");
-      const Expected& e = it->second;
-      LayerRun& run = runs[e.layer];
-      GK_CHECK(WeightError, nt->shard >= 0 && nt->shard < e.num_shards, "weight '", nt->name, "' shard ",
-               nt->shard, " is out of range: the model expects ", e.num_shards, " shard(s)");
-      GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !run.shards[e.flat][nt->shard],
-               "weight '", nt->name, "'", e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(),
-               " was delivered twice by ", source.describe(), "; each checkpoint tensor loads exactly once");
-      GK_CHECK(WeightError, nt->value.defined(), "weight '", nt->name, "' is an undefined tensor");
-      GK_CHECK(WeightError, nt->value.sizes().equals(e.shard_shape), "weight '", nt->name, "'",
-               e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(), " has shape ", nt->value.sizes(),
-               " but the model expects ", at::IntArrayRef(e.shard_shape));
-      GK_CHECK(WeightError, nt->value.scalar_type() == e.dtype, "weight '", nt->name, "' has dtype ",
-               nt->value.scalar_type(), " but the model expects ", e.dtype);
-      run.shards[e.flat][nt->shard] = true;
-      rep.tensors_loaded += 1;
-      rep.bytes_loaded += nt->value.nbytes();
-      run.pending.push_back({e.param, e.tensor, nt->shard, std::move(nt->value)});
-      std::size_t done = 0;
-      for (const auto& s : run.shards)
-        done += std::all_of(s.begin(), s.end(), [](bool b) { return b; }) ? 1 : 0;
-      run.loaded = done;
-      if (done == run.expected) finish_layer(e.layer);
-    }
-
-    // Completion gate: every checkpoint tensor and every shard, exactly once.
-    std::vector<std::string> missing;
-    for (const auto& [name, e] : expected) {
-      const auto& s = runs[e.layer].shards[e.flat];
-      std::vector<std::int64_t> absent;
-      for (std::int64_t k = 0; k < e.num_shards; ++k)
-        if (!s[k]) absent.push_back(k);
-      if (absent.empty()) continue;
-      if (e.num_shards == 1 || static_cast<std::int64_t>(absent.size()) == e.num_shards)
-        missing.push_back(concat("'", name, "'"));
-      else
-        missing.push_back(concat("'", name, "' (partial: shards ", at::IntArrayRef(absent), " of ", e.num_shards, " missing)"));
-    }
-    if (!missing.empty()) {
-      std::sort(missing.begin(), missing.end());
-      std::string list;
-      for (std::size_t i = 0; i < missing.size() && i < 20; ++i) list += (i ? ", " : "") + missing[i];
-      if (missing.size() > 20) list += concat(", ... (", missing.size() - 20, " more)");
-      GK_THROW(WeightError, source.describe(), " ended before the model was complete: ",
-                            missing.size(), " checkpoint tensor(s) missing: ", list);
-    }
-
-    if (o.mode == ReloadMode::transactional) {
-      for (std::size_t li = 0; li < runs.size(); ++li) fault(o, "commit", plan.layers()[li].prefix);
-      if (o.before_commit) o.before_commit();
-      for (std::size_t li = 0; li < runs.size(); ++li) commit(plan.layers()[li], runs[li], o, rep);
-    }
-  } catch (...) {
+    for (const auto& [name, e] : expected) runs[e.layer].shards[e.flat].assign(e.num_shards, false);
+    return runs;
+  }
+  // Everything before the commit: detach, then per layer load, PWAL, check
+  // (and in streaming mode its commit), the completion gate, and in
+  // transactional mode the "commit" faults and before_commit: the
+  // stage/commit boundary. stage() is this with StagingCopies set (Note
+  // [Staging copies]).
+  void run_until_commit(WeightSource& source, const ReloadOptions& o, std::vector<LayerRun>& runs, ReloadReport& rep,
+                        bool& any_committed);
+  // Rolls back every layer a failed reload (or stage) touched; false when
+  // something could not be restored.
+  bool rollback_all(std::vector<LayerRun>& runs, const ReloadOptions& o) {
     // Roll back every layer that has not committed; in transactional mode
     // also undo the commits of this reload (the swap log).
     // Newest first: where layers share a storage (tied weights), the oldest
@@ -581,17 +611,189 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
       if (!run.detached) continue;
       if (run.phase != LayerRun::Phase::committed || undoable) restored = rollback(plan.layers()[li], run) && restored;
     }
+    return restored;
+  }
+  // After the weights were written: the new state, the weight version, the
+  // verification of the tracked graphs.
+  ReloadReport finish(ReloadReport& rep, const ReloadOptions& o, const Stopwatch& total);
+  ReloadReport run_reload(WeightSource& source, const ReloadOptions& o);
+
+  void untrack(const ReplayBackend& graph) {
+    // A destroyed graph's address may be reused by `graph`: compare only live ones.
+    drop_destroyed();
+    std::erase_if(graphs, [&](const Tracked& t) { return t.graph == &graph; });
+    graphs_generation += 1;
+  }
+
+  // Holds the engine for one call: refuses it while another call holds it
+  // (a stage() running on the staging thread) and, with refuse_outstanding,
+  // while a staged reload is outstanding. Note [Online reload threading].
+  class Busy {
+   public:
+    Busy(Impl& impl, const char* what, bool refuse_outstanding = false) : impl_(impl) {
+      std::lock_guard<std::mutex> lock(impl.op_mu);
+      GK_CHECK(StateError, impl.busy == nullptr, what, " while ", impl.busy,
+               " is running on another thread: one call at a time per engine (only graph replay may run while "
+               "stage() does; Note [Online reload threading]); call it after ", impl.busy, " has returned");
+      GK_CHECK(StateError, !refuse_outstanding || impl.outstanding == nullptr, what,
+               " while a staged reload is outstanding (staged at weight version ",
+               impl.outstanding != nullptr ? impl.outstanding->base_version : 0,
+               "): commit it (ReloadEngine::commit) or abort() it first; one staged reload per engine at a time, "
+               "and ", what, " would make it stale");
+      impl.busy = what;
+    }
+    ~Busy() {
+      std::lock_guard<std::mutex> lock(impl_.op_mu);
+      impl_.busy = nullptr;
+    }
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+
+   private:
+    Impl& impl_;
+  };
+  // Drops the outstanding staged reload, releasing its tensors; its commit()
+  // is then refused with `why`. The caller holds op_mu.
+  void drop_outstanding(std::string why, bool engine_gone) {
+    if (outstanding == nullptr) return;
+    outstanding->dropped = std::move(why);
+    outstanding->runs.clear();
+    outstanding->bytes = 0;
+    if (engine_gone) outstanding->engine = nullptr;
+    outstanding = nullptr;
+  }
+  // Fails closed before a staged commit writes anything: every slot must
+  // still point at its captured storage.
+  void check_fields_captured(LayerPlan& lp) {
+    for (const PlannedSlot& s : lp.slots) {
+      if (!s.defined()) continue;
+      at::Tensor cur;
+      if (s.kind == PlannedSlot::Kind::declared) {
+        if (const at::Tensor* f = s.paths.front().resolve_tensor(lp.root.ptr)) cur = *f;
+      } else {
+        cur = find_module_tensor(*lp.module, s);
+      }
+      GK_CHECK(StateError, same_storage_and_offset(cur, s.captured), "commit refused, nothing was changed: ", s.name,
+               " no longer points at its captured storage (something re-pointed it, or rebuilt its object, between "
+               "stage() and commit()): abort() the staged reload; if the graphs may read stale memory, recapture "
+               "and prepare() again");
+    }
+  }
+};
+
+ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOptions& o) {
+  GK_CHECK(StateError, state != EngineState::unprepared,
+           "ReloadEngine::reload() before prepare(): call prepare() after the first load and PWAL, "
+           "before capturing graphs");
+  GK_CHECK(StateError, state != EngineState::needs_recapture, "reload refused: ", reason);
+  if (!initial) validate(o);
+  at::NoGradGuard no_grad;
+  const Stopwatch total;
+  ReloadReport rep = new_report(o);
+  std::vector<LayerRun> runs = new_runs();
+  bool any_committed = false;
+  try {
+    run_until_commit(source, o, runs, rep, any_committed);
+    if (o.mode == ReloadMode::transactional)
+      for (std::size_t li = 0; li < runs.size(); ++li) commit(plan.layers()[li], runs[li], o, rep);
+  } catch (...) {
+    const bool restored = rollback_all(runs, o);
     if (!restored || (o.mode == ReloadMode::streaming && any_committed)) {
       state = EngineState::inconsistent;
       reason = !restored ? "a failed reload could not restore every slot (PWAL changed the object tree, or wrote "
                            "captured tensors with ReloadOptions::restore_in_place_writes off)"
                          : "a streaming reload failed after some layers were committed: the model mixes old and "
                            "new weights";
+      if (!initial) version.fetch_add(1, std::memory_order_acq_rel);  // the weights the graphs read changed
     }
     throw;
   }
+  fields_unrestored = false;
+  return finish(rep, o, total);
+}
 
+void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOptions& o, std::vector<LayerRun>& runs,
+                                          ReloadReport& rep, bool& any_committed) {
+  {
+    ScopedMsTimer t(rep.times.detach_ms);
+    for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], o);
+  }
+  auto finish_layer = [&](std::size_t li) {
+    process(plan.layers()[li], runs[li], o, rep);
+    if (o.mode == ReloadMode::streaming) {
+      commit(plan.layers()[li], runs[li], o, rep);
+      any_committed = true;
+    }
+  };
+  // Layers without checkpoint tensors (PWAL-only) are complete at once.
+  for (std::size_t li = 0; li < runs.size(); ++li)
+    if (runs[li].expected == 0) finish_layer(li);
+
+  while (true) {
+    std::optional<NamedTensor> nt;
+    {
+      ScopedMsTimer t(rep.times.load_ms);
+      nt = source.next();
+    }
+    if (!nt) break;
+    auto it = expected.find(nt->name);
+    GK_CHECK(WeightError, it != expected.end(), source.describe(), " has weight '", nt->name,
+             "', which the model does not expect (no layer lists it among its checkpoint tensors)");
+    const Expected& e = it->second;
+    LayerRun& run = runs[e.layer];
+    GK_CHECK(WeightError, nt->shard >= 0 && nt->shard < e.num_shards, "weight '", nt->name, "' shard ",
+             nt->shard, " is out of range: the model expects ", e.num_shards, " shard(s)");
+    GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !run.shards[e.flat][nt->shard],
+             "weight '", nt->name, "'", e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(),
+             " was delivered twice by ", source.describe(), "; each checkpoint tensor loads exactly once");
+    GK_CHECK(WeightError, nt->value.defined(), "weight '", nt->name, "' is an undefined tensor");
+    GK_CHECK(WeightError, nt->value.sizes().equals(e.shard_shape), "weight '", nt->name, "'",
+             e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(), " has shape ", nt->value.sizes(),
+             " but the model expects ", at::IntArrayRef(e.shard_shape));
+    GK_CHECK(WeightError, nt->value.scalar_type() == e.dtype, "weight '", nt->name, "' has dtype ",
+             nt->value.scalar_type(), " but the model expects ", e.dtype);
+    run.shards[e.flat][nt->shard] = true;
+    rep.tensors_loaded += 1;
+    rep.bytes_loaded += nt->value.nbytes();
+    run.pending.push_back({e.param, e.tensor, nt->shard, std::move(nt->value)});
+    std::size_t done = 0;
+    for (const auto& s : run.shards)
+      done += std::all_of(s.begin(), s.end(), [](bool b) { return b; }) ? 1 : 0;
+    run.loaded = done;
+    if (done == run.expected) finish_layer(e.layer);
+  }
+
+  // Completion gate: every checkpoint tensor and every shard, exactly once.
+  std::vector<std::string> missing;
+  for (const auto& [name, e] : expected) {
+    const auto& s = runs[e.layer].shards[e.flat];
+    std::vector<std::int64_t> absent;
+    for (std::int64_t k = 0; k < e.num_shards; ++k)
+      if (!s[k]) absent.push_back(k);
+    if (absent.empty()) continue;
+    if (e.num_shards == 1 || static_cast<std::int64_t>(absent.size()) == e.num_shards)
+      missing.push_back(concat("'", name, "'"));
+    else
+      missing.push_back(concat("'", name, "' (partial: shards ", at::IntArrayRef(absent), " of ", e.num_shards, " missing)"));
+  }
+  if (!missing.empty()) {
+    std::sort(missing.begin(), missing.end());
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 20; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 20) list += concat(", ... (", missing.size() - 20, " more)");
+    GK_THROW(WeightError, source.describe(), " ended before the model was complete: ",
+                          missing.size(), " checkpoint tensor(s) missing: ", list);
+  }
+
+  if (o.mode == ReloadMode::transactional) {
+    for (std::size_t li = 0; li < runs.size(); ++li) fault(o, "commit", plan.layers()[li].prefix);
+    if (o.before_commit) o.before_commit();
+  }
+}
+
+ReloadReport ReloadEngine::Impl::finish(ReloadReport& rep, const ReloadOptions& o, const Stopwatch& total) {
   rep.times.total_ms = total.elapsed_ms();
+  if (!initial) rep.weight_version = version.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (rep.needs_recapture) {
     state = EngineState::needs_recapture;
     reason = "the last reload accepted layout mismatches: recapture the graphs, then call prepare()";
@@ -629,32 +831,269 @@ ReloadReport load_weights(torch::nn::Module& model, WeightSource& source) {
 
 ReloadEngine::ReloadEngine(torch::nn::Module& model, ReloadOptions options)
     : impl_(std::make_unique<Impl>(model, std::move(options))) {}
-ReloadEngine::~ReloadEngine() = default;
+ReloadEngine::~ReloadEngine() {
+  // A staged reload outliving its engine holds nothing afterwards, and its
+  // commit() is refused.
+  std::lock_guard<std::mutex> lock(impl_->op_mu);
+  impl_->drop_outstanding("its ReloadEngine was destroyed", /*engine_gone=*/true);
+}
 
 void ReloadEngine::prepare() {
+  Impl::Busy busy(*impl_, "prepare()");
+  {
+    std::lock_guard<std::mutex> lock(impl_->op_mu);
+    impl_->drop_outstanding("prepare() ran again since staging (the slot plan it was checked against is gone; its "
+                            "staged tensors were released)",
+                            /*engine_gone=*/false);
+  }
   impl_->graphs.clear();
+  impl_->graphs_generation += 1;
+  impl_->plan_generation += 1;
   impl_->plan = build_slot_plan(impl_->model, impl_->options.undeclared_members);
   impl_->index_expected();
   impl_->validate(impl_->options);
+  impl_->fields_unrestored = false;
   impl_->state = EngineState::ready;
   impl_->reason.clear();
 }
 
-ReloadReport ReloadEngine::reload(WeightSource& source) { return impl_->run_reload(source, impl_->options); }
+ReloadReport ReloadEngine::reload(WeightSource& source) { return reload(source, impl_->options); }
 ReloadReport ReloadEngine::reload(WeightSource& source, const ReloadOptions& options) {
+  Impl::Busy busy(*impl_, "reload()", /*refuse_outstanding=*/true);
   return impl_->run_reload(source, options);
+}
+
+// Note [Online reload threading]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An online reload has two threads: the *serving* thread, which replays the
+// captured graphs, and the *staging* thread, which calls stage().
+//   - While stage() runs, the module objects belong to the staging thread:
+//     it detaches parameters, runs PWAL (which may rebuild kernel objects)
+//     and re-points fields at copies (Note [Staging copies]). The serving
+//     thread may only replay captured graphs, which read the captured
+//     storage through the addresses burnt in at capture and never touch a
+//     module; no eager forward, and no other call on the engine (reload(),
+//     prepare(), track(), untrack(), commit() are refused with a
+//     gk::StateError while stage() runs: Impl::Busy).
+//   - stage() never writes a captured storage. It reads the captured values
+//     of copy_new slots (which the graphs only read) and nothing the graphs
+//     write (zero/preserve storages are copied as zeros). When it returns,
+//     successful or not, every field points at its captured tensor again and
+//     the model computes with the old weights, eagerly or by replay.
+//   - commit() and abort() run on the serving thread between two replays:
+//     the serving thread holds its own lock (or is simply not replaying)
+//     around each replay and around commit(). commit() writes the captured
+//     storage; the pause is commit() alone (times.commit_ms).
+//   - Atomic, readable from any thread at any time: state(),
+//     replay_allowed() and weight_version(). check_replay_allowed() reads the
+//     reason string too, so call it on the serving thread.
+//   - One staged reload per engine: a second stage() or a reload() while one
+//     is outstanding is refused; prepare() drops it (its commit() is then
+//     refused); track()/untrack() make it stale.
+// Failure guarantees: a stage() that throws changed nothing (the graphs go
+// on replaying the old weights; replay stays allowed). A commit() refused
+// before writing (empty, another engine's, stale, a field re-pointed since
+// staging, a fault at "copy") changed nothing. A commit() that fails while
+// writing (which only an allocation failure can cause) leaves the model
+// inconsistent, like a streaming reload: replay refused until a reload()
+// succeeds. There is no undo copy: it would double the pause and the memory.
+StagedReload ReloadEngine::stage(WeightSource& source) { return stage(source, impl_->options); }
+StagedReload ReloadEngine::stage(WeightSource& source, const ReloadOptions& options) {
+  Impl& I = *impl_;
+  Impl::Busy busy(I, "stage()", /*refuse_outstanding=*/true);
+  GK_CHECK(StateError, I.state == EngineState::ready, "stage() refused: the engine is ",
+           to_string(I.state.load()), I.reason.empty() ? std::string() : concat(" (", I.reason, ")"),
+           "; a staged reload can only be committed to a ready engine: use reload() (after prepare() if the "
+           "engine is unprepared or needs recapture)");
+  GK_CHECK(StateError, !I.fields_unrestored, "stage() refused: a failed stage() could not point every field back at "
+           "its captured tensor (PWAL changed the object tree); reload() to recover first");
+  GK_CHECK(StateError, options.on_mismatch == MismatchPolicy::raise, "stage() refused: "
+           "MismatchPolicy::needs_recapture cannot be staged (the graphs would have to be recaptured anyway): use "
+           "reload()");
+  GK_CHECK(StateError, options.unprotected_slots.empty(), "stage() refused: ReloadOptions::unprotected_slots is "
+           "for demonstrations of reload() without copy-back; a staged reload always copies back");
+  I.validate(options);
+  auto st = std::make_unique<detail::StagedState>();
+  st->engine = this;
+  st->options = options;
+  st->options.mode = ReloadMode::transactional;
+  st->base_version = I.version.load(std::memory_order_acquire);
+  st->plan_generation = I.plan_generation;
+  st->graphs_generation = I.graphs_generation;
+  at::NoGradGuard no_grad;
+  const Stopwatch total;
+  ReloadReport rep = I.new_report(st->options);
+  rep.staged = true;
+  std::vector<LayerRun> runs = I.new_runs();
+  bool any_committed = false;
+  {
+    StagingCopies copies(I.plan);
+    I.staging = &copies;
+    try {
+      I.run_until_commit(source, st->options, runs, rep, any_committed);
+      GK_INTERNAL_ASSERT(!any_committed, "a stage committed a layer");
+      // Point every field back at its captured tensor; keep the staged
+      // tensors and the configuration values PWAL left.
+      for (std::size_t li = 0; li < runs.size(); ++li) {
+        LayerPlan& lp = I.plan.layers()[li];
+        LayerRun& run = runs[li];
+        run.configs_after.clear();
+        for (const PlannedConfig& c : lp.configs) {
+          void* p = c.path.resolve(lp.root.ptr);
+          run.configs_after.push_back(p != nullptr ? c.ops->copy(p) : nullptr);
+        }
+        std::vector<at::Tensor> staged = std::move(run.current);
+        const bool ok = I.rollback(lp, run);
+        run.current = std::move(staged);
+        GK_INTERNAL_ASSERT(ok, "layer '", lp.prefix, "' passed its checks but a path does not resolve");
+      }
+    } catch (...) {
+      I.staging = nullptr;
+      if (!I.rollback_all(runs, st->options)) I.fields_unrestored = true;
+      throw;
+    }
+    I.staging = nullptr;
+  }  // the copies no staged tensor views are freed here
+  std::unordered_set<const void*> seen;
+  for (const LayerRun& run : runs)
+    for (const at::Tensor& t : run.current)
+      if (t.defined() && t.has_storage() && seen.insert(t.storage().unsafeGetStorageImpl()).second)
+        st->bytes += t.storage().nbytes();
+  rep.times.stage_ms = rep.times.total_ms = total.elapsed_ms();
+  st->rep = std::move(rep);
+  st->runs = std::move(runs);
+  std::lock_guard<std::mutex> lock(I.op_mu);
+  I.outstanding = st.get();
+  return StagedReload(std::move(st));
+}
+
+ReloadReport ReloadEngine::commit(StagedReload&& staged) {
+  Impl& I = *impl_;
+  GK_CHECK(StateError, staged.state_ != nullptr && !staged.state_->done,
+           "commit() of an empty StagedReload (already committed, aborted, or moved from): nothing to commit; "
+           "stage() again");
+  detail::StagedState& st = *staged.state_;
+  GK_CHECK(StateError, st.engine == this, "commit refused, nothing was changed: the StagedReload ",
+           st.engine == nullptr ? concat("was dropped: ", st.dropped)
+                                : std::string("belongs to another ReloadEngine (it was staged against that "
+                                              "engine's slot plan and captured storage)"),
+           "; commit it through the engine whose stage() made it, or stage() again on this one");
+  Impl::Busy busy(I, "commit()");
+  std::vector<std::string> stale;
+  if (!st.dropped.empty()) stale.push_back(st.dropped);
+  if (const std::uint64_t now = I.version.load(std::memory_order_acquire); now != st.base_version)
+    stale.push_back(concat("the weights changed since staging (weight version ", st.base_version, " when staged, ",
+                           now, " now: a reload() or another commit ran in between)"));
+  if (I.plan_generation != st.plan_generation && st.dropped.empty())
+    stale.push_back("prepare() ran again since staging (the slot plan it was checked against is gone)");
+  if (I.graphs_generation != st.graphs_generation)
+    stale.push_back("the tracked graphs changed since staging (track() or untrack() ran)");
+  if (I.state != EngineState::ready)
+    stale.push_back(concat("the engine is not ready (", to_string(I.state.load()),
+                           I.reason.empty() ? std::string() : concat(": ", I.reason), ")"));
+  if (!stale.empty()) {
+    std::string why;
+    for (const std::string& s : stale) why += (why.empty() ? "" : "; ") + s;
+    GK_THROW(StateError, "commit refused, nothing was changed: the staged reload is stale: ", why,
+             ". abort() it and stage() again from the current weights");
+  }
+  at::NoGradGuard no_grad;
+  const Stopwatch total;
+  const ReloadOptions& o = st.options;
+  // Fail closed before anything is written.
+  for (std::size_t li = 0; li < st.runs.size(); ++li) I.check_fields_captured(I.plan.layers()[li]);
+  for (std::size_t li = 0; li < st.runs.size(); ++li) I.fault(o, "copy", I.plan.layers()[li].prefix);
+  ReloadReport rep = std::move(st.rep);
+  const double stage_total = rep.times.total_ms;
+  try {
+    for (std::size_t li = 0; li < st.runs.size(); ++li) {
+      LayerPlan& lp = I.plan.layers()[li];
+      LayerRun& run = st.runs[li];
+      I.commit(lp, run, o, rep, /*staged=*/true);
+      for (std::size_t c = 0; c < lp.configs.size() && c < run.configs_after.size(); ++c) {
+        void* p = lp.configs[c].path.resolve(lp.root.ptr);
+        if (p != nullptr && run.configs_after[c] != nullptr && !lp.configs[c].ops->equal(p, run.configs_after[c].get()))
+          lp.configs[c].ops->assign(p, run.configs_after[c].get());
+      }
+    }
+  } catch (...) {
+    I.state = EngineState::inconsistent;
+    I.reason = "a staged commit failed while writing the captured storage: the model mixes old and new weights; "
+               "reload() to recover";
+    I.version.fetch_add(1, std::memory_order_acq_rel);
+    staged.abort();
+    throw;
+  }
+  staged.abort();  // done: releases the staged tensors and the engine's record of them
+  try {
+    I.finish(rep, o, total);
+  } catch (...) {
+    rep.times.commit_ms = total.elapsed_ms();
+    throw;
+  }
+  rep.times.commit_ms = rep.times.total_ms;
+  rep.times.total_ms += stage_total;
+  return rep;
+}
+
+std::uint64_t ReloadEngine::weight_version() const noexcept {
+  return impl_->version.load(std::memory_order_acquire);
+}
+
+// ---------------------------------------------------------------------------
+// StagedReload
+// ---------------------------------------------------------------------------
+StagedReload::StagedReload() noexcept = default;
+StagedReload::StagedReload(std::unique_ptr<detail::StagedState> state) noexcept : state_(std::move(state)) {}
+StagedReload::StagedReload(StagedReload&& other) noexcept = default;
+StagedReload& StagedReload::operator=(StagedReload&& other) noexcept {
+  if (this != &other) {
+    abort();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+StagedReload::~StagedReload() { abort(); }
+
+bool StagedReload::pending() const noexcept { return state_ != nullptr && !state_->done; }
+
+ReloadReport StagedReload::commit() {
+  GK_CHECK(StateError, pending(), "StagedReload::commit() of an empty StagedReload (already committed, aborted, or "
+           "moved from): nothing to commit; stage() again");
+  GK_CHECK(StateError, state_->engine != nullptr, "commit refused, nothing was changed: the StagedReload was "
+           "dropped: ", state_->dropped, "; stage() again");
+  return state_->engine->commit(std::move(*this));
+}
+
+void StagedReload::abort() noexcept {
+  if (state_ == nullptr || state_->done) return;
+  state_->done = true;
+  if (state_->engine != nullptr) {
+    ReloadEngine::Impl& impl = *state_->engine->impl_;
+    std::lock_guard<std::mutex> lock(impl.op_mu);
+    if (impl.outstanding == state_.get()) impl.outstanding = nullptr;
+  }
+  state_->runs.clear();
+  state_->bytes = 0;
+}
+
+std::uint64_t StagedReload::base_version() const noexcept { return state_ != nullptr ? state_->base_version : 0; }
+std::size_t StagedReload::staged_bytes() const noexcept { return state_ != nullptr ? state_->bytes : 0; }
+const ReloadReport& StagedReload::report() const {
+  GK_CHECK(StateError, state_ != nullptr, "StagedReload::report() of an empty StagedReload (moved from)");
+  return state_->rep;
 }
 
 EngineState ReloadEngine::state() const noexcept { return impl_->state; }
 
 void ReloadEngine::check_replay_allowed() const {
-  switch (impl_->state) {
+  switch (impl_->state.load()) {
     case EngineState::ready: return;
     case EngineState::drift: GK_THROW(DriftError, "replay refused: ", impl_->reason);
     case EngineState::unprepared:
       GK_THROW(StateError, "replay refused: prepare() has not run, so no address is protected");
     default:
-      GK_THROW(StateError, "replay refused (", to_string(impl_->state), "): ", impl_->reason);
+      GK_THROW(StateError, "replay refused (", to_string(impl_->state.load()), "): ", impl_->reason);
   }
 }
 
@@ -674,9 +1113,10 @@ void ReloadEngine::check_replay_allowed() const {
 // recapture starts over. A library's own persistent workspace is allowed by
 // name with allow_address_range().
 void ReloadEngine::track(ReplayBackend& graph) {
+  Impl::Busy busy(*impl_, "track()");
   GK_CHECK(StateError, impl_->state != EngineState::unprepared,
            "track() before prepare(): the manifest classifies addresses against the slot plan");
-  untrack(graph);
+  impl_->untrack(graph);
   impl_->graphs.push_back({&graph, graph.lifetime(), CaptureManifest::record(graph, impl_->plan, impl_->io,
                                                            reachable_tensors(impl_->model, impl_->plan),
                                                            impl_->allowed)});
@@ -764,10 +1204,8 @@ void ReloadEngine::allow_address_range(std::string name, const void* begin, std:
 std::vector<std::string> ReloadEngine::slot_names() const { return impl_->plan.slot_names(); }
 
 void ReloadEngine::untrack(const ReplayBackend& graph) {
-  auto& g = impl_->graphs;
-  // A destroyed graph's address may be reused by `graph`: compare only live ones.
-  impl_->drop_destroyed();
-  g.erase(std::remove_if(g.begin(), g.end(), [&](const Impl::Tracked& t) { return t.graph == &graph; }), g.end());
+  Impl::Busy busy(*impl_, "untrack()");
+  impl_->untrack(graph);
 }
 
 void ReloadEngine::add_static_io(std::string name, const at::Tensor& buffer) {

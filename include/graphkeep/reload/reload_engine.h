@@ -36,8 +36,10 @@
 #include <graphkeep/reload/errors.h>
 #include <graphkeep/reload/report.h>
 #include <graphkeep/reload/slot_plan.h>
+#include <graphkeep/reload/staged_reload.h>
 #include <graphkeep/sources/weight_source.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -99,6 +101,8 @@ struct ReloadOptions {
   // layer keeps its old weights), like a fault at the "commit" stage; the
   // exception propagates out of reload(). The distributed reload votes here
   // (include/graphkeep/distributed/distributed.h). Not called in streaming mode.
+  // stage() calls it last, on the staging thread, once everything is staged
+  // and checked: throwing from it aborts the stage (nothing changed).
   std::function<void()> before_commit;
 };
 
@@ -130,6 +134,33 @@ class ReloadEngine {
 
   ReloadReport reload(WeightSource& source);
   ReloadReport reload(WeightSource& source, const ReloadOptions& options);
+
+  // Online reload (staged_reload.h; Note [Online reload threading] in
+  // reload_engine.cpp). stage() loads `source`, runs PWAL and every check
+  // reload() runs (completion gate, layouts, configurations) into new
+  // storage and returns the staged tensors; it never writes a captured
+  // storage, so another thread may keep replaying the captured graphs
+  // meanwhile (and only that: no eager forward while stage() runs). On
+  // return the model's fields point at the captured tensors again, holding
+  // the old values. Throws, changing nothing, on any error, and
+  // gk::StateError while another staged reload of this engine is
+  // outstanding or the engine is not ready. `options.mode` is ignored (a
+  // stage is transactional by nature); MismatchPolicy::needs_recapture and
+  // unprotected_slots are refused (use reload()).
+  StagedReload stage(WeightSource& source);
+  StagedReload stage(WeightSource& source, const ReloadOptions& options);
+  // Commits a staged reload, on the serving thread between two replays:
+  // copies the staged values into the captured storage (batched copy-back),
+  // applies init policies, verifies the capture manifests and bumps
+  // weight_version(). Refused with gk::StateError, changing nothing, when
+  // `staged` is empty, belongs to another engine, or is stale (a reload()
+  // or commit ran since, prepare() ran again, the tracked graphs changed, or
+  // the engine is not ready). The report's times.commit_ms is the pause.
+  ReloadReport commit(StagedReload&& staged);
+  // Increments by one for every reload() and commit() that changed the
+  // weights the graphs read (one that failed after writing, leaving the
+  // model inconsistent, counts too). Atomic: readable from any thread.
+  std::uint64_t weight_version() const noexcept;
 
   // Records `graph`'s capture manifest (classifying every address it uses)
   // and verifies it after each reload. The graph must outlive the engine or
@@ -165,6 +196,7 @@ class ReloadEngine {
 
  private:
   friend ReloadReport load_weights(torch::nn::Module& model, WeightSource& source);
+  friend class StagedReload;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

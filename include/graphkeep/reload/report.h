@@ -34,6 +34,12 @@ struct PhaseTimes {
   double copy_ms = 0;     // copy-back, re-pointing, init policies
   double verify_ms = 0;   // capture-manifest verification
   double total_ms = 0;
+  // Online reload (ReloadEngine::stage / commit): the stage, on the staging
+  // thread while the graphs keep replaying (its load, PWAL and check phases
+  // are above), and the commit, the serving thread's pause (copy-back, init
+  // policies, re-pointing; verification is verify_ms). Zero for reload().
+  double stage_ms = 0;
+  double commit_ms = 0;
 };
 
 struct ReloadReport {
@@ -48,6 +54,8 @@ struct ReloadReport {
   std::size_t drift = 0;             // captured addresses not covered after the reload (must be 0)
   std::size_t addresses_verified = 0;
   bool needs_recapture = false;
+  bool staged = false;               // committed from a gk::StagedReload
+  std::uint64_t weight_version = 0;  // the engine's weight version after this reload
   std::vector<std::string> mismatched;  // slot paths, when needs_recapture
   // Graphs destroyed while tracked: dropped before verification (untrack a
   // graph before destroying it, or destroy it after the engine).
