@@ -136,6 +136,11 @@ struct LayerRun {
 // outside the captured storages (else PWAL reached one through a handle that
 // is no slot location, and stage() refuses), the fields are pointed back at
 // the captured tensors, and the post-PWAL tensors are the staged tensors.
+// A copy PWAL left bitwise as it was (compared with a second copy taken with
+// it, freed when stage() returns) is not staged: its slots commit "in place",
+// as a reload commits a tensor PWAL did not touch, so a buffer the graphs
+// write (a cache) is not reverted to its value at stage() time. Plain modules
+// have no PWAL: nothing of theirs is redirected.
 class StagingCopies {
  public:
   explicit StagingCopies(const SlotPlan& plan) {
@@ -155,18 +160,35 @@ class StagingCopies {
     if (it == copies_.end()) {
       at::Tensor bytes = at::empty({0}, t.options().dtype(at::kByte).requires_grad(false));
       bytes.set_(t.storage(), 0, {static_cast<std::int64_t>(t.storage().nbytes())}, {1});
-      const at::Tensor copy = read_.at(k) ? bytes.clone() : at::zeros_like(bytes);
-      it = copies_.emplace(k, copy.storage()).first;
+      const bool read = read_.at(k);
+      const at::Tensor copy = read ? bytes.clone() : at::zeros_like(bytes);
+      it = copies_.emplace(k, Copy{copy.storage(), read ? copy.clone() : at::Tensor(), copy}).first;
     }
     at::Tensor view = at::empty({0}, t.options().requires_grad(false));
-    view.set_(it->second, t.storage_offset(), t.sizes(), t.strides());
+    view.set_(it->second.storage, t.storage_offset(), t.sizes(), t.strides());
     t.set_data(view);
+  }
+  // After PWAL: true when t views a copy of captured values that PWAL left
+  // bitwise unchanged.
+  bool untouched(const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return false;
+    if (untouched_.empty())
+      for (const auto& [k, c] : copies_)
+        untouched_.emplace(c.storage.unsafeGetStorageImpl(), c.before.defined() && at::equal(c.bytes, c.before));
+    auto it = untouched_.find(t.storage().unsafeGetStorageImpl());
+    return it != untouched_.end() && it->second;
   }
 
  private:
   static const void* key(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+  struct Copy {
+    at::Storage storage;  // what PWAL is handed
+    at::Tensor before;    // its bytes as copied (undefined for a zero-filled copy)
+    at::Tensor bytes;     // `storage` as bytes
+  };
   std::unordered_map<const void*, bool> read_;  // captured storage -> copy its values (else zeros)
-  std::unordered_map<const void*, at::Storage> copies_;
+  std::unordered_map<const void*, Copy> copies_;
+  std::unordered_map<const void*, bool> untouched_;  // per copy's storage, filled after the last PWAL
 };
 
 namespace detail {
@@ -333,7 +355,7 @@ struct ReloadEngine::Impl {
     // PWAL may write into the captured tensors it can reach (declared
     // members, buffers it does not load, views of a parameter's storage):
     // see Note [Undo by storage].
-    if (!initial && staging != nullptr) {
+    if (!initial && staging != nullptr && lp.layer != nullptr) {
       // Note [Staging copies]: PWAL gets copies of the captured storages.
       for (const PlannedSlot& sl : lp.slots) {
         if (!sl.defined()) continue;
@@ -362,7 +384,7 @@ struct ReloadEngine::Impl {
       ScopedMsTimer t(rep.times.check_ms);
       fault(o, "check", lp.prefix);
       check(lp, run, o, rep);
-      if (staging != nullptr)
+      if (staging != nullptr && lp.layer != nullptr)
         for (std::size_t i = 0; i < lp.slots.size(); ++i)
           GK_CHECK(StateError, !staging->captured(run.current[i]), "stage(): after PWAL of layer '", lp.prefix,
                    "', ", lp.slots[i].name, " views a captured storage through a handle that is no slot location "
@@ -932,6 +954,12 @@ StagedReload ReloadEngine::stage(WeightSource& source, const ReloadOptions& opti
     try {
       I.run_until_commit(source, st->options, runs, rep, any_committed);
       GK_INTERNAL_ASSERT(!any_committed, "a stage committed a layer");
+      // A copy PWAL did not write commits in place (Note [Staging copies]).
+      for (std::size_t li = 0; li < runs.size(); ++li) {
+        const LayerPlan& lp = I.plan.layers()[li];
+        for (std::size_t i = 0; i < lp.slots.size() && i < runs[li].current.size(); ++i)
+          if (copies.untouched(runs[li].current[i])) runs[li].current[i] = lp.slots[i].captured;
+      }
       // Point every field back at its captured tensor; keep the staged
       // tensors and the configuration values PWAL left.
       for (std::size_t li = 0; li < runs.size(); ++li) {
@@ -947,6 +975,13 @@ StagedReload ReloadEngine::stage(WeightSource& source, const ReloadOptions& opti
         run.current = std::move(staged);
         GK_INTERNAL_ASSERT(ok, "layer '", lp.prefix, "' passed its checks but a path does not resolve");
       }
+      // What the staged tensors hold beyond the captured storage.
+      std::unordered_set<const void*> seen;
+      for (const LayerRun& run : runs)
+        for (const at::Tensor& t : run.current)
+          if (t.defined() && t.has_storage() && !copies.captured(t) &&
+              seen.insert(t.storage().unsafeGetStorageImpl()).second)
+            st->bytes += t.storage().nbytes();
     } catch (...) {
       I.staging = nullptr;
       if (!I.rollback_all(runs, st->options)) I.fields_unrestored = true;
@@ -954,11 +989,6 @@ StagedReload ReloadEngine::stage(WeightSource& source, const ReloadOptions& opti
     }
     I.staging = nullptr;
   }  // the copies no staged tensor views are freed here
-  std::unordered_set<const void*> seen;
-  for (const LayerRun& run : runs)
-    for (const at::Tensor& t : run.current)
-      if (t.defined() && t.has_storage() && seen.insert(t.storage().unsafeGetStorageImpl()).second)
-        st->bytes += t.storage().nbytes();
   rep.times.stage_ms = rep.times.total_ms = total.elapsed_ms();
   st->rep = std::move(rep);
   st->runs = std::move(runs);

@@ -92,10 +92,16 @@ std::vector<gk::NamedTensor> without(std::vector<gk::NamedTensor> v, const std::
 // A layer whose PWAL writes its derived tensor in place once it exists: on a
 // reload that is the captured storage (Note [Undo by storage] in
 // reload/reload_engine.cpp). `head_` views the same storage; `busy_` is a
-// zero-init workspace the graph writes while it replays (like a lock).
+// zero-init workspace the graph writes while it replays (like a lock);
+// `hits` is a buffer the graph counts its replays in and PWAL leaves alone
+// (a cache: a commit must not revert it to its value at stage() time).
 class InPlaceLayer : public torch::nn::Module, public gk::ReloadableLayer {
  public:
-  explicit InPlaceLayer(int64_t n) : n_(n) { bias_ = register_parameter("bias", at::zeros({n}), false); }
+  explicit InPlaceLayer(int64_t n) : n_(n) {
+    bias_ = register_parameter("bias", at::zeros({n}), false);
+    register_buffer("hits", at::zeros({1}, at::kLong));
+  }
+  at::Tensor hits() { return named_buffers(/*recurse=*/false)["hits"]; }
 
   std::vector<gk::CheckpointParam> checkpoint_params() const override { return {{"bias", {{"bias", {n_}}}}}; }
 
@@ -117,12 +123,15 @@ class InPlaceLayer : public torch::nn::Module, public gk::ReloadableLayer {
     const float* dp = derived_.data_ptr<float>();
     const float* hp = head_.data_ptr<float>();
     int32_t* bp = busy_.data_ptr<int32_t>();
+    const at::Tensor h = hits();
+    int64_t* counter = h.data_ptr<int64_t>();
     float* yp = y.data_ptr<float>();
     const int64_t m = x.numel(), n = n_, nh = head_.numel();
     gk::hostrt::launch("in_place_sum",
                        {gk::hostrt::reads(x), gk::hostrt::reads(derived_), gk::hostrt::writes(busy_),
-                        gk::hostrt::writes(y)},
+                        gk::hostrt::writes(y), gk::hostrt::writes(h)},
                        [=] {
+                         counter[0] += 1;
                          bp[0] += 1;
                          float t = 0.f;
                          for (int64_t i = 0; i < n; ++i) t += dp[i] * (1.f + 0.5f * static_cast<float>(i));
@@ -469,6 +478,15 @@ TEST_CASE("in-place PWAL: staging hands PWAL copies, so the graphs read the old 
     CHECK(after.equal(plain.replay()));
     CHECK(after.equal(fresh_in_place(1, rig.input)));
     CHECK_FALSE(after.equal(before));
+    // A buffer the graphs write and PWAL leaves alone keeps what the graphs
+    // wrote between stage() and commit(), as with a plain reload.
+    const int64_t hits_before = rig.model->l0->hits().item<int64_t>();
+    gk::InMemorySource src4(InPlaceModel::checkpoint(1));
+    gk::StagedReload again = rig.engine->stage(src4);
+    rig.replay();
+    rig.replay();
+    again.commit();
+    CHECK(rig.model->l0->hits().item<int64_t>() == hits_before + 2);
     // And aborted: unchanged again.
     gk::InMemorySource src3(InPlaceModel::checkpoint(2));
     rig.engine->stage(src3).abort();

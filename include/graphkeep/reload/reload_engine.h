@@ -13,6 +13,12 @@
 //   engine.check_replay_allowed();          // throws if replay must not resume
 //   graph.replay();
 //
+// Online reload (staged_reload.h): stage on another thread while the graphs
+// keep replaying, then commit between two replays; the pause is the commit.
+//
+//   gk::StagedReload staged = engine.stage(src);   // staging thread
+//   engine.commit(std::move(staged));              // serving thread
+//
 // Per layer, a reload snapshots the captured tensors, detaches the
 // checkpoint-format parameters from their storage, buffers the incoming
 // weights and, once the layer's weights are complete, materializes, loads and
