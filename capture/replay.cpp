@@ -9,6 +9,12 @@ void HostReplay::capture(const std::function<void()>& forward) {
   captured_ = true;
 }
 
+void HostReplay::recapture(const std::function<void()>& forward) {
+  GK_CHECK(StateError, captured_, "recapture of host graph '", name_, "' before its first capture");
+  hostrt::Recording fresh = hostrt::capture(forward);
+  rec_ = std::move(fresh);
+}
+
 void HostReplay::replay() {
   GK_CHECK(StateError, captured_, "replay of host graph '", name_, "' before capture");
   rec_.replay();

@@ -188,6 +188,15 @@ int main(int argc, char** argv) {
         char buf[96];
         std::snprintf(buf, sizeof buf, " | transformers %s vs float32: rel %.3g", c10::toString(cfg.dtype), f.rel());
         floor = buf;
+      } else if (format != demo::WeightFormat::dense) {
+        // How far the format itself moves transformers' logits: the scale on
+        // which the engine's quantized logits are compared.
+        Compare f;
+        const std::int64_t V = want.size(-1);
+        f.add(want.reshape({-1, V}), need(ref, s + ".logits").to(at::kFloat).reshape({-1, V}));
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " | transformers %s vs dense: rel %.3g", a.format.c_str(), f.rel());
+        floor = buf;
       }
       pass = pass && ok;
       std::printf(

@@ -2,6 +2,8 @@
 #include <graphkeep/core/check.h>
 #include <graphkeep/reload/manifest.h>
 
+#include <algorithm>
+
 #include "reload_internal.h"
 
 #include <torch/nn/module.h>
@@ -20,6 +22,7 @@ std::string_view to_string(AddressClass c) noexcept {
     case AddressClass::static_io: return "static_io";
     case AddressClass::library: return "library";
     case AddressClass::unknown: return "unknown";
+    case AddressClass::unstable: return "unstable";
   }
   return "?";
 }
@@ -57,6 +60,30 @@ std::string VerifyResult::describe(std::size_t max_lines) const {
 std::size_t CaptureManifest::count(AddressClass c) const noexcept {
   std::size_t n = 0;
   for (const auto& e : entries_) n += e.cls == c ? 1 : 0;
+  return n;
+}
+
+std::size_t CaptureManifest::count_raw_unknown() const noexcept {
+  std::size_t n = 0;
+  for (const auto& e : entries_) n += e.cls == AddressClass::unknown && e.reachable == SIZE_MAX;
+  return n;
+}
+
+std::size_t CaptureManifest::mark_unstable(const CaptureManifest& other) {
+  auto same = [](const CapturedAddress& a, const CapturedAddress& b) {
+    return a.address == b.address && a.param == b.param && a.byte_offset == b.byte_offset && a.node_name == b.node_name;
+  };
+  std::size_t n = 0;
+  for (ManifestEntry& e : entries_) {
+    if (e.cls != AddressClass::unknown || e.reachable != SIZE_MAX) continue;
+    const bool repeated = std::any_of(other.entries_.begin(), other.entries_.end(), [&](const ManifestEntry& o) {
+      return o.cls == AddressClass::unknown && o.reachable == SIZE_MAX && same(o.use, e.use);
+    });
+    if (!repeated) {
+      e.cls = AddressClass::unstable;
+      ++n;
+    }
+  }
   return n;
 }
 
@@ -184,6 +211,7 @@ VerifyResult CaptureManifest::verify(const SlotPlan& plan) const {
       case AddressClass::pool:
       case AddressClass::static_io:
       case AddressClass::library:
+      case AddressClass::unstable:  // not an address the graph reads
         break;
       case AddressClass::unknown: {
         if (e.reachable == SIZE_MAX) {

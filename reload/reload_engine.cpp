@@ -1142,14 +1142,39 @@ void ReloadEngine::check_replay_allowed() const {
 // The graph stays tracked, so later reloads verify it too; prepare() after a
 // recapture starts over. A library's own persistent workspace is allowed by
 // name with allow_address_range().
-void ReloadEngine::track(ReplayBackend& graph) {
+//
+// Note [Confirming raw addresses]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A CUDA kernel node's parameter bytes may hold stale host bytes that look
+// like a device address (Note [Stale bytes in kernel parameters] in
+// capture/cuda/cuda_replay.cpp). Given the forward, track() tells them apart
+// from real reads by capturing once more when the first manifest has raw
+// unknown addresses: a real operand is read again by the same kernel, from
+// the same parameter byte, at the same address (its tensor was allocated
+// before the capture and does not move); stale bytes depend on what host
+// code ran at that stack depth and do not repeat. Only the repeated ones are
+// refused; the rest stay in the manifest as AddressClass::unstable, and the
+// second capture is the graph that is kept. Fail closed: a stale word that
+// happens to repeat is refused, as before.
+void ReloadEngine::track(ReplayBackend& graph) { track(graph, {}); }
+
+void ReloadEngine::track(ReplayBackend& graph, const std::function<void()>& forward) {
   Impl::Busy busy(*impl_, "track()");
   GK_CHECK(StateError, impl_->state != EngineState::unprepared,
            "track() before prepare(): the manifest classifies addresses against the slot plan");
   impl_->untrack(graph);
-  impl_->graphs.push_back({&graph, graph.lifetime(), CaptureManifest::record(graph, impl_->plan, impl_->io,
-                                                           reachable_tensors(impl_->model, impl_->plan),
-                                                           impl_->allowed)});
+  auto record = [&] {
+    return CaptureManifest::record(graph, impl_->plan, impl_->io, reachable_tensors(impl_->model, impl_->plan),
+                                   impl_->allowed);
+  };
+  CaptureManifest first = record();
+  if (forward && first.count_raw_unknown() > 0) {
+    graph.recapture(forward);  // Note [Confirming raw addresses]
+    CaptureManifest second = record();
+    second.mark_unstable(first);
+    first = std::move(second);
+  }
+  impl_->graphs.push_back({&graph, graph.lifetime(), std::move(first)});
   const CaptureManifest& m = impl_->graphs.back().manifest;
   std::string problem;
   if (m.entries().empty()) {

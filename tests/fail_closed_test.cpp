@@ -18,6 +18,7 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -430,6 +431,120 @@ TEST_CASE("a graph reading memory that nothing owns is refused at capture, unles
     bool named = false;
     for (const auto& e : m->entries()) named = named || e.owner.find("kernel block (allowed: a library") == 0;
     CHECK(named);
+  }
+}
+
+namespace {
+
+// A layer whose launch also lists one word that is not an operand: a stand-in
+// for stale host bytes in a CUDA kernel's parameters (Note [Stale bytes in
+// kernel parameters]). Which raw block the word points at depends on the call.
+class NoisyLayer : public torch::nn::Module, public gk::ReloadableLayer {
+ public:
+  NoisyLayer() { weight_ = register_parameter("weight", at::ones({4}), false); }
+  std::vector<gk::CheckpointParam> checkpoint_params() const override { return {{"weight", {{"weight", {4}}}}}; }
+  void process_weights_after_loading() override {}
+  gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
+  at::Tensor forward(const at::Tensor& x, const void* stale) {
+    at::Tensor y = gk::hostrt::empty(x.sizes(), x.options());
+    const float* xp = x.data_ptr<float>();
+    const float* wp = weight_.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const int64_t n = x.numel();
+    gk::hostrt::launch("noisy", {gk::hostrt::reads(x), gk::hostrt::reads(weight_), gk::hostrt::reads(stale, 8),
+                                 gk::hostrt::writes(y)},
+                       [=] {
+                         for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] * wp[i];
+                       });
+    return y;
+  }
+
+ private:
+  at::Tensor weight_;
+  GRAPHKEEP_DESCRIBE_DERIVED(NoisyLayer, (torch::nn::Module, gk::ReloadableLayer), (weight_, gk::parameter))
+};
+
+class NoisyModel : public torch::nn::Module {
+ public:
+  NoisyModel() { layer = register_module("layer", std::make_shared<NoisyLayer>()); }
+  std::shared_ptr<NoisyLayer> layer;
+};
+
+}  // namespace
+
+TEST_CASE("a raw word that a second capture does not repeat is stale bytes, not an address (track with forward)") {
+  auto model = std::make_shared<NoisyModel>();
+  gk::InMemorySource src = raw_weights(0);
+  gk::load_weights(*model, src);
+  const at::Tensor input = at::arange(4, at::kFloat) + 1.0f;
+  at::Tensor output;
+  std::vector<c10::DataPtr> junk;  // raw blocks no tensor owns
+  for (int i = 0; i < 3; ++i) junk.push_back(c10::GetCPUAllocator()->allocate(8));
+  int calls = 0;
+  bool vary = true;  // the stale word changes from capture to capture
+  const std::function<void()> forward = [&] {
+    const void* stale = junk[vary ? static_cast<std::size_t>(calls) % junk.size() : 0].get();
+    ++calls;
+    output = model->layer->forward(input, stale);
+  };
+
+  SUBCASE("negative: without the forward, track() cannot tell and refuses the graph") {
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    engine.add_static_io("input", input);
+    gk::HostReplay graph("noisy");
+    graph.capture(forward);
+    const std::string msg = gk::testing::message_of<gk::DriftError>([&] { engine.track(graph); });
+    CHECK(msg.find("in no tensor the collector reaches (a raw allocation") != std::string::npos);
+    CHECK(calls == 1);
+    CHECK(engine.state() == gk::EngineState::drift);
+  }
+  SUBCASE("positive: with the forward, the word is captured once more, not repeated, and classified unstable") {
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    engine.add_static_io("input", input);
+    gk::HostReplay graph("noisy");
+    graph.capture(forward);
+    engine.track(graph, forward);
+    CHECK(calls == 2);  // one recapture
+    CHECK(engine.replay_allowed());
+    const gk::CaptureManifest* m = engine.manifest(graph);
+    REQUIRE(m != nullptr);
+    CHECK(m->count(gk::AddressClass::unknown) == 0);
+    CHECK(m->count(gk::AddressClass::unstable) == 1);
+    CHECK(m->count(gk::AddressClass::slot) == 1);
+    // The kept graph is the second capture, and reloads verify it.
+    for (int step = 1; step <= 2; ++step) {
+      gk::InMemorySource next = raw_weights(step);
+      const gk::ReloadReport r = engine.reload(next);
+      CHECK(r.drift == 0);
+      graph.replay();
+      CHECK(at::equal(output, input * (at::arange(4, at::kFloat) + static_cast<float>(step))));
+    }
+  }
+  SUBCASE("negative: a raw word the second capture repeats is a real read, and still refused") {
+    vary = false;
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    engine.add_static_io("input", input);
+    gk::HostReplay graph("noisy");
+    graph.capture(forward);
+    const std::string msg = gk::testing::message_of<gk::DriftError>([&] { engine.track(graph, forward); });
+    CHECK(calls == 2);
+    CHECK(msg.find("reads 1 address(es) that no slot, pool, static buffer or allowed range owns") != std::string::npos);
+    CHECK(engine.state() == gk::EngineState::drift);
+  }
+  SUBCASE("a clean capture is not captured again") {
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    engine.add_static_io("input", input);
+    engine.allow_address_range("junk0", junk[0].get(), 8, "the test's block");
+    vary = false;
+    gk::HostReplay graph("noisy");
+    graph.capture(forward);
+    engine.track(graph, forward);
+    CHECK(calls == 1);
+    CHECK(engine.replay_allowed());
   }
 }
 

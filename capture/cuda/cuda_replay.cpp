@@ -39,15 +39,25 @@ namespace {
 // track() refuses the graph (fail closed: a false refusal, never a missed
 // address). Seen on the H200 in about 1 engine start of 10 (docs/gpu-runs.md).
 //
-// capture() therefore zeroes kScrubBytes of the unused stack below its frame
-// before the forward runs: the frames of the forward, the dispatcher and the
-// launch stubs all live in that region, so padding can only hold zeros or
-// values written during the capture itself, and those point at memory the
-// forward handled (its pool, the model's tensors, its static buffers), which
-// the manifest owns. A zero word is never an address; a word that is the
-// functor's byte is never plausible. tests/cuda_graph_test.cpp shows both the
-// stale pointer (a dirtied stack, captured without the scrub) and its absence
-// through this backend.
+// Two defences, because the stale bytes come from two places:
+//  - Earlier work (eager prefill, PWAL, the previous graph's scan): capture()
+//    zeroes kScrubBytes of the unused stack below its frame before the
+//    forward runs; the frames of the forward, the dispatcher and the launch
+//    stubs all live in that region. tests/cuda_graph_test.cpp shows the stale
+//    pointer (a dirtied stack, captured without the scrub) and its absence
+//    through this backend.
+//  - Host code that runs during the capture itself at the same stack depth
+//    (the caching allocator walking its blocks, say). ATen's OffsetCalculator
+//    leaves the stride and divisor entries of unused dimensions
+//    uninitialized, and they travel in the parameter. The H200 runs flagged
+//    such words inside the unused dimensions of elementwise and reduction
+//    kernels after the scrub was in place. ReloadEngine::track(graph,
+//    forward) therefore captures once more (recapture()) when a graph reads
+//    raw addresses that nothing owns, and keeps only those that the second
+//    capture reads again in the same kernel, parameter and byte: a real
+//    operand's address repeats, stale bytes do not (the allocator's state and
+//    path differ the second time). The others become AddressClass::unstable
+//    in the manifest (Note [Confirming raw addresses] in reload_engine.cpp).
 constexpr std::size_t kScrubBytes = std::size_t{512} << 10;
 // Never scrub closer than this to the end of the thread's stack.
 constexpr std::size_t kScrubReserve = std::size_t{64} << 10;
@@ -88,9 +98,24 @@ struct Ranges {
 class CudaReplay final : public ReplayBackend {
  public:
   CudaReplay(std::string name, std::optional<at::cuda::MempoolId_t> pool)
-      : name_(std::move(name)), share_(pool), graph_(/*keep_graph=*/true) {}
+      : name_(std::move(name)), share_(pool), graph_(std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true)) {}
 
-  at::cuda::MempoolId_t pool_id() const { return const_cast<at::cuda::CUDAGraph&>(graph_).pool(); }
+  at::cuda::MempoolId_t pool_id() const { return graph_->pool(); }
+
+  // A fresh graph in the same pool (graphs sharing it keep sharing it); the
+  // old one is destroyed after the new capture holds the pool.
+  void recapture(const std::function<void()>& forward) override {
+    GK_CHECK(StateError, captured_, "recapture of CUDA graph '", name_, "' before its first capture");
+    std::unique_ptr<at::cuda::CUDAGraph> old = std::move(graph_);
+    share_ = old->pool();
+    graph_ = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
+    captured_ = false;
+    scan_ = {};
+    segments_ = {};
+    pool_ = {};
+    library_ = {};
+    capture(forward);
+  }
 
   void capture(const std::function<void()>& forward) override {
     GK_CHECK(StateError, !captured_, "CUDA graph '", name_, "' is already captured");
@@ -101,24 +126,24 @@ class CudaReplay final : public ReplayBackend {
     {
       c10::cuda::CUDAStreamGuard guard(side);
       if (share_)
-        graph_.capture_begin(*share_);
+        graph_->capture_begin(*share_);
       else
-        graph_.capture_begin();
+        graph_->capture_begin();
       try {
         forward();
       } catch (...) {
         try {
-          graph_.capture_end();
+          graph_->capture_end();
         } catch (...) {
         }
         throw;
       }
-      graph_.capture_end();
+      graph_->capture_end();
     }
-    graph_.instantiate();
+    graph_->instantiate();
     captured_ = true;
     record_memory();
-    scan_ = cuda::scan_graph(graph_.raw_cuda_graph(), [this](std::uint64_t w) {
+    scan_ = cuda::scan_graph(graph_->raw_cuda_graph(), [this](std::uint64_t w) {
       const auto a = static_cast<std::uintptr_t>(w);
       return cuda::default_plausible(w) && (segments_.contains(a) || library_.contains(a));
     });
@@ -126,7 +151,7 @@ class CudaReplay final : public ReplayBackend {
 
   void replay() override {
     GK_CHECK(StateError, captured_, "replay of CUDA graph '", name_, "' before capture");
-    graph_.replay();
+    graph_->replay();
   }
   bool captured() const override { return captured_; }
 
@@ -147,7 +172,7 @@ class CudaReplay final : public ReplayBackend {
 
   std::string describe_address(std::uintptr_t address) const override {
     const auto snap = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, /*include_traces=*/false);
-    const auto mine = const_cast<at::cuda::CUDAGraph&>(graph_).pool();
+    const auto mine = graph_->pool();
     for (const auto& seg : snap.segments) {
       if (address < seg.address || address >= seg.address + seg.total_size) continue;
       std::string out = detail::concat("caching-allocator segment 0x", std::hex, seg.address, std::dec, " (", seg.total_size,
@@ -174,7 +199,7 @@ class CudaReplay final : public ReplayBackend {
 
  private:
   void record_memory() {
-    const auto pool = graph_.pool();
+    const auto pool = graph_->pool();
     const auto snap = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, /*include_traces=*/false);
     for (const auto& seg : snap.segments) {
       if (seg.device != device_.index()) continue;
@@ -201,7 +226,7 @@ class CudaReplay final : public ReplayBackend {
 
   std::string name_;
   std::optional<at::cuda::MempoolId_t> share_;  // the pool of another graph, shared
-  at::cuda::CUDAGraph graph_;
+  std::unique_ptr<at::cuda::CUDAGraph> graph_;
   bool captured_ = false;
   c10::Device device_{c10::kCUDA, 0};
   cuda::GraphScan scan_;

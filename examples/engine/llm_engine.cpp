@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <functional>
 
 namespace demo {
 namespace {
@@ -119,8 +120,9 @@ void LlmEngine::capture_graphs() {
     Graph g{b, gk::make_replay(device, "decode_bs" + std::to_string(b), graphs_.empty() || !options_.shared_pool ? nullptr : graphs_.front().graph.get()), {}};
     const TokenBatch batch{positions_.narrow(0, 0, b), seqs_.narrow(0, 0, b)};
     const at::Tensor ids = ids_.narrow(0, 0, b);
-    g.graph->capture([&] { g.logits = model_->forward(ids, batch, caches_, rope_); });
-    engine_->track(*g.graph);
+    const std::function<void()> forward = [&] { g.logits = model_->forward(ids, batch, caches_, rope_); };
+    g.graph->capture(forward);
+    engine_->track(*g.graph, forward);  // with the forward: Note [Confirming raw addresses]
     graphs_.push_back(std::move(g));
   }
   std::reverse(graphs_.begin(), graphs_.end());  // smallest first, for decode()'s search

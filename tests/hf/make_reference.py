@@ -8,7 +8,7 @@ C++ engine that loads the same checkpoints can be checked against it.
 
     python3 tests/hf/make_reference.py --arch {llama,qwen3,qwen3_moe} --out DIR
         [--size tiny|small|medium] [--dtype float32|bfloat16] [--steps N] [--shard-size SIZE]
-        [--seed 0] [--tied] [--device cpu|cuda] [--threads 1]
+        [--seed 0] [--warmup N] [--tied] [--device cpu|cuda] [--threads 1]
 
 Writes
     DIR/step{k}/   k = 0..steps: config.json, generation_config.json,
@@ -30,7 +30,7 @@ Writes
         step{k}.logits_f32        [B, T, V]    float32  bfloat16 runs only: the same checkpoint
                                                         computed in float32 (transformers' own
                                                         bfloat16 error, for comparison)
-        metadata: arch, size, dtype, steps, seed, tied, shard_size, transformers, torch
+        metadata: arch, size, dtype, steps, warmup, seed, tied, shard_size, transformers, torch
 
     The outputs of step k are computed by a model loaded back from DIR/step{k} with
     from_pretrained(dtype=<dtype>, attn_implementation="eager"): they are what
@@ -117,6 +117,9 @@ def parse_args():
     p.add_argument("--shard-size", default=None,
                    help="save_pretrained max_shard_size (default 200KB for tiny, 20MB for small)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=0,
+                   help="training updates before step 0 (default 0: step 0 is the random initialization, whose "
+                        "logits are small, so relative differences there measure rounding noise more than the model)")
     p.add_argument("--tied", action="store_true", help="tie_word_embeddings=True (no lm_head.weight)")
     p.add_argument("--device", default="cpu", help="torch device for the run (default cpu)")
     p.add_argument("--threads", type=int, default=1,
@@ -293,6 +296,16 @@ def main():
     first_logits = None
     print(f"make_reference: {args.arch} {args.size} {args.dtype} params={n_params} "
           f"transformers={transformers.__version__} torch={torch.__version__} device={device} -> {out}")
+    if args.warmup > 0:
+        master.train()
+        for _ in range(args.warmup):
+            opt.zero_grad(set_to_none=True)
+            loss = master(input_ids=tokens.to(device), labels=tokens.to(device), use_cache=False).loss
+            if not torch.isfinite(loss):
+                die(f"warm-up: loss is {loss.item()}")
+            loss.backward()
+            opt.step()
+        master.eval()
     for k in range(args.steps + 1):
         t0 = time.time()
         loss_val = None
@@ -365,7 +378,7 @@ def main():
             first_logits = logits
 
     meta = {
-        "arch": args.arch, "size": args.size, "dtype": args.dtype, "steps": str(args.steps),
+        "arch": args.arch, "size": args.size, "dtype": args.dtype, "steps": str(args.steps), "warmup": str(args.warmup),
         "seed": str(args.seed), "tied": str(args.tied).lower(), "shard_size": args.shard_size,
         "B": str(B), "T": str(T), "prompt_len": str(PROMPT), "new_tokens": str(GEN),
         "transformers": transformers.__version__, "torch": torch.__version__,

@@ -59,6 +59,11 @@ class ReplayBackend {
 
   // Captures everything `forward` launches (on this thread / current stream).
   virtual void capture(const std::function<void()>& forward) = 0;
+  // Drops the captured graph and captures `forward` again into a fresh one
+  // (same memory pool). ReloadEngine::track(graph, forward) calls it to tell
+  // the addresses a graph really reads from stale bytes in kernel parameters
+  // (Note [Stale bytes in kernel parameters] in capture/cuda/cuda_replay.cpp).
+  virtual void recapture(const std::function<void()>& forward) = 0;
   virtual void replay() = 0;
   virtual bool captured() const = 0;
   // Every address the captured graph uses: the independent oracle.
@@ -85,6 +90,7 @@ class HostReplay final : public ReplayBackend {
  public:
   explicit HostReplay(std::string name = "host-graph") : name_(std::move(name)) {}
   void capture(const std::function<void()>& forward) override;
+  void recapture(const std::function<void()>& forward) override;
   void replay() override;
   bool captured() const override { return captured_; }
   std::vector<CapturedAddress> addresses() const override;

@@ -11,6 +11,10 @@
 //   library    inside a library's own persistent workspace (cuBLAS), or a
 //              range the engine was told to allow (allow_address_range)
 //   unknown    none of these: an undeclared tensor
+//   unstable   a raw word that a second capture of the same forward did not
+//              repeat in the same kernel parameter byte: stale bytes, not an
+//              address (mark_unstable; Note [Confirming raw addresses] in
+//              reload_engine.cpp); not verified
 // After a reload, verify() checks each address again before the next replay:
 //   moved      the owning slot (or the undeclared tensor's path) now points at
 //              other storage while the captured one lives: stale reads
@@ -34,7 +38,7 @@
 
 namespace gk {
 
-enum class AddressClass : std::uint8_t { slot, pool, static_io, library, unknown };
+enum class AddressClass : std::uint8_t { slot, pool, static_io, library, unknown, unstable };
 std::string_view to_string(AddressClass c) noexcept;
 
 // A tensor the runtime collector reached (see collector.h), with its storage.
@@ -98,6 +102,13 @@ class CaptureManifest {
   std::size_t count(AddressClass c) const noexcept;
   // The unknown entries as a readable list ("node k: address in tensor <path>").
   std::vector<std::string> undeclared() const;
+
+  // The unknown entries that no collected tensor owns (raw allocations).
+  std::size_t count_raw_unknown() const noexcept;
+  // Reclassifies as `unstable` each raw unknown entry that `other`, a capture
+  // of the same forward, does not repeat: no raw unknown entry there with the
+  // same kernel, parameter, byte offset and address. Returns how many.
+  std::size_t mark_unstable(const CaptureManifest& other);
 
   // Checks every recorded address against the plan's current state.
   VerifyResult verify(const SlotPlan& plan) const;

@@ -175,6 +175,14 @@ class ReloadEngine {
   // undeclared tensor, a raw allocation) stays tracked, the engine refuses
   // replay, and track() throws gk::DriftError naming each address's owner.
   void track(ReplayBackend& graph);
+  // The same, given the forward `graph` was captured from: when the graph
+  // reads raw addresses that nothing owns, track() captures `forward` once
+  // more (graph.recapture(forward), same pool) and refuses only the raw
+  // addresses the second capture reads again in the same kernel parameter
+  // byte; the others were stale bytes (AddressClass::unstable). Note
+  // [Confirming raw addresses] in reload_engine.cpp. Prefer this overload on
+  // CUDA: stale host bytes in kernel parameters can look like addresses.
+  void track(ReplayBackend& graph, const std::function<void()>& forward);
   // Allows graphs to read [begin, begin + bytes) although no slot owns it: a
   // library's own persistent workspace that never moves across reloads.
   // Call before track(); `reason` is shown wherever the range is reported.
