@@ -20,6 +20,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -528,6 +529,7 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
 
   std::atomic<long> replays{0}, mixed{0}, wrong{0}, not_allowed{0};
   int committed = 0, aborted = 0;
+  double stage_ms = 0, pause_ms = 0;  // summed: the stages, and the commits' pauses
   int serving = A;  // what the serving thread committed last
   const auto t0 = std::chrono::steady_clock::now();
 
@@ -551,7 +553,7 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
         try {
           if (box_commit) {
             const int target = (rig.engine->weight_version() - v0) % 2 == 0 ? B : A;
-            rig.engine->commit(std::move(staged));
+            pause_ms += rig.engine->commit(std::move(staged)).times.commit_ms;
             serving = target;
             committed += 1;
           } else {
@@ -580,6 +582,7 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
       try {
         gk::InMemorySource src(target == A ? weights_a : weights_b);
         staged = rig.engine->stage(src);  // without the serving lock: replays go on meanwhile
+        stage_ms += staged.report().times.stage_ms;
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> box_lock(box_mu);
         stager_error = e.what();
@@ -600,7 +603,8 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
   server.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MESSAGE("online reload stress: " << rounds << " rounds (" << committed << " commits, " << aborted
-          << " aborts), " << replays.load() << " replays in " << seconds << " s");
+          << " aborts), " << replays.load() << " replays in " << seconds << " s; mean stage "
+          << stage_ms / rounds << " ms, mean pause (commit) " << pause_ms / std::max(committed, 1) << " ms");
   CHECK(stager_error.empty());
   INFO(stager_error);
   CHECK(committed + aborted == rounds);
