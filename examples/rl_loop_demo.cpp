@@ -9,6 +9,8 @@
 //   gk-rl-demo                         the built-in tiny model (written to gk-demo-model/ on first run),
 //                                      CPU replay backend, or CUDA graphs if a GPU is present
 //   gk-rl-demo --model DIR --quant fp8 a Hugging Face directory (config.json + safetensors), FP8 made in PWAL
+//   gk-rl-demo --online                stage each checkpoint on another thread while this one keeps
+//                                      decoding on the old weights; pause only for the commit
 //   gk-rl-demo --unprotect model.layers.0.self_attn.qkv_.fp8_.scale_ --quant fp8
 //                                      disable one slot's copy-back: the manifest catches the drift, and
 //                                      replaying anyway shows what an engine without graphkeep serves
@@ -21,8 +23,11 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <thread>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -42,6 +47,7 @@ struct Args {
   std::int64_t tokens = 8;
   std::uint64_t seed = 1234;
   bool list_slots = false;
+  bool online = false;
 };
 
 void usage() {
@@ -62,6 +68,8 @@ void usage() {
       "  --tokens T           tokens generated per sequence (default 8)\n"
       "  --device D           auto (default: cuda if present), cpu or cuda\n"
       "  --mode M             streaming (default) or transactional reloads\n"
+      "  --online             stage each checkpoint on another thread while serving goes on (decode\n"
+      "                       replays on the old weights); the pause is the commit alone\n"
       "  --unprotect SLOT     disable copy-back of one slot to show what goes wrong without graphkeep\n"
       "  --list-slots         print the engine's slot plan and exit\n"
       "  --seed S             trainer seed (default 1234)\n"
@@ -89,6 +97,7 @@ void parse(int argc, char** argv, Args& a) {
     else if (k == "--unprotect") a.unprotect = value();
     else if (k == "--seed") a.seed = std::stoull(value());
     else if (k == "--list-slots") a.list_slots = true;
+    else if (k == "--online") a.online = true;
     else throw std::invalid_argument("unknown option " + k + " (try --help)");
   }
   if (a.mode != "streaming" && a.mode != "transactional")
@@ -125,6 +134,53 @@ struct Compare {
 Compare compare(const std::pair<at::Tensor, at::Tensor>& got, const std::pair<at::Tensor, at::Tensor>& want) {
   return {got.first.ne(want.first).sum().item<std::int64_t>(), want.first.numel(),
           (got.second - want.second).abs().nan_to_num(1e30).max().item<double>()};
+}
+
+// --online: stages `dir` on a thread of its own while this thread goes on
+// decoding one fixed batch on the old weights, and checks every output served
+// meanwhile against the one computed before staging began (bitwise: replay is
+// deterministic), so a mix of old and new weights would show.
+struct OnlineStep {
+  std::shared_ptr<gk::StagedReload> staged;
+  double stage_ms = 0, served_per_s = 0, idle_per_s = 0;
+  std::int64_t served = 0, mixed = 0;
+};
+
+OnlineStep stage_while_serving(demo::LlmEngine& eng, const std::string& dir, std::int64_t batch,
+                               std::int64_t position) {
+  const at::Tensor tokens = at::arange(batch, at::kLong).remainder(eng.config().vocab_size);
+  const at::Tensor pos = at::full({batch}, position, at::kLong);
+  const at::Tensor before = eng.decode(tokens, pos);
+  OnlineStep o;
+  {
+    const gk::Stopwatch idle;
+    for (int i = 0; i < 16; ++i) (void)eng.decode(tokens, pos);
+    o.idle_per_s = 16 / std::max(idle.elapsed_ms(), 1e-6) * 1e3;
+  }
+  std::atomic<bool> done{false};
+  std::exception_ptr error;
+  o.staged = std::make_shared<gk::StagedReload>();
+  std::thread stager([&] {
+    const gk::Stopwatch w;
+    try {
+      *o.staged = eng.stage(dir);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    o.stage_ms = w.elapsed_ms();
+    done = true;
+  });
+  const gk::Stopwatch serving;
+  while (!done.load()) {
+    const at::Tensor l = eng.decode(tokens, pos);
+    ++o.served;
+    if (!at::equal(l, before)) ++o.mixed;
+  }
+  const double ms = serving.elapsed_ms();
+  stager.join();
+  if (error) std::rethrow_exception(error);
+  o.served_per_s = o.served > 0 ? static_cast<double>(o.served) / std::max(ms, 1e-6) * 1e3 : 0;
+  return o;
 }
 
 }  // namespace
@@ -185,7 +241,7 @@ int main(int argc, char** argv) {
 
     const at::Tensor prompts = at::arange(args.batch * args.prompt, at::kLong).mul(7).remainder(cfg.vocab_size)
                                    .view({args.batch, args.prompt});
-    double reload_ms = 0, worst = 0;
+    double reload_ms = 0, pause_ms = 0, worst = 0;
     std::size_t drift = 0;
     bool all_equal = true;
     std::string prev = base;
@@ -194,11 +250,28 @@ int main(int argc, char** argv) {
       const std::string dir = (fs::path(args.work) / ("step" + std::to_string(step))).string();
       demo::write_hf_checkpoint(dir, cfg, demo::trainer_update(prev, args.seed, step));
       prev = dir;
-      // --- serving pauses for the reload ---------------------------------------
+      // --- serving pauses for the reload (or, --online, only for the commit) ----
       const gk::Stopwatch pause_watch;
+      double online_pause = -1;
       gk::ReloadReport r;
+      std::string online_note;
       try {
-        r = eng.reload(dir);
+        if (args.online) {
+          const OnlineStep o = stage_while_serving(eng, dir, args.batch, args.prompt);
+          const gk::Stopwatch commit_watch;
+          r = eng.commit(std::move(*o.staged));
+          online_pause = commit_watch.elapsed_ms();
+          char buf[256];
+          std::snprintf(buf, sizeof buf,
+                        "  staged %.1f ms while serving %lld decode steps (%.0f steps/s; idle %.0f), %lld differed "
+                        "from the old weights' output; weight version %llu",
+                        o.stage_ms, static_cast<long long>(o.served), o.served_per_s, o.idle_per_s,
+                        static_cast<long long>(o.mixed), static_cast<unsigned long long>(eng.weight_version()));
+          online_note = buf;
+          all_equal = all_equal && o.mixed == 0;
+        } else {
+          r = eng.reload(dir);
+        }
       } catch (const gk::DriftError& e) {
         std::printf("step %d/%d: the capture manifest caught drift; replay is refused:\n%s\n", step, args.steps,
                     e.what());
@@ -211,12 +284,13 @@ int main(int argc, char** argv) {
                     c.max_logit_diff);
         return 3;
       }
-      const double pause = pause_watch.elapsed_ms();
+      const double pause = online_pause >= 0 ? online_pause : pause_watch.elapsed_ms();
       // --- serve, and compare with a fresh engine of the same checkpoint ---------
       const auto got = generate(eng, prompts, args.tokens, /*graphs=*/true, /*checked=*/true);
       demo::LlmEngine fresh(dir, device, format, reference_opts);
       const Compare c = compare(got, generate(fresh, prompts, args.tokens, false, true));
       reload_ms += r.times.total_ms;
+      pause_ms += pause;
       drift += r.drift;
       worst = std::max(worst, c.max_logit_diff);
       all_equal = all_equal && c.equal();
@@ -225,13 +299,15 @@ int main(int argc, char** argv) {
                   step, args.steps, r.times.total_ms, pause, static_cast<double>(r.bytes_copied) / (1 << 20), r.drift,
                   r.addresses_verified, c.equal() ? "==" : "!=", static_cast<long long>(c.total - c.differ),
                   static_cast<long long>(c.total), c.max_logit_diff);
+      if (!online_note.empty()) std::printf("%s\n", online_note.c_str());
       std::fflush(stdout);
     }
     const double recapture_ms = eng.recapture();  // what an engine without graphkeep pays per reload
-    std::printf("SUMMARY: %d reloads, %zu slots tracked, drift %zu, mean reload %.2f ms vs recapture of %zu graphs "
-                "%.1f ms, replay after reload %s a fresh engine (max |dlogit| %.3g)\n",
-                args.steps, eng.reload_engine().plan().num_slots(), drift,
-                args.steps > 0 ? reload_ms / args.steps : 0.0, eng.num_graphs(), recapture_ms,
+    std::printf("SUMMARY: %d %s, %zu slots tracked, drift %zu, mean reload %.2f ms (serving paused %.2f ms) vs "
+                "recapture of %zu graphs %.1f ms, replay after reload %s a fresh engine (max |dlogit| %.3g)\n",
+                args.steps, args.online ? "online reloads (staged while serving)" : "reloads",
+                eng.reload_engine().plan().num_slots(), drift, args.steps > 0 ? reload_ms / args.steps : 0.0,
+                args.steps > 0 ? pause_ms / args.steps : 0.0, eng.num_graphs(), recapture_ms,
                 all_equal ? "equals" : "DIFFERS FROM", worst);
     return all_equal && drift == 0 ? 0 : 1;
   } catch (const gk::Error& e) {

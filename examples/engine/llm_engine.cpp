@@ -6,6 +6,10 @@
 #include <graphkeep/sources/hf_checkpoint.h>
 
 #include <ATen/ATen.h>
+#ifdef GRAPHKEEP_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 #include <functional>
@@ -182,6 +186,29 @@ gk::ReloadReport LlmEngine::reload(const std::string& dir, const gk::ReloadOptio
   check_same_architecture(model_->config(), read_hf_config(dir), dir);
   auto src = open_checkpoint(dir, *model_);
   return engine_->reload(*src, options);
+}
+
+gk::StagedReload LlmEngine::stage(const std::string& dir) {
+  check_same_architecture(model_->config(), read_hf_config(dir), dir);
+  auto src = open_checkpoint(dir, *model_);
+  const c10::Device device = model_->device();
+#ifdef GRAPHKEEP_WITH_CUDA
+  if (device.is_cuda()) {
+    // Its own stream: the decode graphs keep running on theirs meanwhile.
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    c10::cuda::CUDAStreamGuard guard(side);
+    gk::StagedReload staged = engine_->stage(*src);
+    side.synchronize();  // commit() reads the staged tensors from another stream
+    return staged;
+  }
+#endif
+  return engine_->stage(*src);
+}
+
+gk::ReloadReport LlmEngine::commit(gk::StagedReload&& staged) {
+  gk::ReloadReport r = engine_->commit(std::move(staged));
+  gk::runtime::synchronize(model_->device());
+  return r;
 }
 
 }  // namespace demo

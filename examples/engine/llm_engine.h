@@ -66,6 +66,15 @@ class LlmEngine {
   // read; either error leaves the served weights untouched.
   gk::ReloadReport reload(const std::string& dir);
   gk::ReloadReport reload(const std::string& dir, const gk::ReloadOptions& options);
+  // Online reload (include/graphkeep/reload/staged_reload.h): stage() checks
+  // `dir` as reload() does, then loads, processes and checks its weights into
+  // new storage, on the calling thread (on CUDA on a stream of its own, which
+  // it synchronizes before returning), while another thread goes on calling
+  // decode() on the old weights; prefill() must wait. commit() is called by
+  // the decoding thread between two decode() calls; the pause is the commit.
+  gk::StagedReload stage(const std::string& dir);
+  gk::ReloadReport commit(gk::StagedReload&& staged);
+  std::uint64_t weight_version() const { return engine_->weight_version(); }
 
   CausalLM& model() { return *model_; }
   gk::ReloadEngine& reload_engine() { return *engine_; }
