@@ -72,6 +72,20 @@ LlmEngine::LlmEngine(const std::string& dir, c10::Device device, WeightFormat fo
     auto src = open_checkpoint(dir, *model_);
     gk::load_weights(*model_, *src);
   }
+  start();
+}
+
+LlmEngine::LlmEngine(const HfConfig& cfg, c10::Device device, WeightFormat format, gk::WeightSource& weights,
+                     LlmEngineOptions options)
+    : options_(std::move(options)) {
+  model_ = std::make_shared<CausalLM>(cfg, device, format);
+  gk::load_weights(*model_, weights);
+  start();
+}
+
+void LlmEngine::start() {
+  const HfConfig& cfg = model_->config();
+  const c10::Device device = model_->device();
   std::sort(options_.batch_sizes.begin(), options_.batch_sizes.end());
   const std::int64_t max_batch = std::max<std::int64_t>(
       {std::int64_t{1}, options_.max_seqs, options_.batch_sizes.empty() ? 0 : options_.batch_sizes.back()});
@@ -191,18 +205,22 @@ gk::ReloadReport LlmEngine::reload(const std::string& dir, const gk::ReloadOptio
 gk::StagedReload LlmEngine::stage(const std::string& dir) {
   check_same_architecture(model_->config(), read_hf_config(dir), dir);
   auto src = open_checkpoint(dir, *model_);
+  return stage(*src);
+}
+
+gk::StagedReload LlmEngine::stage(gk::WeightSource& src) {
   const c10::Device device = model_->device();
 #ifdef GRAPHKEEP_WITH_CUDA
   if (device.is_cuda()) {
     // Its own stream: the decode graphs keep running on theirs meanwhile.
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
     c10::cuda::CUDAStreamGuard guard(side);
-    gk::StagedReload staged = engine_->stage(*src);
+    gk::StagedReload staged = engine_->stage(src);
     side.synchronize();  // commit() reads the staged tensors from another stream
     return staged;
   }
 #endif
-  return engine_->stage(*src);
+  return engine_->stage(src);
 }
 
 gk::ReloadReport LlmEngine::commit(gk::StagedReload&& staged) {

@@ -47,6 +47,10 @@ class LlmEngine {
   // the directory's weights (checked against the model first), prepares the
   // reload engine and captures the decode graphs.
   LlmEngine(const std::string& dir, c10::Device device, WeightFormat format, LlmEngineOptions options = {});
+  // The same from a config and a weight source (device tensors handed over by
+  // a trainer, say): the source's names are the Hugging Face names.
+  LlmEngine(const HfConfig& cfg, c10::Device device, WeightFormat format, gk::WeightSource& weights,
+            LlmEngineOptions options = {});
   ~LlmEngine();
 
   // Eager prefill of sequence `seq` with `tokens` [T] at positions 0..T-1:
@@ -66,6 +70,8 @@ class LlmEngine {
   // read; either error leaves the served weights untouched.
   gk::ReloadReport reload(const std::string& dir);
   gk::ReloadReport reload(const std::string& dir, const gk::ReloadOptions& options);
+  // From any weight source with the checkpoint's names (no directory checks).
+  gk::ReloadReport reload(gk::WeightSource& weights) { return engine_->reload(weights); }
   // Online reload (include/graphkeep/reload/staged_reload.h): stage() checks
   // `dir` as reload() does, then loads, processes and checks its weights into
   // new storage, on the calling thread (on CUDA on a stream of its own, which
@@ -73,6 +79,7 @@ class LlmEngine {
   // decode() on the old weights; prefill() must wait. commit() is called by
   // the decoding thread between two decode() calls; the pause is the commit.
   gk::StagedReload stage(const std::string& dir);
+  gk::StagedReload stage(gk::WeightSource& weights);
   gk::ReloadReport commit(gk::StagedReload&& staged);
   std::uint64_t weight_version() const { return engine_->weight_version(); }
 
@@ -88,6 +95,7 @@ class LlmEngine {
 
  private:
   at::Tensor run_eager(const at::Tensor& ids, const TokenBatch& batch);
+  void start();  // after the first load: KV cache, static inputs, prepare(), capture
   void capture_graphs();
 
   LlmEngineOptions options_;

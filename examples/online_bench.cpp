@@ -1,0 +1,362 @@
+// gk-online-bench: online reload at the sizes users serve (issue 17).
+//
+// Builds the example engine (examples/engine) for a model shape with random
+// weights made on the device, captures its 35 decode graphs, and measures, in
+// one run and against baselines of the same run:
+//
+//   recapture_all_ms           capture all decode graphs again
+//   d2d_copy_ms                one device copy of the bytes a commit copies
+//                              (in 1 GiB chunks)
+//   pinned_h2d_ms              the same bytes from pinned host memory
+//   reload_gpu_source_ms       a streaming reload from device tensors handed
+//                              over by a "trainer" (verify included)
+//   load_pwal_no_graphkeep_ms  the same load and PWAL into a second model,
+//                              with no graph protection
+//   stage_ms, pause_ms         stage() on another thread, commit() (the pause)
+//   decode_tok_s_idle          decode throughput (graph replays, one batch)
+//   decode_tok_s_during_stage  the same while stage() runs
+//   peak_above_model_gib       allocator peak above the served model during
+//                              the streaming reload
+//   largest_layer_gib          the largest layer's checkpoint bytes
+//   host_us_per_slot           the reload's host CPU time per slot
+//
+//   gk-online-bench --model llama8b --format dense --json out.json
+//   gk-online-bench --model tiny --device cpu        (a smoke run anywhere)
+//
+// Models: llama8b (Llama-3-8B shapes), qwen3moe30b (Qwen3-30B-A3B-like: 48
+// layers, 128 experts, top 8), tiny. One JSON object per run, appended as a
+// line to --json.
+#include "engine/llm_engine.h"
+
+#include <graphkeep/core/stopwatch.h>
+#include <graphkeep/runtime/device.h>
+
+#include <ATen/ATen.h>
+#ifdef GRAPHKEEP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+demo::HfConfig model_config(const std::string& name) {
+  demo::HfConfig c;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.max_position_embeddings = 8192;
+  c.dtype = at::kBFloat16;
+  if (name == "llama8b") {
+    c.model_type = "llama";
+    c.vocab_size = 128256;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_hidden_layers = 32;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+  } else if (name == "qwen3moe30b") {
+    c.model_type = "qwen3_moe";
+    c.vocab_size = 151936;
+    c.hidden_size = 2048;
+    c.intermediate_size = 6144;
+    c.num_hidden_layers = 48;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 4;
+    c.head_dim = 128;
+    c.num_experts = 128;
+    c.num_experts_per_tok = 8;
+    c.moe_intermediate_size = 768;
+    c.rope_theta = 1000000.0;
+  } else if (name == "tiny") {
+    c.model_type = "llama";
+    c.vocab_size = 512;
+    c.hidden_size = 128;
+    c.intermediate_size = 256;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 32;
+    c.dtype = at::kFloat;
+  } else {
+    throw std::invalid_argument("unknown --model " + name + " (llama8b, qwen3moe30b, tiny)");
+  }
+  return c;
+}
+
+struct Shape {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  at::ScalarType dtype;
+};
+
+// The checkpoint's tensors, read off a model built on `device` (then freed).
+std::vector<Shape> checkpoint_shapes(const demo::HfConfig& c, c10::Device device) {
+  demo::CausalLM m(c, device, demo::WeightFormat::dense);
+  std::vector<Shape> out;
+  for (const gk::CheckpointTensor& t : demo::expected_checkpoint(m)) out.push_back({t.name, t.shape, t.dtype});
+  return out;
+}
+
+at::Tensor random_tensor(const Shape& s, c10::Device device) {
+  const auto o = at::TensorOptions().dtype(at::kFloat).device(device);
+  at::Tensor w = s.name.ends_with("norm.weight") ? 1.0 + 0.05 * at::randn(s.shape, o)
+                                                 : at::randn(s.shape, o) * (1.0 / std::sqrt(double(s.shape.back())));
+  return w.to(s.dtype);
+}
+
+// Yields random tensors made on the device as it goes: peak one tensor.
+class RandomDeviceSource final : public gk::WeightSource {
+ public:
+  RandomDeviceSource(const std::vector<Shape>& shapes, c10::Device device) : shapes_(shapes), device_(device) {}
+  std::optional<gk::NamedTensor> next() override {
+    if (i_ >= shapes_.size()) return std::nullopt;
+    const Shape& s = shapes_[i_++];
+    return gk::NamedTensor{s.name, random_tensor(s, device_), 0};
+  }
+  std::string describe() const override { return "random device weights"; }
+
+ private:
+  const std::vector<Shape>& shapes_;
+  c10::Device device_;
+  std::size_t i_ = 0;
+};
+
+// A trainer's published weights: all made before the timed region.
+std::vector<gk::NamedTensor> trainer_weights(const std::vector<Shape>& shapes, c10::Device device) {
+  std::vector<gk::NamedTensor> out;
+  for (const Shape& s : shapes) out.push_back({s.name, random_tensor(s, device), 0});
+  return out;
+}
+
+double thread_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+std::int64_t allocated_bytes(c10::Device d) {
+#ifdef GRAPHKEEP_WITH_CUDA
+  if (d.is_cuda())
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(d.index()).allocated_bytes[0].current;
+#endif
+  (void)d;
+  return 0;
+}
+std::int64_t peak_bytes(c10::Device d) {
+#ifdef GRAPHKEEP_WITH_CUDA
+  if (d.is_cuda()) return c10::cuda::CUDACachingAllocator::getDeviceStats(d.index()).allocated_bytes[0].peak;
+#endif
+  (void)d;
+  return 0;
+}
+void reset_peak(c10::Device d) {
+#ifdef GRAPHKEEP_WITH_CUDA
+  if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
+#endif
+  (void)d;
+}
+
+// Copies `bytes` in chunks of at most 1 GiB from `src` (device or pinned
+// host) to a device buffer; returns the time in ms.
+double chunked_copy_ms(std::int64_t bytes, bool from_pinned_host, c10::Device device) {
+  const std::int64_t chunk = std::min<std::int64_t>(bytes, std::int64_t{1} << 30);
+  at::Tensor dst = at::empty({chunk}, at::TensorOptions().dtype(at::kByte).device(device));
+  at::Tensor src = from_pinned_host
+                       ? at::empty({chunk}, at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda()))
+                       : at::empty({chunk}, at::TensorOptions().dtype(at::kByte).device(device));
+  src.fill_(1);
+  dst.copy_(src);  // warm-up
+  gk::runtime::synchronize(device);
+  const gk::Stopwatch w;
+  for (std::int64_t done = 0; done < bytes; done += chunk) {
+    const std::int64_t n = std::min(chunk, bytes - done);
+    dst.narrow(0, 0, n).copy_(src.narrow(0, 0, n), /*non_blocking=*/true);
+  }
+  gk::runtime::synchronize(device);
+  return w.elapsed_ms();
+}
+
+double decode_tok_s(demo::LlmEngine& eng, std::int64_t batch, int steps, const std::atomic<bool>* until = nullptr,
+                    std::int64_t* served = nullptr) {
+  const at::Tensor tokens = at::arange(batch, at::kLong).remainder(eng.config().vocab_size);
+  const at::Tensor pos = at::full({batch}, 8, at::kLong);
+  (void)eng.decode(tokens, pos);
+  const gk::Stopwatch w;
+  std::int64_t n = 0;
+  if (until != nullptr) {
+    while (!until->load()) {
+      (void)eng.decode(tokens, pos);
+      ++n;
+    }
+  } else {
+    for (; n < steps; ++n) (void)eng.decode(tokens, pos);
+  }
+  if (served) *served = n;
+  return n > 0 ? static_cast<double>(n * batch) / (w.elapsed_ms() / 1e3) : 0.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "tiny", format_name = "dense", json, device_name = "auto";
+  std::int64_t batch = 64;
+  bool streaming_only = false;  // no second model and no staged copy: for models that fill the GPU
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "--model") model = val();
+    else if (k == "--format") format_name = val();
+    else if (k == "--json") json = val();
+    else if (k == "--device") device_name = val();
+    else if (k == "--batch") batch = std::stoll(val());
+    else if (k == "--streaming-only") streaming_only = true;
+    else {
+      std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--json FILE]\n");
+      return 2;
+    }
+  }
+  try {
+    at::NoGradGuard no_grad;
+    const bool cuda = device_name == "cuda" || (device_name == "auto" && gk::runtime::cuda_device_available());
+    const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+    const demo::HfConfig cfg = model_config(model);
+    const demo::WeightFormat format = demo::parse_weight_format(format_name);
+    const std::vector<Shape> shapes = checkpoint_shapes(cfg, device);
+    std::map<std::string, double> layer_bytes;
+    double weights_bytes = 0;
+    for (const Shape& s : shapes) {
+      std::int64_t n = 1;
+      for (auto d : s.shape) n *= d;
+      const double b = static_cast<double>(n) * static_cast<double>(c10::elementSize(s.dtype));
+      weights_bytes += b;
+      const auto p = s.name.find(".layers.");
+      const std::string layer = p == std::string::npos ? s.name
+                                                       : s.name.substr(0, s.name.find('.', p + 8));
+      layer_bytes[layer] += b;
+    }
+    double largest_layer = 0;
+    for (const auto& [_, b] : layer_bytes) largest_layer = std::max(largest_layer, b);
+    constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+    std::printf("gk-online-bench: %s (%s), %s, %.2f GiB of weights, largest layer %.2f GiB, device %s\n",
+                model.c_str(), cfg.model_type.c_str(), format_name.c_str(), weights_bytes / GiB, largest_layer / GiB,
+                device.str().c_str());
+    std::fflush(stdout);
+
+    demo::LlmEngineOptions opts;
+    opts.max_len = 64;
+    const gk::Stopwatch build_watch;
+    RandomDeviceSource first(shapes, device);
+    demo::LlmEngine eng(cfg, device, format, first, opts);
+    const gk::SlotPlan& plan = eng.reload_engine().plan();
+    const std::int64_t captured = static_cast<std::int64_t>(plan.captured_bytes());
+    std::printf("  built and captured %zu graphs in %.0f ms (capture %.0f ms); %zu slots, %.2f GiB captured\n",
+                eng.num_graphs(), build_watch.elapsed_ms(), eng.capture_ms(), plan.num_slots(),
+                static_cast<double>(captured) / GiB);
+    std::fflush(stdout);
+
+    const double idle = decode_tok_s(eng, batch, 50);
+    const double d2d = chunked_copy_ms(captured, false, device);
+    const double h2d = device.is_cuda() ? chunked_copy_ms(captured, true, device) : 0.0;
+
+    // Streaming reload from device tensors handed over by a trainer.
+    double reload_ms = 0, host_us = 0, peak_above = 0;
+    std::size_t drift = 0, verified = 0;
+    {
+      std::vector<gk::NamedTensor> w = trainer_weights(shapes, device);
+      gk::InMemorySource src(std::move(w));
+      gk::runtime::synchronize(device);
+      const std::int64_t base = allocated_bytes(device);
+      reset_peak(device);
+      const double cpu0 = thread_cpu_ms();
+      const gk::Stopwatch t;
+      const gk::ReloadReport r = eng.reload(src);
+      gk::runtime::synchronize(device);
+      reload_ms = t.elapsed_ms();
+      host_us = (thread_cpu_ms() - cpu0) * 1e3 / static_cast<double>(plan.num_slots());
+      // `base` includes the trainer's copy; what the reload adds above it:
+      peak_above = static_cast<double>(peak_bytes(device) - base) / GiB;
+      drift = r.drift;
+      verified = r.addresses_verified;
+    }
+    // The same load and PWAL into a second model, without graphkeep.
+    double plain_ms = -1;
+    if (!streaming_only) {
+      std::vector<gk::NamedTensor> w = trainer_weights(shapes, device);
+      demo::CausalLM second(cfg, device, format);
+      gk::InMemorySource src(std::move(w));
+      gk::runtime::synchronize(device);
+      const gk::Stopwatch t;
+      gk::load_weights(second, src);
+      gk::runtime::synchronize(device);
+      plain_ms = t.elapsed_ms();
+    }
+    // Online: stage on another thread while this one decodes, then commit.
+    double stage_ms = -1, pause_ms = -1, during = -1;
+    std::int64_t served = 0;
+    if (!streaming_only) {
+      std::vector<gk::NamedTensor> w = trainer_weights(shapes, device);
+      gk::InMemorySource src(std::move(w));
+      gk::runtime::synchronize(device);
+      std::atomic<bool> done{false};
+      gk::StagedReload staged;
+      std::exception_ptr error;
+      std::thread stager([&] {
+        const gk::Stopwatch t;
+        try {
+          staged = eng.stage(src);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        stage_ms = t.elapsed_ms();
+        done = true;
+      });
+      during = decode_tok_s(eng, batch, 0, &done, &served);
+      stager.join();
+      if (error) std::rethrow_exception(error);
+      const gk::Stopwatch t;
+      const gk::ReloadReport r = eng.commit(std::move(staged));
+      pause_ms = t.elapsed_ms();
+      drift += r.drift;
+    }
+    const double recapture_ms = eng.recapture();
+
+    auto num = [](double v, int prec) {
+      if (v < 0) return std::string("null");
+      char b[64];
+      std::snprintf(b, sizeof b, "%.*f", prec, v);
+      return std::string(b);
+    };
+    char line[2048];
+    std::snprintf(
+        line, sizeof line,
+        "{\"model\": \"%s\", \"format\": \"%s\", \"weights_gib\": %.3f, \"graphs\": %zu, \"recapture_all_ms\": %.2f, "
+        "\"d2d_copy_ms\": %.3f, \"pinned_h2d_ms\": %.3f, \"reload_gpu_source_ms\": %.3f, "
+        "\"load_pwal_no_graphkeep_ms\": %s, \"stage_ms\": %s, \"pause_ms\": %s, \"decode_tok_s_idle\": %.1f, "
+        "\"decode_tok_s_during_stage\": %s, \"decode_steps_during_stage\": %lld, \"peak_above_model_gib\": %.3f, "
+        "\"largest_layer_gib\": %.3f, \"host_us_per_slot\": %.2f, \"slots\": %zu, \"captured_gib\": %.3f, "
+        "\"addresses_verified\": %zu, \"drift\": %zu, \"batch\": %lld, \"streaming_only\": %s, \"device\": \"%s\"}",
+        model.c_str(), format_name.c_str(), weights_bytes / GiB, eng.num_graphs(), recapture_ms, d2d, h2d, reload_ms,
+        num(plain_ms, 3).c_str(), num(stage_ms, 3).c_str(), num(pause_ms, 3).c_str(), idle, num(during, 1).c_str(),
+        static_cast<long long>(served), peak_above, largest_layer / GiB,
+        host_us, plan.num_slots(), static_cast<double>(captured) / GiB, verified, drift,
+        static_cast<long long>(batch), streaming_only ? "true" : "false", device.str().c_str());
+    std::printf("%s\n", line);
+    if (!json.empty()) std::ofstream(json, std::ios::app) << line << "\n";
+    return drift == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gk-online-bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Online reload on the GPU machine (issue 17): gk-online-bench at Llama-3-8B
+# shapes (bf16, and FP8 made by PWAL) and, unless GK_MOE=0, the
+# Qwen3-30B-A3B-like MoE in streaming mode; then gk-rl-demo --online on CUDA
+# graphs. Rows go to $OUT/online_h200.json (one JSON object per line).
+#   through the device tool, with carry [".devdeps"]: bash scripts/gpu-online.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG=${OUT:-/tmp}
+export GK_TARGETS="gk-online-bench gk-rl-demo"
+export GK_CTEST_ARGS="-R no_ctest_here"
+export GK_AFTER="
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+for f in ${GK_FORMATS:-dense fp8}; do
+  echo \"== gk-online-bench llama8b \$f\"; timeout 240 ./examples/gk-online-bench --model llama8b --format \$f --json $LOG/online_h200.json
+done
+if [ \"${GK_MOE:-1}\" = 1 ]; then
+  echo '== gk-online-bench qwen3moe30b dense (streaming only)'
+  timeout 240 ./examples/gk-online-bench --model qwen3moe30b --format dense --streaming-only --json $LOG/online_h200.json
+fi
+echo '== gk-rl-demo --online fp8'; ./examples/gk-rl-demo --online --steps 3 --quant fp8 --work /tmp/gk-demo-online | tail -8
+"
+bash scripts/gpu.sh
