@@ -128,8 +128,9 @@ struct LayerRun {
 // storage for the whole stage: slots viewing one storage (alias, prefix,
 // interior, strided, tied across layers) keep viewing one storage, so the
 // layout and alias checks see what a reload would. The copy holds the old
-// values where a slot of that storage is copy_new (graphs only read those,
-// so copying them races with nothing); a storage whose slots are all zero or
+// values where a slot of that storage is copy_new (graphs read weights and
+// never write them, so copying them races with nothing; a buffer the graphs
+// write must be declared zero or preserve); a storage whose slots are all zero or
 // preserve (lock workspaces, scratch: the graphs write them while they
 // replay) is copied as zeros instead of read, its value being the init
 // policy's business. After the checks every post-PWAL tensor must lie
