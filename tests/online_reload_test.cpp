@@ -193,6 +193,43 @@ struct InPlaceRig {
   }
 };
 
+// A layer whose PWAL may drop an optional member and then fail: the object
+// tree changed, so a field cannot be pointed back (fail_closed_test.cpp has
+// the same shape for reload()).
+struct Extra {
+  gk::Scale s;
+};
+GRAPHKEEP_AGGREGATE(Extra, s);
+bool drop_extra_and_throw = false;
+
+class OptionalLayer : public torch::nn::Module, public gk::ReloadableLayer {
+ public:
+  OptionalLayer() { bias_ = register_parameter("bias", at::zeros({4}), false); }
+  std::vector<gk::CheckpointParam> checkpoint_params() const override { return {{"bias", {{"bias", {4}}}}}; }
+  void process_weights_after_loading() override {
+    extra_.reset();
+    if (drop_extra_and_throw) throw std::runtime_error("injected PWAL failure after dropping extra_");
+    extra_ = Extra{(bias_ * 3.0f).contiguous()};
+  }
+  gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = gk::hostrt::empty(x.sizes(), x.options());
+    gk::hostrt::launch_aten("aten::add", {x, extra_->s}, {y},
+                            [](auto& in, auto& out) { at::add_out(out[0], in[0], in[1]); });
+    return y;
+  }
+
+ private:
+  at::Tensor bias_;
+  std::optional<Extra> extra_;
+  GRAPHKEEP_DESCRIBE_DERIVED(OptionalLayer, (torch::nn::Module, gk::ReloadableLayer), (bias_, gk::parameter),
+                             extra_)
+};
+
+std::vector<gk::NamedTensor> optional_checkpoint(int step) {
+  return {{"bias", at::cos(at::arange(4, at::kFloat) + 0.5 * step), 0}};
+}
+
 at::Tensor fresh_in_place(int step, const at::Tensor& input) {
   auto m = std::make_shared<InPlaceModel>();
   gk::InMemorySource src(InPlaceModel::checkpoint(step));
@@ -615,4 +652,43 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
   CHECK(rig.engine->weight_version() == v0 + static_cast<std::uint64_t>(committed));
   CHECK(rig.replay().equal(serving == A ? out_a : out_b));
   CHECK(rig.engine->verify().ok());
+}
+
+TEST_CASE("a failed stage that changed the object tree: replay stays right, the next stage waits for a reload") {
+  auto layer = std::make_shared<OptionalLayer>();
+  gk::InMemorySource first(optional_checkpoint(0));
+  gk::load_weights(*layer, first);
+  gk::ReloadEngine engine(*layer);
+  engine.prepare();
+  const at::Tensor input = at::linspace(-1.0, 1.0, 4);
+  engine.add_static_io("input", input);
+  at::Tensor output;
+  gk::HostReplay graph{"optional"};
+  graph.capture([&] { output = layer->forward(input); });
+  engine.track(graph);
+  graph.replay();
+  const at::Tensor before = output.clone();
+
+  drop_extra_and_throw = true;
+  gk::InMemorySource bad(optional_checkpoint(1));
+  GK_CHECK_THROWS_WITH_SUBSTR(engine.stage(bad), std::runtime_error, "injected PWAL failure after dropping extra_");
+  drop_extra_and_throw = false;
+  // The graphs read the captured storage, which the stage never wrote.
+  CHECK(engine.replay_allowed());
+  graph.replay();
+  CHECK(output.equal(before));
+  CHECK(engine.weight_version() == 0);
+  // The fields could not all be pointed back: stage() waits for a reload.
+  gk::InMemorySource next(optional_checkpoint(1));
+  GK_CHECK_THROWS_WITH_SUBSTR(engine.stage(next), gk::StateError,
+                              "a failed stage() could not point every field back at its captured tensor");
+  gk::InMemorySource recover(optional_checkpoint(2));
+  engine.reload(recover);
+  graph.replay();
+  CHECK(output.equal(at::linspace(-1.0, 1.0, 4) + optional_checkpoint(2)[0].value * 3.0f));
+  gk::InMemorySource again(optional_checkpoint(3));
+  engine.stage(again).commit();
+  graph.replay();
+  CHECK(output.equal(at::linspace(-1.0, 1.0, 4) + optional_checkpoint(3)[0].value * 3.0f));
+  CHECK(engine.weight_version() == 2);
 }
