@@ -9,6 +9,8 @@
 
 #include "reload_internal.h"
 
+#include <c10/core/Stream.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -191,6 +193,22 @@ class StagingCopies {
   std::unordered_map<const void*, Copy> copies_;
   std::unordered_map<const void*, bool> untouched_;  // per copy's storage, filled after the last PWAL
 };
+
+// Waits for the calling thread's current stream on every non-CPU device the
+// staged tensors live on. stage() and commit() may run on different threads,
+// hence streams: the staged values must be complete before another stream's
+// commit reads them, and the commit's copy must be done before the staged
+// tensors go back to the caching allocator of the stream that made them
+// (Note [Online reload threading]).
+static void sync_staged_streams(const std::vector<LayerRun>& runs) {
+  std::vector<c10::Device> devices;
+  for (const LayerRun& run : runs)
+    for (const at::Tensor& t : run.current)
+      if (t.defined() && !t.device().is_cpu() &&
+          std::find(devices.begin(), devices.end(), t.device()) == devices.end())
+        devices.push_back(t.device());
+  for (const c10::Device& d : devices) c10::impl::VirtualGuardImpl(d.type()).getStream(d).synchronize();
+}
 
 namespace detail {
 // What a StagedReload holds (staged_reload.h).
@@ -907,6 +925,11 @@ ReloadReport ReloadEngine::reload(WeightSource& source, const ReloadOptions& opt
 //     the serving thread holds its own lock (or is simply not replaying)
 //     around each replay and around commit(). commit() writes the captured
 //     storage; the pause is commit() alone (times.commit_ms).
+//   - Streams (CUDA): stage() enqueues on the staging thread's current
+//     stream and waits for it before returning; commit() copies on the
+//     serving thread's current stream, so the next replay on that stream is
+//     ordered after the copy, and waits for it before releasing the staged
+//     tensors (sync_staged_streams), so the pause includes the copy.
 //   - Atomic, readable from any thread at any time: state(),
 //     replay_allowed() and weight_version(). check_replay_allowed() reads the
 //     reason string too, so call it on the serving thread.
@@ -990,6 +1013,7 @@ StagedReload ReloadEngine::stage(WeightSource& source, const ReloadOptions& opti
     }
     I.staging = nullptr;
   }  // the copies no staged tensor views are freed here
+  sync_staged_streams(runs);
   rep.times.stage_ms = rep.times.total_ms = total.elapsed_ms();
   st->rep = std::move(rep);
   st->runs = std::move(runs);
@@ -1052,9 +1076,14 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
     I.reason = "a staged commit failed while writing the captured storage: the model mixes old and new weights; "
                "reload() to recover";
     I.version.fetch_add(1, std::memory_order_acq_rel);
+    try {
+      sync_staged_streams(st.runs);
+    } catch (...) {  // the first error is the one to report
+    }
     staged.abort();
     throw;
   }
+  sync_staged_streams(st.runs);  // the copy is done before the staged tensors are released
   staged.abort();  // done: releases the staged tensors and the engine's record of them
   try {
     I.finish(rep, o, total);
