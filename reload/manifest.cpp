@@ -87,6 +87,27 @@ std::size_t CaptureManifest::mark_unstable(const CaptureManifest& other) {
   return n;
 }
 
+std::size_t CaptureManifest::mark_unstable_if_free(const ReplayBackend& graph) {
+  std::vector<std::size_t> index;
+  std::vector<std::uintptr_t> addresses;
+  for (std::size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].cls == AddressClass::unknown && entries_[i].reachable == SIZE_MAX) {
+      index.push_back(i);
+      addresses.push_back(entries_[i].use.address);
+    }
+  if (index.empty()) return 0;
+  const std::vector<bool> live = graph.in_live_allocation(addresses);
+  GK_INTERNAL_ASSERT(live.size() == addresses.size(), "in_live_allocation returned ", live.size(), " answers for ",
+                     addresses.size(), " addresses");
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < index.size(); ++k)
+    if (!live[k]) {
+      entries_[index[k]].cls = AddressClass::unstable;
+      ++n;
+    }
+  return n;
+}
+
 std::vector<std::string> CaptureManifest::undeclared() const {
   std::vector<std::string> out;
   for (const auto& e : entries_) {

@@ -1186,6 +1186,18 @@ void ReloadEngine::check_replay_allowed() const {
 // refused; the rest stay in the manifest as AddressClass::unstable, and the
 // second capture is the graph that is kept. Fail closed: a stale word that
 // happens to repeat is refused, as before.
+//
+// Repeating is common, though: the H200 runs at 8B shapes showed stale words
+// that are two halves, a 4-byte integer and 4 bytes of padding holding the
+// upper half of some pointer, and every pointer near it shares that upper
+// half, in both captures. Those words point into memory that no live
+// allocation covers (a free caching-allocator block): no tensor is there,
+// so no kernel can be reading one. Such raw words are therefore unstable too
+// (ReplayBackend::in_live_allocation; before and without the recapture). The
+// one read this lets through is a graph that reads memory freed before
+// track(): a tensor that died right after the capture, an engine bug that
+// recapturing would not fix either, since it would read whatever reuses the
+// block; graphkeep's promise is about reloads, and a reload cannot cause it.
 void ReloadEngine::track(ReplayBackend& graph) { track(graph, {}); }
 
 void ReloadEngine::track(ReplayBackend& graph, const std::function<void()>& forward) {
@@ -1198,9 +1210,11 @@ void ReloadEngine::track(ReplayBackend& graph, const std::function<void()>& forw
                                    impl_->allowed);
   };
   CaptureManifest first = record();
+  first.mark_unstable_if_free(graph);  // Note [Confirming raw addresses]
   if (forward && first.count_raw_unknown() > 0) {
-    graph.recapture(forward);  // Note [Confirming raw addresses]
+    graph.recapture(forward);
     CaptureManifest second = record();
+    second.mark_unstable_if_free(graph);
     second.mark_unstable(first);
     first = std::move(second);
   }

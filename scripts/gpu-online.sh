@@ -7,8 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${OUT:-/tmp}
-export GK_TARGETS="gk-online-bench gk-rl-demo"
-export GK_CTEST_ARGS="-R no_ctest_here"
+export GK_TARGETS="gk-online-bench gk-rl-demo test_cuda_graph"
+export GK_CTEST_ARGS="-R test_cuda_graph$"
 export GK_AFTER="
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 for f in ${GK_FORMATS:-dense fp8}; do

@@ -109,6 +109,20 @@ TEST_CASE("a stale pointer in a kernel parameter's padding: seen by a raw scan, 
   }
 }
 
+TEST_CASE("the CUDA backend tells addresses in live allocations from those in free blocks") {
+  auto g = gk::make_cuda_replay("probe");
+  auto o = at::TensorOptions().device(at::kCUDA);
+  at::Tensor a = at::empty({1 << 20}, o), b = at::empty({1 << 20}, o);
+  const auto pa = reinterpret_cast<std::uintptr_t>(a.data_ptr()) + 4096;
+  const auto pb = reinterpret_cast<std::uintptr_t>(b.data_ptr()) + 4096;
+  b = at::Tensor();  // its block stays cached by the allocator, free
+  const std::vector<bool> live = g->in_live_allocation({pa, pb, std::uintptr_t{16}});
+  REQUIRE(live.size() == 3);
+  CHECK(live[0]);
+  CHECK_FALSE(live[1]);
+  CHECK(live[2]);  // not allocator memory: unknown, so treated as live
+}
+
 TEST_CASE("at::cuda::CUDAGraph(keep_graph=true) captures from C++ and replays with the captured pointers") {
   auto o = at::TensorOptions().device(at::kCUDA);
   at::Tensor x = at::ones({1024}, o), y = at::zeros({1024}, o);

@@ -170,6 +170,28 @@ class CudaReplay final : public ReplayBackend {
   std::string name() const override { return name_; }
   c10::Device device() const override { return device_; }
 
+  std::vector<bool> in_live_allocation(const std::vector<std::uintptr_t>& addresses) const override {
+    std::vector<bool> live(addresses.size(), true);
+    if (addresses.empty()) return live;
+    const auto snap = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, /*include_traces=*/false);
+    for (std::size_t i = 0; i < addresses.size(); ++i) {
+      const std::uintptr_t a = addresses[i];
+      for (const auto& seg : snap.segments) {
+        if (a < seg.address || a >= seg.address + seg.total_size) continue;
+        std::uintptr_t offset = seg.address;
+        for (const auto& b : seg.blocks) {
+          if (a < offset + b.size) {
+            live[i] = b.allocated || b.active;
+            break;
+          }
+          offset += b.size;
+        }
+        break;
+      }
+    }
+    return live;
+  }
+
   std::string describe_address(std::uintptr_t address) const override {
     const auto snap = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, /*include_traces=*/false);
     const auto mine = graph_->pool();

@@ -78,6 +78,13 @@ class ReplayBackend {
   // (pool, stream, sizes, allocated or free) as the allocator sees it now.
   // Empty when it knows nothing.
   virtual std::string describe_address(std::uintptr_t /*address*/) const { return {}; }
+  // For each address: false when the backend knows that no live allocation
+  // covers it now (on CUDA: it lies in a free caching-allocator block), true
+  // otherwise (unknown included). track() uses it to tell stale bytes from
+  // reads (Note [Confirming raw addresses] in reload_engine.cpp).
+  virtual std::vector<bool> in_live_allocation(const std::vector<std::uintptr_t>& addresses) const {
+    return std::vector<bool>(addresses.size(), true);
+  }
   virtual std::string name() const = 0;
   virtual c10::Device device() const = 0;
 

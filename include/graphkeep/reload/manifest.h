@@ -11,10 +11,11 @@
 //   library    inside a library's own persistent workspace (cuBLAS), or a
 //              range the engine was told to allow (allow_address_range)
 //   unknown    none of these: an undeclared tensor
-//   unstable   a raw word that a second capture of the same forward did not
-//              repeat in the same kernel parameter byte: stale bytes, not an
-//              address (mark_unstable; Note [Confirming raw addresses] in
-//              reload_engine.cpp); not verified
+//   unstable   a raw word that is stale bytes, not an address: a second
+//              capture of the same forward did not repeat it in the same
+//              kernel parameter byte, or it points into memory no live
+//              allocation covers (mark_unstable, mark_unstable_if_free; Note
+//              [Confirming raw addresses] in reload_engine.cpp); not verified
 // After a reload, verify() checks each address again before the next replay:
 //   moved      the owning slot (or the undeclared tensor's path) now points at
 //              other storage while the captured one lives: stale reads
@@ -109,6 +110,9 @@ class CaptureManifest {
   // of the same forward, does not repeat: no raw unknown entry there with the
   // same kernel, parameter, byte offset and address. Returns how many.
   std::size_t mark_unstable(const CaptureManifest& other);
+  // Reclassifies as `unstable` each raw unknown entry whose address `graph`
+  // reports in no live allocation (ReplayBackend::in_live_allocation).
+  std::size_t mark_unstable_if_free(const ReplayBackend& graph);
 
   // Checks every recorded address against the plan's current state.
   VerifyResult verify(const SlotPlan& plan) const;
