@@ -16,7 +16,8 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FL
 cmake --build "$BUILD" -j"$(nproc)" --target test_online_reload
 echo "tsan: build took $(( $(date +%s) - start )) s"
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 suppressions=$PWD/tests/tsan.supp"
-# Fewer stage/commit/abort rounds than the main stage's 1,000: TSan slows the
-# replayed kernels about tenfold.
-export GK_ONLINE_ITERS=${GK_ONLINE_ITERS:-300}
+# Fewer stage/commit/abort rounds than the main stage's 1,000, on a smaller
+# model: TSan slows the replayed kernels about tenfold, and the replays must
+# still overlap each stage several times.
+export GK_ONLINE_ITERS=${GK_ONLINE_ITERS:-300} GK_ONLINE_HIDDEN=${GK_ONLINE_HIDDEN:-64}
 ctest --test-dir "$BUILD" -R '^test_online_reload$' --output-on-failure
