@@ -137,7 +137,9 @@ struct LayerRun {
 // replay) is copied as zeros instead of read, its value being the init
 // policy's business. After the checks every post-PWAL tensor must lie
 // outside the captured storages (else PWAL reached one through a handle that
-// is no slot location, and stage() refuses), the fields are pointed back at
+// is no slot location and may have written what the graphs read: stage()
+// refuses, writing the old values back from the copy of that storage, or,
+// without one, refusing replay until a reload), the fields are pointed back at
 // the captured tensors, and the post-PWAL tensors are the staged tensors.
 // A copy PWAL left bitwise as it was (compared with a second copy taken with
 // it, freed when stage() returns) is not staged: its slots commit "in place",
@@ -165,7 +167,7 @@ class StagingCopies {
       bytes.set_(t.storage(), 0, {static_cast<std::int64_t>(t.storage().nbytes())}, {1});
       const bool read = read_.at(k);
       const at::Tensor copy = read ? bytes.clone() : at::zeros_like(bytes);
-      it = copies_.emplace(k, Copy{copy.storage(), read ? copy.clone() : at::Tensor(), copy}).first;
+      it = copies_.emplace(k, Copy{copy.storage(), read ? copy.clone() : at::Tensor(), copy, bytes}).first;
     }
     at::Tensor view = at::empty({0}, t.options().requires_grad(false));
     view.set_(it->second.storage, t.storage_offset(), t.sizes(), t.strides());
@@ -173,6 +175,14 @@ class StagingCopies {
   }
   // After PWAL: true when t views a copy of captured values that PWAL left
   // bitwise unchanged.
+  // Writes the captured values saved with the copy of t's (captured) storage
+  // back into it; false when there is no such copy of its values.
+  bool restore_captured(const at::Tensor& t) {
+    auto it = copies_.find(key(t));
+    if (it == copies_.end() || !it->second.before.defined()) return false;
+    it->second.captured.copy_(it->second.before);
+    return true;
+  }
   bool untouched(const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return false;
     if (untouched_.empty())
@@ -188,6 +198,7 @@ class StagingCopies {
     at::Storage storage;  // what PWAL is handed
     at::Tensor before;    // its bytes as copied (undefined for a zero-filled copy)
     at::Tensor bytes;     // `storage` as bytes
+    at::Tensor captured;  // the captured storage, as bytes
   };
   std::unordered_map<const void*, bool> read_;  // captured storage -> copy its values (else zeros)
   std::unordered_map<const void*, Copy> copies_;
@@ -231,7 +242,10 @@ struct ReloadEngine::Impl {
   // Atomic: the serving thread reads it (replay_allowed) while stage() runs
   // (Note [Online reload threading]).
   std::atomic<EngineState> state{EngineState::unprepared};
-  std::string reason;  // written only by the serving thread's calls
+  // Written by the serving thread's calls, and by a stage() only under
+  // reason_mu (which check_replay_allowed() takes).
+  std::string reason;
+  mutable std::mutex reason_mu;
   std::atomic<std::uint64_t> version{0};  // weight_version()
   // Bumped by prepare() and by track()/untrack(): a staged reload checked
   // against an older plan or set of graphs is stale.
@@ -403,12 +417,27 @@ struct ReloadEngine::Impl {
       ScopedMsTimer t(rep.times.check_ms);
       fault(o, "check", lp.prefix);
       check(lp, run, o, rep);
-      if (staging != nullptr && lp.layer != nullptr)
-        for (std::size_t i = 0; i < lp.slots.size(); ++i)
-          GK_CHECK(StateError, !staging->captured(run.current[i]), "stage(): after PWAL of layer '", lp.prefix,
-                   "', ", lp.slots[i].name, " views a captured storage through a handle that is no slot location "
-                   "(an opaque or undeclared member?), so PWAL may have written what the graphs read; staging "
-                   "cannot keep the old values: declare that member, or use reload()");
+      if (staging != nullptr && lp.layer != nullptr) {
+        for (std::size_t i = 0; i < lp.slots.size(); ++i) {
+          if (!staging->captured(run.current[i])) continue;
+          // PWAL reached what the graphs read: write the old values back
+          // where the stage holds them, else refuse replay.
+          const bool restored = staging->restore_captured(run.current[i]);
+          if (!restored) {
+            std::lock_guard<std::mutex> lock(reason_mu);
+            state = EngineState::inconsistent;
+            reason = concat("a failed stage() let PWAL of layer '", lp.prefix, "' write the captured storage of ",
+                            lp.slots[i].name, " through a handle that is no slot location; reload() to recover");
+          }
+          GK_THROW(StateError, "stage(): after PWAL of layer '", lp.prefix, "', ", lp.slots[i].name,
+                   " views a captured storage through a handle that is no slot location (an opaque or undeclared "
+                   "member?), so PWAL may have written what the graphs read; ",
+                   restored ? "its captured values were written back (replays during the stage may have read the "
+                              "new ones)"
+                            : "replay is refused until a reload() succeeds",
+                   ". Declare that member with a graph-visible role, or use reload()");
+        }
+      }
     }
     run.phase = LayerRun::Phase::processed;
   }
@@ -1152,8 +1181,10 @@ void ReloadEngine::check_replay_allowed() const {
     case EngineState::drift: GK_THROW(DriftError, "replay refused: ", impl_->reason);
     case EngineState::unprepared:
       GK_THROW(StateError, "replay refused: prepare() has not run, so no address is protected");
-    default:
+    default: {
+      std::lock_guard<std::mutex> lock(impl_->reason_mu);
       GK_THROW(StateError, "replay refused (", to_string(impl_->state.load()), "): ", impl_->reason);
+    }
   }
 }
 

@@ -226,6 +226,39 @@ class OptionalLayer : public torch::nn::Module, public gk::ReloadableLayer {
                              extra_)
 };
 
+// A layer whose PWAL hands back a handle the plan does not know: a second
+// TensorImpl on its derived storage, kept in a member declared not graph-
+// visible. Staging redirects the slot's own handle, not that one, so the
+// post-PWAL tensor would be the captured storage: stage() must refuse.
+bool reuse_stash = false;
+class StashLayer : public torch::nn::Module, public gk::ReloadableLayer {
+ public:
+  StashLayer() { bias_ = register_parameter("bias", at::zeros({4}), false); }
+  std::vector<gk::CheckpointParam> checkpoint_params() const override { return {{"bias", {{"bias", {4}}}}}; }
+  void process_weights_after_loading() override {
+    if (reuse_stash && stash_.defined()) {
+      derived_ = stash_;
+      derived_.copy_(bias_ * 3.0f);  // what the graphs read
+      return;
+    }
+    derived_ = (bias_ * 3.0f).contiguous();
+    stash_ = derived_.alias();
+  }
+  gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = gk::hostrt::empty(x.sizes(), x.options());
+    gk::hostrt::launch_aten("aten::add", {x, derived_}, {y},
+                            [](auto& in, auto& out) { at::add_out(out[0], in[0], in[1]); });
+    return y;
+  }
+
+ private:
+  at::Tensor bias_, derived_, stash_;
+  GRAPHKEEP_DESCRIBE_DERIVED(StashLayer, (torch::nn::Module, gk::ReloadableLayer), (bias_, gk::parameter),
+                             (derived_, gk::derived_weight),
+                             (stash_, gk::not_graph_visible("a second handle, for the negative test")))
+};
+
 std::vector<gk::NamedTensor> optional_checkpoint(int step) {
   return {{"bias", at::cos(at::arange(4, at::kFloat) + 0.5 * step), 0}};
 }
@@ -705,4 +738,37 @@ TEST_CASE("a failed stage that changed the object tree: replay stays right, the 
   graph.replay();
   CHECK(output.equal(at::linspace(-1.0, 1.0, 4) + optional_checkpoint(3)[0].value * 3.0f));
   CHECK(engine.weight_version() == 2);
+}
+
+TEST_CASE("a PWAL that reaches a captured storage through a handle no slot knows: stage() refuses") {
+  auto layer = std::make_shared<StashLayer>();
+  gk::InMemorySource first(optional_checkpoint(0));
+  gk::load_weights(*layer, first);
+  gk::ReloadEngine engine(*layer);
+  engine.prepare();
+  const at::Tensor input = at::linspace(-1.0, 1.0, 4);
+  engine.add_static_io("input", input);
+  at::Tensor output;
+  gk::HostReplay graph{"stash"};
+  graph.capture([&] { output = layer->forward(input); });
+  engine.track(graph);
+  graph.replay();
+  const at::Tensor before = output.clone();
+  reuse_stash = true;
+  gk::InMemorySource src(optional_checkpoint(1));
+  const std::string msg = gk::testing::message_of<gk::StateError>([&] { engine.stage(src); });
+  CHECK(msg.find("derived_ views a captured storage through a handle that is no slot location") != std::string::npos);
+  CHECK(msg.find("its captured values were written back") != std::string::npos);
+  reuse_stash = false;
+  // The write went through that handle into what the graphs read (replays
+  // during the stage could see it); the stage's copy of the old values was
+  // written back, so replay is right again.
+  CHECK(engine.replay_allowed());
+  graph.replay();
+  CHECK(output.equal(before));
+  CHECK(engine.weight_version() == 0);
+  gk::InMemorySource good(optional_checkpoint(2));
+  engine.stage(good).commit();
+  graph.replay();
+  CHECK(output.equal(input + optional_checkpoint(2)[0].value * 3.0f));
 }
