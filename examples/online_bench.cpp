@@ -28,6 +28,7 @@
 // Models: llama8b (Llama-3-8B shapes), qwen3moe30b (Qwen3-30B-A3B-like: 48
 // layers, 128 experts, top 8), tiny. One JSON object per run, appended as a
 // line to --json.
+#include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
 
 #include <graphkeep/core/stopwatch.h>
@@ -78,15 +79,7 @@ demo::HfConfig model_config(const std::string& name) {
     c.moe_intermediate_size = 768;
     c.rope_theta = 1000000.0;
   } else if (name == "tiny") {
-    c.model_type = "llama";
-    c.vocab_size = 512;
-    c.hidden_size = 128;
-    c.intermediate_size = 256;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 32;
-    c.dtype = at::kFloat;
+    c = demo::builtin_tiny_config();
   } else {
     throw std::invalid_argument("unknown --model " + name + " (llama8b, qwen3moe30b, tiny)");
   }

@@ -69,20 +69,8 @@ struct Rig {
   static std::string concat_label(int step) { return "weights of step " + std::to_string(step); }
 };
 
-// The output of a freshly built model loaded with step's weights (eager).
-at::Tensor fresh_output(int step, const at::Tensor& input, int64_t d = 8, int64_t h = 16) {
-  auto m = std::make_shared<toy::ToyModel>(d, h);
-  gk::InMemorySource src(m->checkpoint(step));
-  gk::load_weights(*m, src);
-  return m->forward(input);
-}
-
-std::vector<std::uintptr_t> captured_addresses(const gk::SlotPlan& plan) {
-  std::vector<std::uintptr_t> out;
-  for (const auto& l : plan.layers())
-    for (const auto& s : l.slots) out.push_back(s.storage_begin());
-  return out;
-}
+using toy::captured_addresses;
+using toy::fresh_output;
 
 std::vector<gk::NamedTensor> without(std::vector<gk::NamedTensor> v, const std::string& name) {
   std::erase_if(v, [&](const gk::NamedTensor& t) { return t.name == name; });

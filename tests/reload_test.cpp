@@ -45,20 +45,8 @@ struct Rig {
   }
 };
 
-// The output of a freshly built model loaded with step's weights (eager).
-at::Tensor fresh_output(int step, const at::Tensor& input) {
-  auto m = std::make_shared<toy::ToyModel>(8, 16);
-  gk::InMemorySource src(m->checkpoint(step));
-  gk::load_weights(*m, src);
-  return m->forward(input);
-}
-
-std::vector<std::uintptr_t> captured_addresses(const gk::SlotPlan& plan) {
-  std::vector<std::uintptr_t> out;
-  for (const auto& l : plan.layers())
-    for (const auto& s : l.slots) out.push_back(s.storage_begin());
-  return out;
-}
+using toy::captured_addresses;
+using toy::fresh_output;
 
 bool equal_bits(const at::Tensor& a, const at::Tensor& b) { return at::equal(a, b); }
 

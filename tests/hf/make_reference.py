@@ -296,30 +296,27 @@ def main():
     first_logits = None
     print(f"make_reference: {args.arch} {args.size} {args.dtype} params={n_params} "
           f"transformers={transformers.__version__} torch={torch.__version__} device={device} -> {out}")
-    if args.warmup > 0:
+    def train(updates, what):
+        # `updates` AdamW steps on the prompts themselves (an RL-style update);
+        # returns the last loss.
         master.train()
-        for _ in range(args.warmup):
+        loss_val = None
+        for _ in range(updates):
             opt.zero_grad(set_to_none=True)
             loss = master(input_ids=tokens.to(device), labels=tokens.to(device), use_cache=False).loss
             if not torch.isfinite(loss):
-                die(f"warm-up: loss is {loss.item()}")
+                die(f"{what}: loss is {loss.item()}")
             loss.backward()
             opt.step()
+            loss_val = loss.item()
         master.eval()
+        return loss_val
+
+    if args.warmup > 0:
+        train(args.warmup, "warm-up")
     for k in range(args.steps + 1):
         t0 = time.time()
-        loss_val = None
-        if k > 0:
-            master.train()
-            for _ in range(UPDATES_PER_STEP):
-                opt.zero_grad(set_to_none=True)
-                loss = master(input_ids=tokens.to(device), labels=tokens.to(device), use_cache=False).loss
-                if not torch.isfinite(loss):
-                    die(f"step {k}: loss is {loss.item()}")
-                loss.backward()
-                opt.step()
-                loss_val = loss.item()
-            master.eval()
+        loss_val = train(UPDATES_PER_STEP, f"step {k}") if k > 0 else None
 
         step_dir = os.path.join(out, f"step{k}")
         # The checkpoint: the master cast to the chosen dtype.

@@ -10,6 +10,7 @@
 #include <graphkeep/runtime/host_stream.h>
 #include <graphkeep/registry.h>
 #include <graphkeep/model/layer.h>
+#include <graphkeep/reload/reload_engine.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -165,5 +166,21 @@ class ToyModel : public torch::nn::Module {
  private:
   int64_t d_, h_;
 };
+
+// The output of a freshly built model loaded with step's weights (eager).
+inline at::Tensor fresh_output(int step, const at::Tensor& input, int64_t d = 8, int64_t h = 16) {
+  auto m = std::make_shared<ToyModel>(d, h);
+  gk::InMemorySource src(m->checkpoint(step));
+  gk::load_weights(*m, src);
+  return m->forward(input);
+}
+
+// The first byte of every planned slot's captured storage.
+inline std::vector<std::uintptr_t> captured_addresses(const gk::SlotPlan& plan) {
+  std::vector<std::uintptr_t> out;
+  for (const auto& l : plan.layers())
+    for (const auto& s : l.slots) out.push_back(s.storage_begin());
+  return out;
+}
 
 }  // namespace toy
