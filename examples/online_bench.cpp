@@ -39,6 +39,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <ctime>
@@ -131,6 +132,11 @@ std::vector<gk::NamedTensor> trainer_weights(const std::vector<Shape>& shapes, c
   return out;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 double thread_cpu_ms() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -213,6 +219,7 @@ int main(int argc, char** argv) {
   std::int64_t batch = 64;
   bool streaming_only = false;  // no second model and no staged copy: for models that fill the GPU
   double stage_window_ms = 2000;  // how long stage() is repeated while decoding
+  int reps = 3;                   // streaming reloads measured (median)
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     auto val = [&]() -> std::string {
@@ -226,9 +233,10 @@ int main(int argc, char** argv) {
     else if (k == "--batch") batch = std::stoll(val());
     else if (k == "--streaming-only") streaming_only = true;
     else if (k == "--stage-window-ms") stage_window_ms = std::stod(val());
+    else if (k == "--reps") reps = std::max(1, std::stoi(val()));
     else {
       std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
-                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--stage-window-ms MS] [--json FILE]\n");
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--stage-window-ms MS] [--reps N] [--json FILE]\n");
       return 2;
     }
   }
@@ -277,24 +285,33 @@ int main(int argc, char** argv) {
     const double h2d = device.is_cuda() ? chunked_copy_ms(captured, true, device) : 0.0;
 
     // Streaming reload from device tensors handed over by a trainer.
+    // Repeated `reps` times (the median is reported): the trainer's tensors
+    // are made once and handed over again each time (handles, no copy).
     double reload_ms = 0, host_us = 0, peak_above = 0;
     std::size_t drift = 0, verified = 0;
+    gk::PhaseTimes phases;
     {
-      std::vector<gk::NamedTensor> w = trainer_weights(shapes, device);
-      gk::InMemorySource src(std::move(w));
-      gk::runtime::synchronize(device);
-      const std::int64_t base = allocated_bytes(device);
-      reset_peak(device);
-      const double cpu0 = thread_cpu_ms();
-      const gk::Stopwatch t;
-      const gk::ReloadReport r = eng.reload(src);
-      gk::runtime::synchronize(device);
-      reload_ms = t.elapsed_ms();
-      host_us = (thread_cpu_ms() - cpu0) * 1e3 / static_cast<double>(plan.num_slots());
-      // `base` includes the trainer's copy; what the reload adds above it:
-      peak_above = static_cast<double>(peak_bytes(device) - base) / GiB;
-      drift = r.drift;
-      verified = r.addresses_verified;
+      const std::vector<gk::NamedTensor> w = trainer_weights(shapes, device);
+      std::vector<double> wall, host;
+      for (int rep = 0; rep < reps; ++rep) {
+        gk::InMemorySource src(w);
+        gk::runtime::synchronize(device);
+        const std::int64_t base = allocated_bytes(device);
+        reset_peak(device);
+        const double cpu0 = thread_cpu_ms();
+        const gk::Stopwatch t;
+        const gk::ReloadReport r = eng.reload(src);
+        gk::runtime::synchronize(device);
+        wall.push_back(t.elapsed_ms());
+        host.push_back((thread_cpu_ms() - cpu0) * 1e3 / static_cast<double>(plan.num_slots()));
+        // `base` includes the trainer's tensors; what the reload adds above them:
+        peak_above = std::max(peak_above, static_cast<double>(peak_bytes(device) - base) / GiB);
+        drift += r.drift;
+        verified = r.addresses_verified;
+        if (rep == reps / 2) phases = r.times;
+      }
+      reload_ms = median(wall);
+      host_us = median(host);
     }
     release_cache(device);
     // The same load and PWAL into a second model, without graphkeep.
@@ -368,11 +385,14 @@ int main(int argc, char** argv) {
         "\"load_pwal_no_graphkeep_ms\": %s, \"stage_ms\": %s, \"pause_ms\": %s, \"decode_tok_s_idle\": %.1f, "
         "\"decode_tok_s_during_stage\": %s, \"decode_steps_during_stage\": %lld, \"stages\": %d, \"peak_above_model_gib\": %.3f, "
         "\"largest_layer_gib\": %.3f, \"host_us_per_slot\": %.2f, \"slots\": %zu, \"captured_gib\": %.3f, "
+        "\"reload_phases_ms\": {\"detach\": %.3f, \"load\": %.3f, \"pwal\": %.3f, \"check\": %.3f, "
+        "\"copy\": %.3f, \"verify\": %.3f}, \"reps\": %d, "
         "\"addresses_verified\": %zu, \"drift\": %zu, \"batch\": %lld, \"streaming_only\": %s, \"device\": \"%s\"}",
         model.c_str(), format_name.c_str(), weights_bytes / GiB, eng.num_graphs(), recapture_ms, d2d, h2d, reload_ms,
         num(plain_ms, 3).c_str(), num(stage_ms, 3).c_str(), num(pause_ms, 3).c_str(), idle, num(during, 1).c_str(),
         static_cast<long long>(served), stage_count, peak_above, largest_layer / GiB,
-        host_us, plan.num_slots(), static_cast<double>(captured) / GiB, verified, drift,
+        host_us, plan.num_slots(), static_cast<double>(captured) / GiB, phases.detach_ms, phases.load_ms,
+        phases.pwal_ms, phases.check_ms, phases.copy_ms, phases.verify_ms, reps, verified, drift,
         static_cast<long long>(batch), streaming_only ? "true" : "false", device.str().c_str());
     std::printf("%s\n", line);
     if (!json.empty()) std::ofstream(json, std::ios::app) << line << "\n";
