@@ -214,18 +214,26 @@ VerifyResult CaptureManifest::verify(const SlotPlan& plan) const {
     }
     return it->second;
   };
+  // The verdict of a slot together with the slots sharing its storage, once
+  // per slot: a graph has hundreds of thousands of entries but a model only
+  // hundreds of slots, so the per-entry work is two vector lookups.
+  std::vector<std::vector<const std::string*>> combined(plan.layers().size());
+  for (std::size_t l = 0; l < combined.size(); ++l) combined[l].assign(plan.layers()[l].slots.size(), nullptr);
   for (const ManifestEntry& e : entries_) {
     ++r.checked;
     switch (e.cls) {
       case AddressClass::slot: {
         GK_INTERNAL_ASSERT(e.layer < plan.layers().size() && e.slot < plan.layers()[e.layer].slots.size(),
                            "manifest of graph ", graph_, " refers to a slot the plan no longer has");
-        // Any slot viewing the same storage counts: a view whose field moved
-        // no longer describes what the graph reads (conservative, fail-closed).
-        const std::string* verdict = &slot_verdict(e.layer, e.slot);
-        plan.for_each_sharing_storage(plan.layers()[e.layer].slots[e.slot], [&](std::size_t l, std::size_t s) {
-          if (verdict->empty() && (l != e.layer || s != e.slot)) verdict = &slot_verdict(l, s);
-        });
+        const std::string*& verdict = combined[e.layer][e.slot];
+        if (verdict == nullptr) {
+          // Any slot viewing the same storage counts: a view whose field moved
+          // no longer describes what the graph reads (conservative, fail-closed).
+          verdict = &slot_verdict(e.layer, e.slot);
+          plan.for_each_sharing_storage(plan.layers()[e.layer].slots[e.slot], [&](std::size_t l, std::size_t s) {
+            if (verdict->empty() && (l != e.layer || s != e.slot)) verdict = &slot_verdict(l, s);
+          });
+        }
         if (!verdict->empty()) issue(VerifyIssue::Kind::moved, e, *verdict);
         break;
       }
