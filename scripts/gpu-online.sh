@@ -4,11 +4,13 @@
 # Qwen3-30B-A3B-like MoE in streaming mode; then gk-rl-demo --online on CUDA
 # graphs. Rows go to $OUT/online_h200.json (one JSON object per line).
 #   through the device tool, with carry [".devdeps"]: bash scripts/gpu-online.sh
+# Narrower: GK_FORMATS="dense" GK_MOE=0 GK_DEMO=0 GK_ONLINE_TARGETS=gk-online-bench
+#           GK_ONLINE_CTEST="-R none" bash scripts/gpu-online.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${OUT:-/tmp}
-export GK_TARGETS="gk-online-bench gk-rl-demo test_cuda_graph"
-export GK_CTEST_ARGS="-R test_cuda_graph$"
+export GK_TARGETS="${GK_ONLINE_TARGETS:-gk-online-bench gk-rl-demo test_cuda_graph}"
+export GK_CTEST_ARGS="${GK_ONLINE_CTEST:--R test_cuda_graph$}"
 export GK_AFTER="
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 for f in ${GK_FORMATS:-dense fp8}; do
@@ -18,6 +20,8 @@ if [ \"${GK_MOE:-1}\" = 1 ]; then
   echo '== gk-online-bench qwen3moe30b dense (streaming only)'
   timeout 240 ./examples/gk-online-bench --model qwen3moe30b --format dense --streaming-only --json $LOG/online_h200.json
 fi
-echo '== gk-rl-demo --online fp8'; ./examples/gk-rl-demo --online --steps 3 --quant fp8 --work /tmp/gk-demo-online | tail -8
+if [ \"${GK_DEMO:-1}\" = 1 ]; then
+  echo '== gk-rl-demo --online fp8'; ./examples/gk-rl-demo --online --steps 3 --quant fp8 --work /tmp/gk-demo-online | tail -8
+fi
 "
 bash scripts/gpu.sh
