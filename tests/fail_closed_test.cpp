@@ -18,6 +18,7 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -546,6 +547,70 @@ TEST_CASE("a raw word that a second capture does not repeat is stale bytes, not 
     CHECK(calls == 1);
     CHECK(engine.replay_allowed());
   }
+}
+
+namespace {
+
+// The host backend, but reporting some addresses as lying in free allocator
+// blocks, as the CUDA backend does from the caching allocator's snapshot.
+class FreeBlockReplay final : public gk::ReplayBackend {
+ public:
+  std::vector<std::uintptr_t> free_addresses;
+  void capture(const std::function<void()>& f) override { host_.capture(f); }
+  void recapture(const std::function<void()>& f) override { host_.recapture(f); }
+  void replay() override { host_.replay(); }
+  bool captured() const override { return host_.captured(); }
+  std::vector<gk::CapturedAddress> addresses() const override { return host_.addresses(); }
+  bool in_private_pool(std::uintptr_t a) const override { return host_.in_private_pool(a); }
+  std::vector<bool> in_live_allocation(const std::vector<std::uintptr_t>& addresses) const override {
+    std::vector<bool> live;
+    for (std::uintptr_t a : addresses)
+      live.push_back(std::find(free_addresses.begin(), free_addresses.end(), a) == free_addresses.end());
+    return live;
+  }
+  std::string name() const override { return "free-block"; }
+  c10::Device device() const override { return c10::kCPU; }
+
+ private:
+  gk::HostReplay host_{"free-block"};
+};
+
+}  // namespace
+
+TEST_CASE("a raw word into memory no live allocation covers is stale bytes; a live one is still refused") {
+  auto model = std::make_shared<NoisyModel>();
+  gk::InMemorySource src = raw_weights(0);
+  gk::load_weights(*model, src);
+  const at::Tensor input = at::arange(4, at::kFloat) + 1.0f;
+  at::Tensor output;
+  c10::DataPtr block = c10::GetCPUAllocator()->allocate(8);
+  const auto word = reinterpret_cast<std::uintptr_t>(block.get());
+  const std::function<void()> forward = [&] { output = model->layer->forward(input, block.get()); };
+  gk::ReloadEngine engine(*model);
+  engine.prepare();
+  engine.add_static_io("input", input);
+  SUBCASE("negative: the backend reports the block live: refused, even with the forward") {
+    FreeBlockReplay graph;
+    graph.capture(forward);
+    const std::string msg = gk::testing::message_of<gk::DriftError>([&] { engine.track(graph, forward); });
+    CHECK(msg.find("in no tensor the collector reaches (a raw allocation") != std::string::npos);
+  }
+  SUBCASE("positive: the backend reports it free: unstable, tracked, and reloads verify the graph") {
+    FreeBlockReplay graph;
+    graph.free_addresses = {word};
+    graph.capture(forward);
+    engine.track(graph);  // no recapture needed
+    CHECK(engine.replay_allowed());
+    const gk::CaptureManifest* m = engine.manifest(graph);
+    REQUIRE(m != nullptr);
+    CHECK(m->count(gk::AddressClass::unstable) == 1);
+    CHECK(m->count(gk::AddressClass::unknown) == 0);
+    gk::InMemorySource next = raw_weights(1);
+    CHECK(engine.reload(next).drift == 0);
+    graph.replay();
+    CHECK(at::equal(output, input * (at::arange(4, at::kFloat) + 1.0f)));
+  }
+
 }
 
 TEST_CASE("a capture that records nothing, or reads none of the model's slots, is refused") {
