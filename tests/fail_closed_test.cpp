@@ -610,7 +610,6 @@ TEST_CASE("a raw word into memory no live allocation covers is stale bytes; a li
     graph.replay();
     CHECK(at::equal(output, input * (at::arange(4, at::kFloat) + 1.0f)));
   }
-
 }
 
 TEST_CASE("a capture that records nothing, or reads none of the model's slots, is refused") {
