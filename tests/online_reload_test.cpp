@@ -251,6 +251,28 @@ std::vector<gk::NamedTensor> optional_checkpoint(int step) {
   return {{"bias", at::cos(at::arange(4, at::kFloat) + 0.5 * step), 0}};
 }
 
+// One layer of type Layer loaded with optional_checkpoint(0), prepared,
+// captured on the host backend and replayed once (`before`).
+template <class Layer>
+struct LayerRig {
+  std::shared_ptr<Layer> layer = std::make_shared<Layer>();
+  std::unique_ptr<gk::ReloadEngine> engine;
+  const at::Tensor input = at::linspace(-1.0, 1.0, 4);
+  at::Tensor output, before;
+  gk::HostReplay graph;
+  explicit LayerRig(const char* name) : graph(name) {
+    gk::InMemorySource first(optional_checkpoint(0));
+    gk::load_weights(*layer, first);
+    engine = std::make_unique<gk::ReloadEngine>(*layer);
+    engine->prepare();
+    engine->add_static_io("input", input);
+    graph.capture([this] { output = layer->forward(input); });
+    engine->track(graph);
+    graph.replay();
+    before = output.clone();
+  }
+};
+
 at::Tensor fresh_in_place(int step, const at::Tensor& input) {
   auto m = std::make_shared<InPlaceModel>();
   gk::InMemorySource src(InPlaceModel::checkpoint(step));
@@ -690,19 +712,12 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
 }
 
 TEST_CASE("a failed stage that changed the object tree: replay stays right, the next stage waits for a reload") {
-  auto layer = std::make_shared<OptionalLayer>();
-  gk::InMemorySource first(optional_checkpoint(0));
-  gk::load_weights(*layer, first);
-  gk::ReloadEngine engine(*layer);
-  engine.prepare();
-  const at::Tensor input = at::linspace(-1.0, 1.0, 4);
-  engine.add_static_io("input", input);
-  at::Tensor output;
-  gk::HostReplay graph{"optional"};
-  graph.capture([&] { output = layer->forward(input); });
-  engine.track(graph);
-  graph.replay();
-  const at::Tensor before = output.clone();
+  LayerRig<OptionalLayer> rig("optional");
+  gk::ReloadEngine& engine = *rig.engine;
+  gk::HostReplay& graph = rig.graph;
+  const at::Tensor& input = rig.input;
+  const at::Tensor& output = rig.output;
+  const at::Tensor& before = rig.before;
 
   drop_extra_and_throw = true;
   gk::InMemorySource bad(optional_checkpoint(1));
@@ -729,19 +744,12 @@ TEST_CASE("a failed stage that changed the object tree: replay stays right, the 
 }
 
 TEST_CASE("a PWAL that reaches a captured storage through a handle no slot knows: stage() refuses") {
-  auto layer = std::make_shared<StashLayer>();
-  gk::InMemorySource first(optional_checkpoint(0));
-  gk::load_weights(*layer, first);
-  gk::ReloadEngine engine(*layer);
-  engine.prepare();
-  const at::Tensor input = at::linspace(-1.0, 1.0, 4);
-  engine.add_static_io("input", input);
-  at::Tensor output;
-  gk::HostReplay graph{"stash"};
-  graph.capture([&] { output = layer->forward(input); });
-  engine.track(graph);
-  graph.replay();
-  const at::Tensor before = output.clone();
+  LayerRig<StashLayer> rig("stash");
+  gk::ReloadEngine& engine = *rig.engine;
+  gk::HostReplay& graph = rig.graph;
+  const at::Tensor& input = rig.input;
+  const at::Tensor& output = rig.output;
+  const at::Tensor& before = rig.before;
   reuse_stash = true;
   gk::InMemorySource src(optional_checkpoint(1));
   const std::string msg = gk::testing::message_of<gk::StateError>([&] { engine.stage(src); });
