@@ -73,12 +73,14 @@ std::size_t CaptureManifest::mark_unstable(const CaptureManifest& other) {
   auto same = [](const CapturedAddress& a, const CapturedAddress& b) {
     return a.address == b.address && a.param == b.param && a.byte_offset == b.byte_offset && a.node_name == b.node_name;
   };
+  std::vector<const CapturedAddress*> theirs;  // other's raw unknown words
+  for (const ManifestEntry& o : other.entries_)
+    if (o.cls == AddressClass::unknown && o.reachable == SIZE_MAX) theirs.push_back(&o.use);
   std::size_t n = 0;
   for (ManifestEntry& e : entries_) {
     if (e.cls != AddressClass::unknown || e.reachable != SIZE_MAX) continue;
-    const bool repeated = std::any_of(other.entries_.begin(), other.entries_.end(), [&](const ManifestEntry& o) {
-      return o.cls == AddressClass::unknown && o.reachable == SIZE_MAX && same(o.use, e.use);
-    });
+    const bool repeated =
+        std::any_of(theirs.begin(), theirs.end(), [&](const CapturedAddress* o) { return same(*o, e.use); });
     if (!repeated) {
       e.cls = AddressClass::unstable;
       ++n;

@@ -37,27 +37,31 @@ namespace {
 // device pointer left there by earlier eager work - a live 8-byte tensor
 // outside the graph's pool, say - looks like an address the graph reads, and
 // track() refuses the graph (fail closed: a false refusal, never a missed
-// address). Seen on the H200 in about 1 engine start of 10 (docs/gpu-runs.md).
+// address). Seen on the H200 in about 1 engine start of 6 (docs/gpu-runs.md).
 //
-// Two defences, because the stale bytes come from two places:
+// Three defences, because the stale bytes come from two places and take two
+// forms:
 //  - Earlier work (eager prefill, PWAL, the previous graph's scan): capture()
 //    zeroes kScrubBytes of the unused stack below its frame before the
 //    forward runs; the frames of the forward, the dispatcher and the launch
 //    stubs all live in that region. tests/cuda_graph_test.cpp shows the stale
 //    pointer (a dirtied stack, captured without the scrub) and its absence
 //    through this backend.
-//  - Host code that runs during the capture itself at the same stack depth
-//    (the caching allocator walking its blocks, say). ATen's OffsetCalculator
-//    leaves the stride and divisor entries of unused dimensions
-//    uninitialized, and they travel in the parameter. The H200 runs flagged
-//    such words inside the unused dimensions of elementwise and reduction
-//    kernels after the scrub was in place. ReloadEngine::track(graph,
-//    forward) therefore captures once more (recapture()) when a graph reads
-//    raw addresses that nothing owns, and keeps only those that the second
-//    capture reads again in the same kernel, parameter and byte: a real
-//    operand's address repeats, stale bytes do not (the allocator's state and
-//    path differ the second time). The others become AddressClass::unstable
-//    in the manifest (Note [Confirming raw addresses] in reload_engine.cpp).
+//  - Host code that runs during the capture itself at the same stack depth.
+//    ATen's OffsetCalculator leaves the stride and divisor entries of unused
+//    dimensions uninitialized, and they travel in the parameter; the H200
+//    runs flagged such words in elementwise and reduction kernels after the
+//    scrub was in place. ReloadEngine::track(graph, forward) captures once
+//    more (recapture()) when a graph reads raw addresses that nothing owns,
+//    and refuses only those that the second capture reads again in the same
+//    kernel, parameter and byte.
+//  - Words that repeat anyway: at 8B shapes the stale words were half a
+//    pointer (a small integer next to the upper 4 bytes of a pointer, which
+//    every pointer nearby shares), identical in both captures, and pointing
+//    into free caching-allocator blocks. in_live_allocation() below lets
+//    track() treat a raw word into memory no live allocation covers as stale.
+// Words caught by the last two become AddressClass::unstable in the manifest
+// (Note [Confirming raw addresses] in reload_engine.cpp).
 constexpr std::size_t kScrubBytes = std::size_t{512} << 10;
 // Never scrub closer than this to the end of the thread's stack.
 constexpr std::size_t kScrubReserve = std::size_t{64} << 10;
