@@ -199,6 +199,36 @@ void check_strides(const at::Tensor& s, int64_t E, const char* name) {
            "MoE experts: stride array ", name, " must be a contiguous int64 [", E, "]");
 }
 
+// Site 4's grouped pipeline, shared by CutlassExperts and SwigluExperts.
+// Its per-expert stride arrays, built as vLLM builds them: ab_strides1 = K
+// is also c_strides2 (one tensor), ab_strides2 = N, c_strides1 = 2N.
+void make_grouped_strides(int64_t E, int64_t K, int64_t N, c10::Device device, at::Tensor& ab1, at::Tensor& ab2,
+                          at::Tensor& c1, at::Tensor& c2) {
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  ab1 = at::full({E}, K, opts);
+  c2 = ab1;
+  ab2 = at::full({E}, N, opts);
+  c1 = at::full({E}, 2 * N, opts);
+}
+
+void check_grouped_strides(const at::Tensor& ab1, const at::Tensor& ab2, const at::Tensor& c1, const at::Tensor& c2,
+                           int64_t E) {
+  check_strides(ab1, E, "ab_strides1");
+  check_strides(ab2, E, "ab_strides2");
+  check_strides(c1, E, "c_strides1");
+  check_strides(c2, E, "c_strides2");
+}
+
+// One call's intermediates: gathered rows a1 [M, K], GEMM1's output c1
+// [M, 2N], the activation h [M, N], GEMM2's output c2 [M, K].
+struct GroupedBuffers {
+  at::Tensor a1, c1, h, c2;
+};
+GroupedBuffers grouped_buffers(const at::Tensor& x, int64_t M, int64_t K, int64_t N) {
+  return {runtime::empty({M, K}, x.options()), runtime::empty({M, 2 * N}, x.options()),
+          runtime::empty({M, N}, x.options()), runtime::empty({M, K}, x.options())};
+}
+
 }  // namespace
 
 // --- site 4 ------------------------------------------------------------------------
@@ -206,11 +236,7 @@ void check_strides(const at::Tensor& s, int64_t E, const char* name) {
 CutlassExperts::CutlassExperts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
                                c10::Device device)
     : MoeExperts(num_experts, hidden, inter, topk) {
-  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
-  ab_strides1_ = at::full({num_experts}, hidden, opts);
-  c_strides2_ = ab_strides1_;  // the same tensor (vLLM: ab_strides1 = c_strides2 = torch.full(...))
-  ab_strides2_ = at::full({num_experts}, inter, opts);
-  c_strides1_ = at::full({num_experts}, 2 * inter, opts);
+  make_grouped_strides(num_experts, hidden, inter, device, ab_strides1_, ab_strides2_, c_strides1_, c_strides2_);
 }
 
 at::Tensor CutlassExperts::apply(const MoeCall& call) const {
@@ -223,16 +249,10 @@ at::Tensor CutlassExperts::apply(const MoeCall& call) const {
            "CutlassExperts: x must be [T, ", K, "], logits [T, ", E, "], w13 [", E, ", ", 2 * N, ", ", K, "], w2 [", E,
            ", ", K, ", ", N, "]; got ", x.sizes(), ", ", call.logits.sizes(), ", ", call.w13.sizes(), ", ",
            call.w2.sizes());
-  check_strides(ab_strides1_, E, "ab_strides1");
-  check_strides(ab_strides2_, E, "ab_strides2");
-  check_strides(c_strides1_, E, "c_strides1");
-  check_strides(c_strides2_, E, "c_strides2");
+  check_grouped_strides(ab_strides1_, ab_strides2_, c_strides1_, c_strides2_, E);
   const int64_t T = x.size(0), M = T * topk;
   const Routing rt = route(call.logits, E, topk);
-  at::Tensor a1 = runtime::empty({M, K}, x.options());
-  at::Tensor c1 = runtime::empty({M, 2 * N}, x.options());
-  at::Tensor h = runtime::empty({M, N}, x.options());
-  at::Tensor c2 = runtime::empty({M, K}, x.options());
+  const auto [a1, c1, h, c2] = grouped_buffers(x, M, K, N);
 
   const float* xp = x.data_ptr<float>();
   const int32_t* perm = rt.perm.data_ptr<int32_t>();
@@ -275,11 +295,7 @@ SwigluExperts::SwigluExperts(int64_t num_experts, int64_t hidden, int64_t inter,
     : MoeExperts(num_experts, hidden, inter, topk), norm_topk_prob_(norm_topk_prob) {
   GK_CHECK(DeclarationError, topk >= 1 && topk <= num_experts, "SwigluExperts: need 1 <= topk <= experts, got topk ",
            topk, " and ", num_experts, " experts");
-  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
-  ab_strides1_ = at::full({num_experts}, hidden, opts);
-  c_strides2_ = ab_strides1_;  // one tensor, as site 4
-  ab_strides2_ = at::full({num_experts}, inter, opts);
-  c_strides1_ = at::full({num_experts}, 2 * inter, opts);
+  make_grouped_strides(num_experts, hidden, inter, device, ab_strides1_, ab_strides2_, c_strides1_, c_strides2_);
 }
 
 at::Tensor SwigluExperts::apply(const MoeCall& call) const {
@@ -300,16 +316,10 @@ at::Tensor SwigluExperts::apply(const MoeCall& call) const {
            "SwigluExperts: w13 must be a contiguous [", E, ", ", 2 * N, ", ", K, "] and w2 [", E, ", ", K, ", ", N,
            "], both float32, bfloat16 or float16, on ", x.device(), "; got ", call.w13.sizes(), " ",
            call.w13.scalar_type(), " and ", call.w2.sizes(), " ", call.w2.scalar_type());
-  check_strides(ab_strides1_, E, "ab_strides1");
-  check_strides(ab_strides2_, E, "ab_strides2");
-  check_strides(c_strides1_, E, "c_strides1");
-  check_strides(c_strides2_, E, "c_strides2");
+  check_grouped_strides(ab_strides1_, ab_strides2_, c_strides1_, c_strides2_, E);
   const int64_t T = x.size(0), M = T * topk;
   const Routing rt = route_softmax(call.logits, E, topk, norm_topk_prob_);
-  at::Tensor a1 = runtime::empty({M, K}, x.options());
-  at::Tensor c1 = runtime::empty({M, 2 * N}, x.options());
-  at::Tensor h = runtime::empty({M, N}, x.options());
-  at::Tensor c2 = runtime::empty({M, K}, x.options());
+  const auto [a1, c1, h, c2] = grouped_buffers(x, M, K, N);
 
   const float* xp = x.data_ptr<float>();
   const int32_t* perm = rt.perm.data_ptr<int32_t>();
