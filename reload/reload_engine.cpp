@@ -42,6 +42,15 @@ struct Expected {
   at::ScalarType dtype;
   std::int64_t num_shards;
 };
+// A whole parameter delivered under its own name (weight_source.h): it counts
+// as every checkpoint tensor of the parameter.
+struct ExpectedParam {
+  std::size_t layer, param;
+  std::vector<std::size_t> flats;  // its tensors' indices in the layer's completion set
+  std::vector<std::int64_t> shape;
+  at::ScalarType dtype;
+};
+constexpr std::size_t kWholeParam = static_cast<std::size_t>(-1);  // LayerRun::Pending::tensor
 
 bool same_storage_and_offset(const at::Tensor& a, const at::Tensor& b) {
   return a.defined() && b.defined() && a.has_storage() && b.has_storage() &&
@@ -105,11 +114,20 @@ struct LayerRun {
   std::vector<std::vector<bool>> shards;  // completion set: [tensor][shard]
   std::size_t loaded = 0, expected = 0;
   struct Pending {
-    std::size_t param, tensor;
+    std::size_t param, tensor;  // tensor: kWholeParam for a whole parameter
     std::int64_t shard;
     at::Tensor value;
+    std::string name;  // as delivered
   };
   std::vector<Pending> pending;
+  // Source tensors the layer's parameters adopted (Note [Adopting source
+  // tensors]), with their version counters at adoption.
+  struct Adopted {
+    at::Tensor value, param;  // the source's tensor; the parameter that adopted it
+    std::int64_t value_version, param_version;
+    std::string name;
+  };
+  std::vector<Adopted> adopted;
   std::vector<std::shared_ptr<const void>> configs;  // snapshot, per PlannedConfig (null: did not resolve)
   std::vector<at::Tensor> current;                   // per slot: the post-PWAL tensor (a storage view)
   std::vector<char> mismatched;                      // per slot
@@ -261,6 +279,7 @@ struct ReloadEngine::Impl {
   bool fields_unrestored = false;
   StagingCopies* staging = nullptr;  // set while stage() runs
   std::unordered_map<std::string, Expected> expected;
+  std::unordered_map<std::string, ExpectedParam> expected_params;
   std::vector<std::size_t> expected_per_layer;
   struct Tracked {
     ReplayBackend* graph;  // valid only while `alive` has not expired
@@ -307,6 +326,19 @@ struct ReloadEngine::Impl {
           expected.emplace(full, Expected{li, pi, ti, expected_per_layer[li], t.shard_shape(), t.dtype, t.num_shards});
           expected_per_layer[li] += 1;
         }
+    }
+    // Whole parameters, by their full names, where no checkpoint tensor has
+    // that name (a plain module's "norm.weight" is both: it stays a tensor).
+    expected_params.clear();
+    for (std::size_t li = 0; li < plan.layers().size(); ++li) {
+      const LayerPlan& lp = plan.layers()[li];
+      for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+        std::string full = lp.full_name(lp.params[pi].param);
+        if (expected.count(full)) continue;
+        ExpectedParam ep{li, pi, {}, lp.params[pi].shape(), lp.params[pi].dtype()};
+        for (const CheckpointTensor& t : lp.params[pi].tensors) ep.flats.push_back(expected.at(lp.full_name(t.name)).flat);
+        expected_params.emplace(std::move(full), std::move(ep));
+      }
     }
   }
 
@@ -369,20 +401,44 @@ struct ReloadEngine::Impl {
     {
       ScopedMsTimer t(rep.times.load_ms);
       fault(o, "load", lp.prefix);
-      // Materialize fresh checkpoint-format parameters and replay the loads.
-      std::vector<at::Tensor> targets;
-      for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
-        const CheckpointParam& cp = lp.params[pi];
-        at::Tensor t = find_param_or_buffer(*lp.module, cp.param);
-        const PlannedSlot* s = slot_named(lp, cp.param);
-        c10::Device dev = s != nullptr && s->defined() ? s->device : t.device();
-        t.set_data(at::empty(cp.shape(), at::TensorOptions().dtype(cp.dtype()).device(dev)));
-        targets.push_back(t);
-      }
+      // Materialize fresh checkpoint-format parameters (each right before
+      // its first load, so an adopted one holds no new storage) and replay
+      // the loads, adopting what can be adopted (Note [Adopting source tensors]).
+      const std::size_t n = lp.params.size();
+      std::vector<at::Tensor> targets(n);
+      std::vector<char> materialized(n, 0);
+      auto handle = [&](std::size_t pi) -> at::Tensor& {
+        if (!targets[pi].defined()) targets[pi] = find_param_or_buffer(*lp.module, lp.params[pi].param);
+        return targets[pi];
+      };
+      auto device_of = [&](std::size_t pi) {
+        const PlannedSlot* s = slot_named(lp, lp.params[pi].param);
+        return s != nullptr && s->defined() ? s->device : handle(pi).device();
+      };
+      auto materialize = [&](std::size_t pi) -> at::Tensor& {
+        at::Tensor& t = handle(pi);
+        if (!materialized[pi]) {
+          const CheckpointParam& cp = lp.params[pi];
+          t.set_data(at::empty(cp.shape(), at::TensorOptions().dtype(cp.dtype()).device(device_of(pi))));
+          materialized[pi] = 1;
+        }
+        return t;
+      };
+      const bool adopt = !initial && o.adopt_source_tensors;
       for (LayerRun::Pending& p : run.pending) {
-        LoadRequest req{lp.params[p.param], p.tensor, p.shard, p.value, targets[p.param]};
-        if (lp.layer == nullptr || !lp.layer->load_weight(req)) default_load(req);
+        const CheckpointParam& cp = lp.params[p.param];
+        if (p.tensor == kWholeParam) {  // the parameter as its loaders would fill it
+          if (!(adopt && try_adopt(lp, run, p, handle(p.param), device_of(p.param), rep)))
+            materialize(p.param).copy_(p.value);
+          materialized[p.param] = 1;
+          continue;
+        }
+        LoadRequest req{cp, p.tensor, p.shard, p.value, materialize(p.param)};
+        if (lp.layer != nullptr && lp.layer->load_weight(req)) continue;
+        const bool whole = cp.tensors.size() == 1 && cp.tensors.front().num_shards == 1;
+        if (!(adopt && whole && try_adopt(lp, run, p, handle(p.param), device_of(p.param), rep))) default_load(req);
       }
+      for (std::size_t pi = 0; pi < n; ++pi) materialize(pi);
       run.pending.clear();
     }
     // PWAL may write into the captured tensors it can reach (declared
@@ -412,6 +468,13 @@ struct ReloadEngine::Impl {
       ScopedMsTimer t(rep.times.pwal_ms);
       fault(o, "pwal", lp.prefix);
       if (lp.layer != nullptr) lp.layer->process_weights_after_loading();
+      for (const LayerRun::Adopted& a : run.adopted)
+        GK_CHECK(WeightError, a.value._version() == a.value_version && a.param._version() == a.param_version,
+                 "PWAL of layer '", lp.prefix, "' wrote weight '", a.name,
+                 "' in place, but the reload had adopted that tensor from the source instead of copying it "
+                 "(ReloadOptions::adopt_source_tensors): the source's tensor now holds PWAL's output, not the "
+                 "checkpoint's values. The reload stops here; reload this model with adopt_source_tensors off, "
+                 "from a source that still holds the checkpoint's values");
     }
     if (!initial) {
       ScopedMsTimer t(rep.times.check_ms);
@@ -440,6 +503,53 @@ struct ReloadEngine::Impl {
       }
     }
     run.phase = LayerRun::Phase::processed;
+  }
+
+  // Note [Adopting source tensors]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A reload copies every byte twice: the load copies the source's tensor
+  // into a fresh parameter, the commit copies PWAL's result into the
+  // captured storage. Where PWAL leaves a parameter as it is (a bf16 weight
+  // the kernels read directly) the first copy buys nothing when the source
+  // already holds the bytes on the right device: a trainer on the same GPU
+  // handing over its tensors. With ReloadOptions::adopt_source_tensors the
+  // parameter *is* the source's tensor for the reload (set_data: every handle
+  // the layer holds follows), PWAL reads it, and the commit copies it into
+  // the captured storage once. Adopted only when nothing could tell the
+  // difference from a copy:
+  //   - the parameter arrives in one piece (one unsharded checkpoint tensor
+  //     that the layer's load_weight() declined, or the whole parameter
+  //     under its own name) with its exact shape, dtype and device;
+  //   - contiguous, as a fresh parameter is (kernels may assume it);
+  //   - not an inference tensor (it has no version counter, below);
+  //   - not inside a captured storage (a source handing back the engine's
+  //     own weights): PWAL writing it would write what the graphs read.
+  // The hazard is a write: PWAL that scales or permutes its parameter in
+  // place would write the trainer's tensor. Both version counters (the
+  // source tensor's, shared with its views and detach(), and the
+  // parameter's own, which set_data keeps) are recorded at adoption and
+  // compared after PWAL: a write is a gk::WeightError naming the weight
+  // (the values were already written; the error says so, and the reload
+  // stops before anything reaches the captured storage of that layer). A
+  // write through a raw pointer (a custom kernel, .data, from_blob) moves no
+  // counter and is not seen: adopt only for models whose PWAL leaves its
+  // inputs alone. For a stage(), the source's tensors are held until the
+  // commit; one whose counter moved since (the trainer stepped) makes the
+  // commit stale.
+  bool try_adopt(const LayerPlan& lp, LayerRun& run, const LayerRun::Pending& p, at::Tensor& param,
+                 c10::Device device, ReloadReport& rep) const {
+    const CheckpointParam& cp = lp.params[p.param];
+    const at::Tensor& v = p.value;
+    if (v.device() != device || v.scalar_type() != cp.dtype() || !v.sizes().equals(cp.shape()) ||
+        !v.is_contiguous() || v.is_inference() || v.nbytes() == 0)
+      return false;
+    const auto begin = reinterpret_cast<std::uintptr_t>(v.data_ptr());
+    if (plan.find_owner(begin) || plan.find_owner(begin + v.nbytes() - 1)) return false;
+    param.set_data(v.detach());
+    run.adopted.push_back({v, param, v._version(), param._version(), p.name});
+    rep.tensors_adopted += 1;
+    rep.bytes_adopted += v.nbytes();
+    return true;
   }
 
   // True when PWAL can reach slot s's captured storage: a declared member, a
@@ -660,6 +770,47 @@ struct ReloadEngine::Impl {
     for (const auto& [name, e] : expected) runs[e.layer].shards[e.flat].assign(e.num_shards, false);
     return runs;
   }
+  // For a message about checkpoint tensor e: the name of its parameter
+  // delivered whole, which may be how it came before.
+  std::string whole_note(const Expected& e) const {
+    const LayerPlan& lp = plan.layers()[e.layer];
+    const std::string full = lp.full_name(lp.params[e.param].param);
+    return expected_params.count(full) ? concat(" (or as part of parameter '", full, "', delivered whole)")
+                                       : std::string();
+  }
+  static void count_loaded(LayerRun& run) {
+    std::size_t done = 0;
+    for (const auto& s : run.shards)
+      done += std::all_of(s.begin(), s.end(), [](bool b) { return b; }) ? 1 : 0;
+    run.loaded = done;
+  }
+  // A whole parameter arrived under its name: it fills every shard of every
+  // checkpoint tensor of the parameter, none of which may arrive as well.
+  void deliver_whole(const ExpectedParam& ep, NamedTensor&& nt, WeightSource& source, std::vector<LayerRun>& runs,
+                     ReloadReport& rep) {
+    LayerRun& run = runs[ep.layer];
+    const CheckpointParam& cp = plan.layers()[ep.layer].params[ep.param];
+    GK_CHECK(WeightError, nt.shard == 0, "parameter '", nt.name, "' arrived as shard ", nt.shard,
+             ": a whole parameter arrives in one piece (shard 0); deliver its checkpoint tensors to send shards");
+    bool any = false;
+    for (std::size_t f : ep.flats)
+      for (bool b : run.shards[f]) any = any || b;
+    GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !any, "parameter '", nt.name,
+             "' was delivered whole by ", source.describe(),
+             ", but some of its checkpoint tensors were delivered too (or it came twice); a parameter loads "
+             "exactly once, whole or as its checkpoint tensors (", cp.tensors.size(), ")");
+    GK_CHECK(WeightError, nt.value.defined(), "parameter '", nt.name, "' is an undefined tensor");
+    GK_CHECK(WeightError, nt.value.sizes().equals(ep.shape), "parameter '", nt.name, "' (delivered whole) has shape ",
+             nt.value.sizes(), " but the model expects ", at::IntArrayRef(ep.shape),
+             " (the checkpoint-format parameter: its checkpoint tensors concatenated along dim 0)");
+    GK_CHECK(WeightError, nt.value.scalar_type() == ep.dtype, "parameter '", nt.name, "' has dtype ",
+             nt.value.scalar_type(), " but the model expects ", ep.dtype);
+    for (std::size_t f : ep.flats) run.shards[f].assign(run.shards[f].size(), true);
+    rep.tensors_loaded += 1;
+    rep.bytes_loaded += nt.value.nbytes();
+    run.pending.push_back({ep.param, kWholeParam, 0, std::move(nt.value), std::move(nt.name)});
+    count_loaded(run);
+  }
   // Everything before the commit: detach, then per layer load, PWAL, check
   // (and in streaming mode its commit), the completion gate, and in
   // transactional mode the "commit" faults and before_commit: the
@@ -807,15 +958,23 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOpti
     }
     if (!nt) break;
     auto it = expected.find(nt->name);
-    GK_CHECK(WeightError, it != expected.end(), source.describe(), " has weight '", nt->name,
-             "', which the model does not expect (no layer lists it among its checkpoint tensors)");
+    if (it == expected.end()) {
+      auto wp = expected_params.find(nt->name);
+      GK_CHECK(WeightError, wp != expected_params.end(), source.describe(), " has weight '", nt->name,
+               "', which the model does not expect (no layer lists it among its checkpoint tensors, and no "
+               "parameter has that name)");
+      deliver_whole(wp->second, std::move(*nt), source, runs, rep);
+      if (runs[wp->second.layer].loaded == runs[wp->second.layer].expected) finish_layer(wp->second.layer);
+      continue;
+    }
     const Expected& e = it->second;
     LayerRun& run = runs[e.layer];
     GK_CHECK(WeightError, nt->shard >= 0 && nt->shard < e.num_shards, "weight '", nt->name, "' shard ",
              nt->shard, " is out of range: the model expects ", e.num_shards, " shard(s)");
     GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !run.shards[e.flat][nt->shard],
              "weight '", nt->name, "'", e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(),
-             " was delivered twice by ", source.describe(), "; each checkpoint tensor loads exactly once");
+             " was delivered twice by ", source.describe(), whole_note(e),
+             "; each checkpoint tensor loads exactly once");
     GK_CHECK(WeightError, nt->value.defined(), "weight '", nt->name, "' is an undefined tensor");
     GK_CHECK(WeightError, nt->value.sizes().equals(e.shard_shape), "weight '", nt->name, "'",
              e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(), " has shape ", nt->value.sizes(),
@@ -825,12 +984,9 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOpti
     run.shards[e.flat][nt->shard] = true;
     rep.tensors_loaded += 1;
     rep.bytes_loaded += nt->value.nbytes();
-    run.pending.push_back({e.param, e.tensor, nt->shard, std::move(nt->value)});
-    std::size_t done = 0;
-    for (const auto& s : run.shards)
-      done += std::all_of(s.begin(), s.end(), [](bool b) { return b; }) ? 1 : 0;
-    run.loaded = done;
-    if (done == run.expected) finish_layer(e.layer);
+    run.pending.push_back({e.param, e.tensor, nt->shard, std::move(nt->value), std::move(nt->name)});
+    count_loaded(run);
+    if (run.loaded == run.expected) finish_layer(e.layer);
   }
 
   // Completion gate: every checkpoint tensor and every shard, exactly once.
@@ -1072,6 +1228,12 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
     stale.push_back("prepare() ran again since staging (the slot plan it was checked against is gone)");
   if (I.graphs_generation != st.graphs_generation)
     stale.push_back("the tracked graphs changed since staging (track() or untrack() ran)");
+  for (const LayerRun& run : st.runs)
+    for (const LayerRun::Adopted& a : run.adopted)
+      if (a.value._version() != a.value_version)
+        stale.push_back(concat("weight '", a.name, "' was adopted from the source (ReloadOptions::adopt_source_tensors) "
+                               "and has been written since staging (its version counter moved): what the commit "
+                               "would copy is not what stage() checked"));
   if (I.state != EngineState::ready)
     stale.push_back(concat("the engine is not ready (", to_string(I.state.load()),
                            I.reason.empty() ? std::string() : concat(": ", I.reason), ")"));

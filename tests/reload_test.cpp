@@ -529,3 +529,238 @@ TEST_CASE("a reload whose weights arrive last to first equals a fresh model load
     CHECK(equal_bits(rig.replay(), fresh_output(4, rig.input)));
   }
 }
+
+// --- adopting the source's tensors, and whole parameters -------------------
+namespace {
+
+// A fused parameter (q and k rows in one tensor, loaded from two checkpoint
+// tensors) and a scale whose PWAL may write its parameter in place.
+class FusedQK : public torch::nn::Module, public gk::DescribedLayer<FusedQK> {
+ public:
+  explicit FusedQK(int64_t d) {
+    qk_ = checkpoint_param("qk", {{"q.weight", {3, d}, at::kFloat}, {"k.weight", {5, d}, at::kFloat}}, at::kCPU);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = gk::hostrt::empty({x.size(0), qk_.size(0)}, x.options());
+    gk::hostrt::launch_aten("aten::mm", {x, qk_}, {y},
+                            [](auto& in, auto& out) { at::mm_out(out[0], in[0], in[1].t()); });
+    return y;
+  }
+  const at::Tensor& qk() const { return qk_; }
+
+ private:
+  at::Tensor qk_;
+  GRAPHKEEP_DESCRIBE_DERIVED(FusedQK, (torch::nn::Module, gk::DescribedLayer<FusedQK>), (qk_, gk::parameter))
+};
+
+class InPlaceScale : public torch::nn::Module, public gk::DescribedLayer<InPlaceScale> {
+ public:
+  InPlaceScale() { weight_ = checkpoint_param("weight", {8}, at::kFloat, at::kCPU); }
+  void process_weights_after_loading() override {
+    if (double_in_place) weight_.mul_(2.0);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = gk::hostrt::empty(x.sizes(), x.options());
+    gk::hostrt::launch_aten("aten::mul", {x, weight_}, {y}, [](auto& in, auto& out) { at::mul_out(out[0], in[0], in[1]); });
+    return y;
+  }
+  bool double_in_place = false;
+
+ private:
+  at::Tensor weight_;
+  GRAPHKEEP_DESCRIBE_DERIVED(InPlaceScale, (torch::nn::Module, gk::DescribedLayer<InPlaceScale>), (weight_, gk::parameter),
+                             double_in_place)
+};
+
+class FusedModel : public torch::nn::Module {
+ public:
+  FusedModel(int64_t d = 8, int64_t /*h*/ = 16, int64_t /*shards*/ = 1) {
+    fused = register_module("fused", std::make_shared<FusedQK>(d));
+    scale = register_module("scale", std::make_shared<InPlaceScale>());
+  }
+  at::Tensor forward(const at::Tensor& x) { return scale->forward(fused->forward(x)); }
+  static at::Tensor wave(int64_t r, int64_t c, double phase, int step) {
+    return at::sin(at::arange(r * c, at::kFloat).reshape({r, c}) * 0.29 + phase + 0.13 * step);
+  }
+  // By checkpoint tensor, as a file holds them.
+  std::vector<gk::NamedTensor> checkpoint(int step, int64_t /*shards*/ = 1) const {
+    return {{"fused.q.weight", wave(3, 8, 0.5, step)}, {"fused.k.weight", wave(5, 8, 1.5, step)},
+            {"scale.weight", 1.0 + wave(1, 8, 2.5, step).reshape({8})}};
+  }
+  // The fused parameter whole, as a trainer that keeps the engine's layout holds it.
+  std::vector<gk::NamedTensor> whole(int step) const {
+    auto ck = checkpoint(step);
+    return {{"fused.qk", at::cat({ck[0].value, ck[1].value})}, ck[2]};
+  }
+  std::shared_ptr<FusedQK> fused;
+  std::shared_ptr<InPlaceScale> scale;
+};
+
+at::Tensor fresh_fused_output(int step, const at::Tensor& input, bool double_in_place = false) {
+  auto m = std::make_shared<FusedModel>();
+  m->scale->double_in_place = double_in_place;
+  gk::InMemorySource src(m->checkpoint(step));
+  gk::load_weights(*m, src);
+  return m->forward(input);
+}
+
+gk::ReloadOptions adopting(gk::ReloadMode mode = gk::ReloadMode::streaming) {
+  gk::ReloadOptions o;
+  o.adopt_source_tensors = true;
+  o.mode = mode;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("adopt_source_tensors: a matching source tensor becomes the parameter, so each byte is copied once") {
+  Rig<> rig;
+  const std::vector<std::uintptr_t> addresses = captured_addresses(rig.engine->plan());
+  const auto ck = rig.model->checkpoint(3);
+  std::vector<at::Tensor> before;
+  for (const auto& t : ck) before.push_back(t.value.clone());
+  // What l1's PWAL reads: the source's tensor itself, or a copy of it.
+  const void* pwal_reads = nullptr;
+  gk::ReloadOptions copying, adopt = adopting();
+  for (gk::ReloadOptions* o : {&copying, &adopt})
+    o->fault_hook = [&](std::string_view stage, const std::string& layer) {
+      if (stage == "pwal" && layer == "l1") pwal_reads = rig.model->l1->weight().data_ptr();
+    };
+
+  // The negative control: by default every tensor is copied into a fresh parameter.
+  gk::InMemorySource copy_src(ck);
+  gk::ReloadReport r = rig.engine->reload(copy_src, copying);
+  CHECK(r.tensors_adopted == 0);
+  CHECK(pwal_reads != ck[0].value.data_ptr());
+  CHECK(equal_bits(rig.replay(), fresh_output(3, rig.input)));
+
+  auto ck4 = rig.model->checkpoint(4);
+  gk::InMemorySource adopt_src(ck4);
+  r = rig.engine->reload(adopt_src, adopt);
+  CHECK(r.tensors_adopted == 3);  // l1.weight, norm.gamma, l2.weight
+  CHECK(r.bytes_adopted == r.bytes_loaded);
+  CHECK(pwal_reads == ck4[0].value.data_ptr());  // no load copy
+  CHECK(r.bytes_copied > 0);                     // the one copy: into the captured storage
+  CHECK(equal_bits(rig.replay(), fresh_output(4, rig.input)));
+  CHECK(captured_addresses(rig.engine->plan()) == addresses);
+  CHECK(rig.model->l1->weight().data_ptr() != ck4[0].value.data_ptr());  // the field is back on its captured storage
+  CHECK(gk::lint_drift(rig.engine->plan()).empty());
+  for (std::size_t i = 0; i < ck.size(); ++i) CHECK(equal_bits(ck[i].value, before[i]));  // the source is untouched
+
+  // Not adoptable, so copied: a strided tensor, and the captured storage handed back.
+  auto ck5 = rig.model->checkpoint(5);
+  ck5[2].value = ck5[2].value.t().contiguous().t();  // l2.weight: right shape, transposed strides
+  gk::InMemorySource strided(ck5);
+  r = rig.engine->reload(strided, adopt);
+  CHECK(r.tensors_adopted == 2);
+  CHECK(equal_bits(rig.replay(), fresh_output(5, rig.input)));
+  auto ck6 = rig.model->checkpoint(5);
+  ck6[0].value = rig.model->l1->weight().detach();  // the captured storage itself: adopting it would let PWAL write it
+  gk::InMemorySource handed_back(ck6);
+  r = rig.engine->reload(handed_back, adopt);
+  CHECK(r.tensors_adopted == 2);
+  CHECK(equal_bits(rig.replay(), fresh_output(5, rig.input)));
+
+  // Shards are copied into their place: only whole parameters are adopted.
+  Rig<> sharded({}, /*shards=*/2);
+  gk::InMemorySource two(sharded.model->checkpoint(6, 2));
+  r = sharded.engine->reload(two, adopt);
+  CHECK(r.tensors_adopted == 2);  // norm.gamma, l2.weight
+  CHECK(equal_bits(sharded.replay(), fresh_output(6, sharded.input)));
+}
+
+TEST_CASE("a whole parameter arrives under its own name; adopting one that PWAL writes in place is caught") {
+  Rig<FusedModel> rig;
+  CHECK(equal_bits(rig.replay(), fresh_fused_output(0, rig.input)));
+  // The fused parameter whole equals its two checkpoint tensors.
+  gk::InMemorySource whole(rig.model->whole(1));
+  gk::ReloadReport r = rig.engine->reload(whole);
+  CHECK(r.tensors_loaded == 2);
+  CHECK(r.tensors_adopted == 0);
+  CHECK(equal_bits(rig.replay(), fresh_fused_output(1, rig.input)));
+  auto w2 = rig.model->whole(2);
+  gk::InMemorySource adopt_whole(w2);
+  r = rig.engine->reload(adopt_whole, adopting());
+  CHECK(r.tensors_adopted == 2);
+  CHECK(equal_bits(rig.replay(), fresh_fused_output(2, rig.input)));
+
+  // Bad deliveries name the parameter and change nothing.
+  const at::Tensor served = rig.replay();
+  for (gk::ReloadMode mode : {gk::ReloadMode::streaming, gk::ReloadMode::transactional}) {
+    gk::ReloadOptions o;
+    o.mode = mode;
+    auto parts_first = rig.model->checkpoint(3);
+    parts_first.insert(parts_first.begin() + 1, rig.model->whole(3)[0]);  // q, then the whole, then k
+    gk::InMemorySource mixed(parts_first);
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(mixed, o), gk::WeightError,
+                                "parameter 'fused.qk' was delivered whole by in-memory weights, but some of its "
+                                "checkpoint tensors were delivered too");
+    if (mode == gk::ReloadMode::transactional) {  // streaming would commit the layer before k arrives
+      auto both = rig.model->whole(3);
+      both.push_back(rig.model->checkpoint(3)[1]);  // fused.k.weight after the whole
+      gk::InMemorySource twice(both);
+      GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(twice, o), gk::WeightError,
+                                  "weight 'fused.k.weight' was delivered twice by in-memory weights (or as part of "
+                                  "parameter 'fused.qk', delivered whole)");
+    }
+    auto bad = rig.model->whole(3);
+    bad[0].value = bad[0].value.narrow(0, 0, 7);
+    gk::InMemorySource short_src(bad);
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(short_src, o), gk::WeightError,
+                                "parameter 'fused.qk' (delivered whole) has shape [7, 8] but the model expects [8, 8]");
+    auto shard = rig.model->whole(3);
+    shard[0].shard = 1;
+    gk::InMemorySource shard_src(shard);
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(shard_src, o), gk::WeightError,
+                                "parameter 'fused.qk' arrived as shard 1");
+    CHECK(rig.engine->state() == gk::EngineState::ready);  // each failed before its layer committed
+    CHECK(equal_bits(rig.replay(), served));
+  }
+
+  // PWAL that scales its parameter in place. Copying: fine, the source is untouched.
+  rig.model->scale->double_in_place = true;
+  auto ck = rig.model->checkpoint(4);
+  const at::Tensor scale_before = ck[2].value.clone();
+  gk::InMemorySource copy_src(ck);
+  rig.engine->reload(copy_src);
+  CHECK(equal_bits(rig.replay(), fresh_fused_output(4, rig.input, /*double_in_place=*/true)));
+  CHECK(equal_bits(ck[2].value, scale_before));
+  // Adopting: PWAL wrote the source's tensor. The bug is real (the source
+  // now holds PWAL's output) and caught: the reload stops, nothing reached
+  // the captured storage, replay is still allowed and still the old weights.
+  const at::Tensor old = rig.replay();
+  auto ck5 = rig.model->checkpoint(5);
+  const at::Tensor source_before = ck5[2].value.clone();
+  gk::InMemorySource adopt_src(ck5);
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(adopt_src, adopting(gk::ReloadMode::transactional)), gk::WeightError,
+                              "PWAL of layer 'scale' wrote weight 'scale.weight' in place, but the reload had adopted "
+                              "that tensor from the source");
+  CHECK(equal_bits(ck5[2].value, source_before * 2.0));  // what the error warns of
+  CHECK(rig.engine->state() == gk::EngineState::ready);
+  CHECK(equal_bits(rig.replay(), old));
+  gk::InMemorySource again(rig.model->checkpoint(5));
+  rig.engine->reload(again);
+  CHECK(equal_bits(rig.replay(), fresh_fused_output(5, rig.input, true)));
+}
+
+TEST_CASE("a staged reload holds adopted tensors until its commit; one written since staging makes the commit stale") {
+  Rig<> rig;
+  auto ck = rig.model->checkpoint(2);
+  gk::InMemorySource src(ck);
+  gk::StagedReload staged = rig.engine->stage(src, adopting());
+  const at::Tensor old = rig.replay();
+  CHECK(equal_bits(old, fresh_output(0, rig.input)));
+  ck[2].value.add_(1.0);  // the trainer steps before the commit
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->commit(std::move(staged)), gk::StateError,
+                              "weight 'l2.weight' was adopted from the source (ReloadOptions::adopt_source_tensors) "
+                              "and has been written since staging");
+  CHECK(equal_bits(rig.replay(), old));  // nothing was changed
+  staged.abort();
+  auto ck3 = rig.model->checkpoint(3);
+  gk::InMemorySource src3(ck3);
+  staged = rig.engine->stage(src3, adopting());
+  CHECK(equal_bits(rig.replay(), old));  // staging changed nothing the graphs read
+  const gk::ReloadReport r = rig.engine->commit(std::move(staged));
+  CHECK(r.tensors_adopted == 3);
+  CHECK(equal_bits(rig.replay(), fresh_output(3, rig.input)));
+}

@@ -79,6 +79,22 @@ struct ReloadOptions {
   // layer that fails after its PWAL started marks the model inconsistent
   // (replay refused until a reload succeeds). docs/reload.md, "Modes".
   bool restore_in_place_writes = true;
+  // Adopt the source's tensors instead of copying them (Note [Adopting
+  // source tensors] in reload_engine.cpp). A checkpoint parameter that
+  // arrives as one tensor of exactly its shape, dtype and device, contiguous
+  // (one unsharded checkpoint tensor the layer does not load itself, or the
+  // whole parameter delivered under the parameter's name: weight_source.h)
+  // becomes that tensor for the reload: no load copy, no new storage. The
+  // commit then copies it straight into the captured storage, so a reload
+  // copies each byte once, as a plain load does. The source's tensors must
+  // not be written until reload() returns, or until the commit() of a
+  // stage(); one written since staging (its version counter moved) makes
+  // the commit stale. PWAL that writes a parameter in place would write the
+  // source's tensor: the reload throws gk::WeightError naming the weight
+  // (it caught the write through the version counter; a write through a raw
+  // pointer is not seen). Tensors not adoptable (another device or dtype,
+  // strided, an inference tensor, a view of a captured storage) are copied.
+  bool adopt_source_tensors = false;
   // Full slot names whose copy-back is disabled: the fields keep PWAL's new
   // tensors, as without graphkeep. For demonstrations and negative tests.
   // Each must be a slot name (ReloadEngine::slot_names(); Note [Slot names]

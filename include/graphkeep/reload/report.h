@@ -50,6 +50,8 @@ struct ReloadReport {
   std::size_t tensors_loaded = 0;    // checkpoint tensors and shards received
   std::size_t bytes_loaded = 0;
   std::size_t bytes_copied = 0;      // copied into captured storage
+  // Of those received, adopted without a load copy (ReloadOptions::adopt_source_tensors).
+  std::size_t tensors_adopted = 0, bytes_adopted = 0;
   std::size_t slots_zeroed = 0;      // init policy zero
   std::size_t drift = 0;             // captured addresses not covered after the reload (must be 0)
   std::size_t addresses_verified = 0;

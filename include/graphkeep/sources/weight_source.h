@@ -25,6 +25,17 @@ namespace gk {
 
 // One checkpoint tensor, or one shard of it. A checkpoint tensor that a layer
 // expects in N shards arrives as N NamedTensors with shard 0..N-1.
+//
+// A whole parameter may arrive instead of its checkpoint tensors: named by
+// the parameter's full name (the module path and the parameter, e.g.
+// "layers.0.self_attn.qkv_proj" for a fused q/k/v parameter), shard 0,
+// holding the parameter as the layer's loaders would have filled it (its
+// checkpoint-format shape: the tensors concatenated along dim 0, the layer's
+// own layout where it loads a tensor itself). It counts as all of that
+// parameter's checkpoint tensors; delivering one of them as well is an
+// error. A trainer that keeps the engine's fused layout hands over such
+// tensors, and with ReloadOptions::adopt_source_tensors nothing is copied to
+// load them.
 struct NamedTensor {
   std::string name;
   at::Tensor value;
