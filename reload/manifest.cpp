@@ -3,6 +3,7 @@
 #include <graphkeep/reload/manifest.h>
 
 #include <algorithm>
+#include <set>
 
 #include "reload_internal.h"
 
@@ -86,6 +87,7 @@ std::size_t CaptureManifest::mark_unstable(const CaptureManifest& other) {
       ++n;
     }
   }
+  index_entries();
   return n;
 }
 
@@ -107,7 +109,19 @@ std::size_t CaptureManifest::mark_unstable_if_free(const ReplayBackend& graph) {
       entries_[index[k]].cls = AddressClass::unstable;
       ++n;
     }
+  index_entries();
   return n;
+}
+
+void CaptureManifest::index_entries() {
+  slots_used_.clear();
+  unknown_entries_.clear();
+  std::set<std::pair<std::size_t, std::size_t>> seen;
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const ManifestEntry& e = entries_[i];
+    if (e.cls == AddressClass::slot && seen.emplace(e.layer, e.slot).second) slots_used_.emplace_back(e.layer, e.slot);
+    if (e.cls == AddressClass::unknown) unknown_entries_.push_back(i);
+  }
 }
 
 std::vector<std::string> CaptureManifest::undeclared() const {
@@ -177,97 +191,108 @@ CaptureManifest CaptureManifest::record(const ReplayBackend& graph, const SlotPl
     }
     m.entries_.push_back(std::move(e));
   }
+  m.index_entries();
   return m;
 }
 
+// Note [Verify once per slot]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A graph reads one slot from many nodes (a weight from every batch size's
+// GEMM, a ring buffer from every op), and an engine's graphs all read the same
+// slots: 35 decode graphs at 8B shapes hold 300k slot entries over ~800
+// slots. Whether a slot's fields still point at its captured storage does not
+// depend on the entry, so it is decided once per slot (resolving its paths
+// and the slots sharing its storage: SlotVerdicts), shared by every graph the
+// engine verifies, and each manifest visits its distinct slots
+// (slots_used_), not its entries. Entries are walked only to report a slot
+// that moved, and for the unknown entries, each checked on its own.
+CaptureManifest::SlotVerdicts::SlotVerdicts(const SlotPlan& plan) : plan_(plan) {
+  std::size_t n = 0;
+  combined_.resize(plan.layers().size());
+  own_.resize(plan.layers().size());
+  for (std::size_t l = 0; l < combined_.size(); ++l) {
+    combined_[l].assign(plan.layers()[l].slots.size(), nullptr);
+    own_[l].assign(plan.layers()[l].slots.size(), nullptr);
+    n += plan.layers()[l].slots.size();
+  }
+  reasons_.reserve(n);
+}
+
+const std::string& CaptureManifest::SlotVerdicts::own(std::size_t layer, std::size_t slot) {
+  const std::string*& v = own_[layer][slot];
+  if (v != nullptr) return *v;
+  const LayerPlan& lp = plan_.layers()[layer];
+  const PlannedSlot& s = lp.slots[slot];
+  const void* captured = s.captured.storage().unsafeGetStorageImpl();
+  auto points_elsewhere = [&](const at::Tensor* t) {
+    return t == nullptr || !t->defined() || !t->has_storage() || t->storage().unsafeGetStorageImpl() != captured;
+  };
+  std::string why;
+  if (s.kind != PlannedSlot::Kind::declared) {
+    const at::Tensor t = detail::module_tensor(*lp.module, s);
+    if (points_elsewhere(&t)) why = "the module's tensor now uses other storage; the graph still reads the captured one";
+  }
+  for (std::size_t a = 0; why.empty() && a < s.paths.size(); ++a) {
+    at::Tensor* f = s.paths[a].resolve_tensor(lp.root.ptr);
+    if (points_elsewhere(f))
+      why = concat(lp.full_name(s.paths[a].str()), f == nullptr ? " no longer resolves" : " now points at other storage",
+                   "; the graph still reads the captured storage (stale values)");
+  }
+  if (why.empty()) return *(v = &ok_);
+  reasons_.push_back(std::move(why));
+  return *(v = &reasons_.back());
+}
+
+const std::string& CaptureManifest::SlotVerdicts::combined(std::size_t layer, std::size_t slot) {
+  GK_INTERNAL_ASSERT(layer < combined_.size() && slot < combined_[layer].size(),
+                     "a manifest refers to a slot the plan no longer has");
+  const std::string*& v = combined_[layer][slot];
+  if (v != nullptr) return *v;
+  // Any slot viewing the same storage counts: a view whose field moved no
+  // longer describes what the graph reads (conservative, fail-closed).
+  v = &own(layer, slot);
+  plan_.for_each_sharing_storage(plan_.layers()[layer].slots[slot], [&](std::size_t l, std::size_t s) {
+    if (v->empty() && (l != layer || s != slot)) v = &own(l, s);
+  });
+  return *v;
+}
+
 VerifyResult CaptureManifest::verify(const SlotPlan& plan) const {
+  SlotVerdicts cache(plan);
+  return verify(plan, cache);
+}
+
+VerifyResult CaptureManifest::verify(const SlotPlan& plan, SlotVerdicts& cache) const {
   VerifyResult r;
+  r.checked = entries_.size();
   auto issue = [&](VerifyIssue::Kind k, const ManifestEntry& e, std::string detail) {
     r.issues.push_back(VerifyIssue{k, graph_, e.use.node_name, e.use.node, e.owner, e.use.address, std::move(detail)});
   };
-  // Note [Verify once per slot]: a graph reads one slot from many nodes (a
-  // weight from every batch size's GEMM, a ring buffer from every op). The
-  // slot's fields are resolved once per verify(); every entry of the slot
-  // shares that verdict ("" when it still points at the captured storage).
-  std::map<std::pair<std::size_t, std::size_t>, std::string> slot_verdicts;
-  auto slot_verdict = [&](std::size_t layer, std::size_t slot) -> const std::string& {
-    auto [it, fresh] = slot_verdicts.try_emplace({layer, slot});
-    if (!fresh) return it->second;
-    const LayerPlan& lp = plan.layers()[layer];
-    const PlannedSlot& s = lp.slots[slot];
-    const void* captured = s.captured.storage().unsafeGetStorageImpl();
-    auto points_elsewhere = [&](const at::Tensor* t) {
-      return t == nullptr || !t->defined() || !t->has_storage() || t->storage().unsafeGetStorageImpl() != captured;
-    };
-    if (s.kind != PlannedSlot::Kind::declared) {
-      const at::Tensor t = detail::module_tensor(*lp.module, s);
-      if (points_elsewhere(&t)) {
-        it->second = "the module's tensor now uses other storage; the graph still reads the captured one";
-        return it->second;
-      }
-    }
-    for (const SlotPath& p : s.paths) {
-      at::Tensor* f = p.resolve_tensor(lp.root.ptr);
-      if (points_elsewhere(f)) {
-        it->second = concat(lp.full_name(p.str()), f == nullptr ? " no longer resolves" : " now points at other storage",
-                            "; the graph still reads the captured storage (stale values)");
-        break;
-      }
-    }
-    return it->second;
-  };
-  // The verdict of a slot together with the slots sharing its storage, once
-  // per slot: a graph has hundreds of thousands of entries but a model only
-  // hundreds of slots, so the per-entry work is two vector lookups.
-  std::vector<std::vector<const std::string*>> combined(plan.layers().size());
-  for (std::size_t l = 0; l < combined.size(); ++l) combined[l].assign(plan.layers()[l].slots.size(), nullptr);
-  for (const ManifestEntry& e : entries_) {
-    ++r.checked;
-    switch (e.cls) {
-      case AddressClass::slot: {
-        GK_INTERNAL_ASSERT(e.layer < plan.layers().size() && e.slot < plan.layers()[e.layer].slots.size(),
-                           "manifest of graph ", graph_, " refers to a slot the plan no longer has");
-        const std::string*& verdict = combined[e.layer][e.slot];
-        if (verdict == nullptr) {
-          // Any slot viewing the same storage counts: a view whose field moved
-          // no longer describes what the graph reads (conservative, fail-closed).
-          verdict = &slot_verdict(e.layer, e.slot);
-          plan.for_each_sharing_storage(plan.layers()[e.layer].slots[e.slot], [&](std::size_t l, std::size_t s) {
-            if (verdict->empty() && (l != e.layer || s != e.slot)) verdict = &slot_verdict(l, s);
-          });
-        }
-        if (!verdict->empty()) issue(VerifyIssue::Kind::moved, e, *verdict);
-        break;
-      }
-      case AddressClass::pool:
-      case AddressClass::static_io:
-      case AddressClass::library:
-      case AddressClass::unstable:  // not an address the graph reads
-        break;
-      case AddressClass::unknown: {
-        if (e.reachable == SIZE_MAX) {
-          issue(VerifyIssue::Kind::unknown, e, "address in no declared slot, pool or buffer (an undeclared tensor)");
-          break;
-        }
-        const ReachableTensor& rt = reachable_[e.reachable];
-        c10::intrusive_ptr<c10::StorageImpl> alive = rt.storage.lock();
-        if (!alive) {
-          issue(VerifyIssue::Kind::expired, e, "its storage has been freed; the graph reads freed memory");
-          break;
-        }
-        at::Tensor now = rt.resolve ? rt.resolve() : at::Tensor();
-        if (!now.defined() || !now.has_storage() || now.storage().unsafeGetStorageImpl() != alive.get()) {
-          issue(VerifyIssue::Kind::moved, e,
-                concat(rt.path, " now points at other storage; the graph still reads the old one (stale values)"));
-          break;
-        }
-        issue(VerifyIssue::Kind::unknown, e,
-              concat("undeclared tensor ", rt.path, " (role ", to_string(rt.role.role),
-                  rt.role.reason.empty() ? "" : concat(": ", rt.role.reason), "): declare it with a graph-visible role"));
-        break;
-      }
-    }
+  for (const auto& [layer, slot] : slots_used_) {
+    const std::string& verdict = cache.combined(layer, slot);
+    if (verdict.empty()) continue;
+    for (const ManifestEntry& e : entries_)
+      if (e.cls == AddressClass::slot && e.layer == layer && e.slot == slot) issue(VerifyIssue::Kind::moved, e, verdict);
   }
+  // An unknown entry is reported again with what its tensor became.
+  auto check_unknown = [&](const ManifestEntry& e) {
+    if (e.reachable == SIZE_MAX)
+      return issue(VerifyIssue::Kind::unknown, e, "address in no declared slot, pool or buffer (an undeclared tensor)");
+    const ReachableTensor& rt = reachable_[e.reachable];
+    c10::intrusive_ptr<c10::StorageImpl> alive = rt.storage.lock();
+    if (!alive) return issue(VerifyIssue::Kind::expired, e, "its storage has been freed; the graph reads freed memory");
+    at::Tensor now = rt.resolve ? rt.resolve() : at::Tensor();
+    if (!now.defined() || !now.has_storage() || now.storage().unsafeGetStorageImpl() != alive.get())
+      return issue(VerifyIssue::Kind::moved, e,
+                   concat(rt.path, " now points at other storage; the graph still reads the old one (stale values)"));
+    issue(VerifyIssue::Kind::unknown, e,
+          concat("undeclared tensor ", rt.path, " (role ", to_string(rt.role.role),
+                 rt.role.reason.empty() ? "" : concat(": ", rt.role.reason), "): declare it with a graph-visible role"));
+  };
+  for (std::size_t i : unknown_entries_) check_unknown(entries_[i]);
+  // Issues in entry order, as a reader of the graph expects them.
+  std::stable_sort(r.issues.begin(), r.issues.end(),
+                   [](const VerifyIssue& a, const VerifyIssue& b) { return a.node_index < b.node_index; });
   return r;
 }
 

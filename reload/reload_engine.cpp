@@ -744,9 +744,10 @@ struct ReloadEngine::Impl {
 
   VerifyResult verify_all() const {
     VerifyResult all;
+    CaptureManifest::SlotVerdicts verdicts(plan);  // one per slot for every graph: Note [Verify once per slot]
     for (const Tracked& g : graphs) {
       if (g.alive.expired()) continue;  // destroyed: nothing can replay it
-      VerifyResult r = g.manifest.verify(plan);
+      VerifyResult r = g.manifest.verify(plan, verdicts);
       all.checked += r.checked;
       all.issues.insert(all.issues.end(), r.issues.begin(), r.issues.end());
     }

@@ -116,6 +116,11 @@ class CaptureManifest {
 
   // Checks every recorded address against the plan's current state.
   VerifyResult verify(const SlotPlan& plan) const;
+  // The same, sharing each slot's verdict with other manifests verified
+  // against the same plan state (the engine verifies all its graphs with one
+  // cache: Note [Verify once per slot] in manifest.cpp).
+  class SlotVerdicts;
+  VerifyResult verify(const SlotPlan& plan, SlotVerdicts& cache) const;
 
   const ReplayBackend* backend() const noexcept { return backend_; }
 
@@ -124,6 +129,27 @@ class CaptureManifest {
   const ReplayBackend* backend_ = nullptr;
   std::vector<ManifestEntry> entries_;
   std::vector<ReachableTensor> reachable_;
+  // Derived from entries_ by index_entries(): the distinct (layer, slot)
+  // pairs the slot entries name, and the positions of the unknown entries.
+  std::vector<std::pair<std::size_t, std::size_t>> slots_used_;
+  std::vector<std::size_t> unknown_entries_;
+  void index_entries();
+};
+
+// Per slot, whether its fields still point at the captured storage ("" when
+// they do, else why not), taking the slots that share its storage into
+// account. Valid for one plan state: make a new one after anything moves.
+class CaptureManifest::SlotVerdicts {
+ public:
+  explicit SlotVerdicts(const SlotPlan& plan);
+  const std::string& combined(std::size_t layer, std::size_t slot);
+
+ private:
+  const std::string& own(std::size_t layer, std::size_t slot);
+  const SlotPlan& plan_;
+  std::vector<std::vector<const std::string*>> combined_, own_;
+  std::vector<std::string> reasons_;  // reserved up front: pointers into it stay valid
+  std::string ok_;
 };
 
 }  // namespace gk
