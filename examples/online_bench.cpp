@@ -9,7 +9,15 @@
 //                              (in 1 GiB chunks)
 //   pinned_h2d_ms              the same bytes from pinned host memory
 //   reload_gpu_source_ms       a streaming reload from device tensors handed
-//                              over by a "trainer" (verify included)
+//                              over by a "trainer" that keeps the engine's
+//                              layout (whole parameters, adopted: no load
+//                              copy; verify included)
+//   reload_gpu_source_copy_ms  the same from the checkpoint's tensors, copied
+//                              (fused parameters need their parts copied in)
+//   reload_pinned_source_ms    the same from pinned host memory: the pause of
+//                              a model whose staging copy does not fit
+//   reload_safetensors_ms      the same from a safetensors directory in the
+//                              page cache (--safetensors-dir; written first)
 //   load_pwal_no_graphkeep_ms  the same load and PWAL into a second model,
 //                              with no graph protection
 //   stage_ms, pause_ms         stage() on another thread (the mean of the
@@ -20,7 +28,8 @@
 //   peak_above_model_gib       allocator peak above the served model during
 //                              the streaming reload
 //   largest_layer_gib          the largest layer's checkpoint bytes
-//   host_us_per_slot           the reload's host CPU time per slot
+//   host_us_per_slot           the host CPU time of the reload call per slot,
+//                              up to its return (the device may still copy)
 //
 //   gk-online-bench --model llama8b --format dense --json out.json
 //   gk-online-bench --model tiny --device cpu        (a smoke run anywhere)
@@ -44,6 +53,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -129,6 +139,43 @@ class RandomDeviceSource final : public gk::WeightSource {
 std::vector<gk::NamedTensor> trainer_weights(const std::vector<Shape>& shapes, c10::Device device) {
   std::vector<gk::NamedTensor> out;
   for (const Shape& s : shapes) out.push_back({s.name, random_tensor(s, device), 0});
+  return out;
+}
+
+// A trainer that keeps the engine's layout (fused q/k/v, gate/up, stacked
+// experts) hands over whole parameters, by parameter name (weight_source.h).
+std::vector<gk::NamedTensor> trainer_params(const gk::SlotPlan& plan, c10::Device device) {
+  std::vector<gk::NamedTensor> out;
+  for (const gk::LayerPlan& lp : plan.layers())
+    for (const gk::CheckpointParam& cp : lp.params) {
+      const Shape s{lp.full_name(cp.param), cp.shape(), cp.dtype()};
+      out.push_back({s.name, random_tensor(s, device), 0});
+    }
+  return out;
+}
+
+// The checkpoint's tensors in pinned host memory: one pinned buffer (the
+// caching host allocator would round each tensor up to a power of two),
+// carved into 256-byte-aligned tensors.
+std::vector<gk::NamedTensor> pinned_weights(const std::vector<Shape>& shapes, c10::Device device) {
+  auto bytes_of = [](const Shape& s) {
+    std::int64_t n = static_cast<std::int64_t>(c10::elementSize(s.dtype));
+    for (auto d : s.shape) n *= d;
+    return (n + 255) / 256 * 256;
+  };
+  std::int64_t total = 0;
+  for (const Shape& s : shapes) total += bytes_of(s);
+  at::Tensor buffer = at::empty({total}, at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda()));
+  std::vector<gk::NamedTensor> out;
+  std::int64_t off = 0;
+  for (const Shape& s : shapes) {
+    std::int64_t n = static_cast<std::int64_t>(c10::elementSize(s.dtype));
+    for (auto d : s.shape) n *= d;
+    at::Tensor t = buffer.narrow(0, off, n).view(s.dtype).view(s.shape);
+    t.copy_(random_tensor(s, device));
+    out.push_back({s.name, t, 0});
+    off += bytes_of(s);
+  }
   return out;
 }
 
@@ -218,6 +265,9 @@ int main(int argc, char** argv) {
   std::string model = "tiny", format_name = "dense", json, device_name = "auto";
   std::int64_t batch = 64;
   bool streaming_only = false;  // no second model and no staged copy: for models that fill the GPU
+  bool no_plain = false;        // no second model (the plain load + PWAL baseline)
+  bool adopt_stage = true;      // stage() adopts the trainer's tensors (else copies them)
+  std::string safetensors_dir;  // where to write the checkpoint for reload_safetensors_ms
   double stage_window_ms = 2000;  // how long stage() is repeated while decoding
   int reps = 3;                   // streaming reloads measured (median)
   for (int i = 1; i < argc; ++i) {
@@ -232,11 +282,14 @@ int main(int argc, char** argv) {
     else if (k == "--device") device_name = val();
     else if (k == "--batch") batch = std::stoll(val());
     else if (k == "--streaming-only") streaming_only = true;
+    else if (k == "--no-plain") no_plain = true;
+    else if (k == "--copy-stage") adopt_stage = false;
+    else if (k == "--safetensors-dir") safetensors_dir = val();
     else if (k == "--stage-window-ms") stage_window_ms = std::stod(val());
     else if (k == "--reps") reps = std::max(1, std::stoi(val()));
     else {
       std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
-                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--stage-window-ms MS] [--reps N] [--json FILE]\n");
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--safetensors-dir DIR] [--stage-window-ms MS] [--reps N] [--json FILE]\n");
       return 2;
     }
   }
@@ -270,6 +323,7 @@ int main(int argc, char** argv) {
 
     demo::LlmEngineOptions opts;
     opts.max_len = 64;
+    opts.reload.adopt_source_tensors = adopt_stage;  // what stage() does with the trainer's tensors
     const gk::Stopwatch build_watch;
     RandomDeviceSource first(shapes, device);
     demo::LlmEngine eng(cfg, device, format, first, opts);
@@ -284,39 +338,81 @@ int main(int argc, char** argv) {
     const double d2d = chunked_copy_ms(captured, false, device);
     const double h2d = device.is_cuda() ? chunked_copy_ms(captured, true, device) : 0.0;
 
-    // Streaming reload from device tensors handed over by a trainer.
-    // Repeated `reps` times (the median is reported): the trainer's tensors
-    // are made once and handed over again each time (handles, no copy).
-    double reload_ms = 0, host_us = 0, peak_above = 0;
+    // Streaming reloads, each `reps` times (the median is reported): the
+    // source's tensors are made once and handed over again each time.
+    struct Measured {
+      double ms = 0, host_us = 0, peak_above = 0;
+      gk::PhaseTimes phases;
+      std::size_t adopted = 0;
+    };
     std::size_t drift = 0, verified = 0;
-    gk::PhaseTimes phases;
-    {
-      const std::vector<gk::NamedTensor> w = trainer_weights(shapes, device);
+    auto measure = [&](const char* what, int n, const std::function<gk::ReloadReport()>& reload) {
+      Measured m;
       std::vector<double> wall, host;
-      for (int rep = 0; rep < reps; ++rep) {
-        gk::InMemorySource src(w);
+      for (int rep = 0; rep < n; ++rep) {
         gk::runtime::synchronize(device);
         const std::int64_t base = allocated_bytes(device);
         reset_peak(device);
         const double cpu0 = thread_cpu_ms();
         const gk::Stopwatch t;
-        const gk::ReloadReport r = eng.reload(src);
+        const gk::ReloadReport r = reload();
+        // The reload's own host work: up to its return, before waiting for
+        // the device (a spinning wait would count as CPU time).
+        host.push_back((thread_cpu_ms() - cpu0) * 1e3 / static_cast<double>(plan.num_slots()));
         gk::runtime::synchronize(device);
         wall.push_back(t.elapsed_ms());
-        host.push_back((thread_cpu_ms() - cpu0) * 1e3 / static_cast<double>(plan.num_slots()));
-        // `base` includes the trainer's tensors; what the reload adds above them:
-        peak_above = std::max(peak_above, static_cast<double>(peak_bytes(device) - base) / GiB);
+        // `base` includes the source's tensors; what the reload adds above them:
+        m.peak_above = std::max(m.peak_above, static_cast<double>(peak_bytes(device) - base) / GiB);
         drift += r.drift;
         verified = r.addresses_verified;
-        if (rep == reps / 2) phases = r.times;
+        m.adopted = r.tensors_adopted;
+        if (rep == n / 2) m.phases = r.times;
       }
-      reload_ms = median(wall);
-      host_us = median(host);
+      m.ms = median(wall);
+      m.host_us = median(host);
+      std::printf("  %-34s %9.2f ms  (host %.2f us/slot, %zu tensors adopted, peak +%.2f GiB)\n", what, m.ms,
+                  m.host_us, m.adopted, m.peak_above);
+      std::fflush(stdout);
+      return m;
+    };
+    gk::ReloadOptions adopt = eng.reload_engine().options(), copy = adopt;
+    adopt.adopt_source_tensors = true;
+    copy.adopt_source_tensors = false;
+    Measured gpu, gpu_copy, pinned, st;
+    {
+      const std::vector<gk::NamedTensor> w = trainer_params(plan, device);
+      gpu = measure("reload, trainer's tensors adopted", reps, [&] {
+        gk::InMemorySource src(w);
+        return eng.reload_engine().reload(src, adopt);
+      });
     }
+    release_cache(device);
+    {
+      const std::vector<gk::NamedTensor> w = trainer_weights(shapes, device);
+      gpu_copy = measure("reload, checkpoint tensors copied", reps, [&] {
+        gk::InMemorySource src(w);
+        return eng.reload_engine().reload(src, copy);
+      });
+    }
+    release_cache(device);
+    if (device.is_cuda()) {
+      const std::vector<gk::NamedTensor> w = pinned_weights(shapes, device);
+      pinned = measure("reload from pinned host memory", std::min(reps, 2), [&] {
+        gk::InMemorySource src(w, "pinned host weights");
+        return eng.reload_engine().reload(src, copy);
+      });
+      if (!safetensors_dir.empty()) {
+        demo::write_hf_checkpoint(safetensors_dir, cfg, w, std::size_t{4} << 30);
+        st = measure("reload from safetensors (page cache)", std::min(reps, 2),
+                     [&] { return eng.reload(safetensors_dir, copy); });
+      }
+    }
+    const double reload_ms = gpu.ms, host_us = gpu.host_us, peak_above = gpu.peak_above;
+    const gk::PhaseTimes phases = gpu.phases;
     release_cache(device);
     // The same load and PWAL into a second model, without graphkeep.
     double plain_ms = -1;
-    if (!streaming_only) {
+    if (!streaming_only && !no_plain) {
       std::vector<gk::NamedTensor> w = trainer_weights(shapes, device);
       demo::CausalLM second(cfg, device, format);
       gk::InMemorySource src(std::move(w));
@@ -336,7 +432,7 @@ int main(int argc, char** argv) {
       // last aborted) for at least `stage_window_ms`, so that the decode
       // throughput during staging is measured over many decode steps even
       // when one stage is shorter than a decode step.
-      const std::vector<gk::NamedTensor> w = trainer_weights(shapes, device);
+      const std::vector<gk::NamedTensor> w = trainer_params(plan, device);
       gk::runtime::synchronize(device);
       std::atomic<bool> done{false};
       gk::StagedReload staged;
@@ -377,11 +473,13 @@ int main(int argc, char** argv) {
       std::snprintf(b, sizeof b, "%.*f", prec, v);
       return std::string(b);
     };
-    char line[2048];
+    char line[4096];
     std::snprintf(
         line, sizeof line,
         "{\"model\": \"%s\", \"format\": \"%s\", \"weights_gib\": %.3f, \"graphs\": %zu, \"recapture_all_ms\": %.2f, "
         "\"d2d_copy_ms\": %.3f, \"pinned_h2d_ms\": %.3f, \"reload_gpu_source_ms\": %.3f, "
+        "\"reload_gpu_source_copy_ms\": %.3f, \"reload_pinned_source_ms\": %s, \"reload_safetensors_ms\": %s, "
+        "\"tensors_adopted\": %zu, \"host_us_per_slot_copy\": %.2f, \"stage_adopts\": %s, "
         "\"load_pwal_no_graphkeep_ms\": %s, \"stage_ms\": %s, \"pause_ms\": %s, \"decode_tok_s_idle\": %.1f, "
         "\"decode_tok_s_during_stage\": %s, \"decode_steps_during_stage\": %lld, \"stages\": %d, \"peak_above_model_gib\": %.3f, "
         "\"largest_layer_gib\": %.3f, \"host_us_per_slot\": %.2f, \"slots\": %zu, \"captured_gib\": %.3f, "
@@ -389,6 +487,8 @@ int main(int argc, char** argv) {
         "\"copy\": %.3f, \"verify\": %.3f}, \"reps\": %d, "
         "\"addresses_verified\": %zu, \"drift\": %zu, \"batch\": %lld, \"streaming_only\": %s, \"device\": \"%s\"}",
         model.c_str(), format_name.c_str(), weights_bytes / GiB, eng.num_graphs(), recapture_ms, d2d, h2d, reload_ms,
+        gpu_copy.ms, num(device.is_cuda() ? pinned.ms : -1, 3).c_str(), num(safetensors_dir.empty() ? -1 : st.ms, 3).c_str(),
+        gpu.adopted, gpu_copy.host_us, adopt_stage ? "true" : "false",
         num(plain_ms, 3).c_str(), num(stage_ms, 3).c_str(), num(pause_ms, 3).c_str(), idle, num(during, 1).c_str(),
         static_cast<long long>(served), stage_count, peak_above, largest_layer / GiB,
         host_us, plan.num_slots(), static_cast<double>(captured) / GiB, phases.detach_ms, phases.load_ms,
