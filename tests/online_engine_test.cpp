@@ -8,6 +8,8 @@
 
 #include <graphkeep/reload/reload_engine.h>
 
+#include <torch/nn/module.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -49,6 +51,30 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   }
   REQUIRE_FALSE(at::equal(expected[0], expected[1]));
   REQUIRE(at::equal(eng.decode(tokens, pos), expected[0]));
+  {
+    // A trainer that keeps the engine's layout hands over whole parameters
+    // (fused q/k/v and gate/up) by parameter name: the parameters of a second
+    // engine loaded with B. Adopted, they give B's logits bit for bit.
+    demo::LlmEngineOptions eager;
+    eager.batch_sizes = {};
+    gk::InMemorySource b(weights[1]);
+    demo::LlmEngine trainer(c, device, demo::WeightFormat::dense, b, eager);
+    std::vector<gk::NamedTensor> whole;
+    for (const gk::LayerPlan& lp : trainer.reload_engine().plan().layers())
+      for (const gk::CheckpointParam& cp : lp.params) {
+        at::Tensor t = lp.module->named_parameters(/*recurse=*/false).find(cp.param) != nullptr
+                           ? lp.module->named_parameters(false)[cp.param]
+                           : lp.module->named_buffers(false)[cp.param];
+        whole.push_back({lp.full_name(cp.param), t.detach().clone(), 0});
+      }
+    gk::InMemorySource src(whole);
+    const gk::ReloadReport r = eng.reload(src);
+    CHECK(r.tensors_adopted == whole.size());
+    CHECK(at::equal(eng.decode(tokens, pos), expected[1]));
+    gk::InMemorySource a(weights[0]);
+    eng.reload(a);
+    REQUIRE(at::equal(eng.decode(tokens, pos), expected[0]));
+  }
   const std::uint64_t version0 = eng.reload_engine().weight_version();
 
   std::mutex mu;
