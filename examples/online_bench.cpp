@@ -270,6 +270,7 @@ int main(int argc, char** argv) {
   std::string safetensors_dir;  // where to write the checkpoint for reload_safetensors_ms
   double stage_window_ms = 2000;  // how long stage() is repeated while decoding
   int reps = 3;                   // streaming reloads measured (median)
+  std::int64_t layers = 0;        // > 0: the model's layer count (the slot count of a big model, small tensors)
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     auto val = [&]() -> std::string {
@@ -287,9 +288,10 @@ int main(int argc, char** argv) {
     else if (k == "--safetensors-dir") safetensors_dir = val();
     else if (k == "--stage-window-ms") stage_window_ms = std::stod(val());
     else if (k == "--reps") reps = std::max(1, std::stoi(val()));
+    else if (k == "--layers") layers = std::stoll(val());
     else {
       std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
-                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--safetensors-dir DIR] [--stage-window-ms MS] [--reps N] [--json FILE]\n");
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--safetensors-dir DIR] [--stage-window-ms MS] [--reps N] [--layers N] [--json FILE]\n");
       return 2;
     }
   }
@@ -297,7 +299,8 @@ int main(int argc, char** argv) {
     at::NoGradGuard no_grad;
     const bool cuda = device_name == "cuda" || (device_name == "auto" && gk::runtime::cuda_device_available());
     const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-    const demo::HfConfig cfg = model_config(model);
+    demo::HfConfig cfg = model_config(model);
+    if (layers > 0) cfg.num_hidden_layers = layers;
     const demo::WeightFormat format = demo::parse_weight_format(format_name);
     const std::vector<Shape> shapes = checkpoint_shapes(cfg, device);
     release_cache(device);
