@@ -141,7 +141,7 @@ Compare compare(const std::pair<at::Tensor, at::Tensor>& got, const std::pair<at
 // meanwhile against the one computed before staging began (bitwise: replay is
 // deterministic), so a mix of old and new weights would show.
 struct OnlineStep {
-  std::shared_ptr<gk::StagedReload> staged;
+  gk::StagedReload staged;  // move-only: the step owns it until the commit
   double stage_ms = 0, served_per_s = 0, idle_per_s = 0;
   std::int64_t served = 0, mixed = 0;
 };
@@ -159,11 +159,10 @@ OnlineStep stage_while_serving(demo::LlmEngine& eng, const std::string& dir, std
   }
   std::atomic<bool> done{false};
   std::exception_ptr error;
-  o.staged = std::make_shared<gk::StagedReload>();
   std::thread stager([&] {
     const gk::Stopwatch w;
     try {
-      *o.staged = eng.stage(dir);
+      o.staged = eng.stage(dir);
     } catch (...) {
       error = std::current_exception();
     }
@@ -257,9 +256,9 @@ int main(int argc, char** argv) {
       std::string online_note;
       try {
         if (args.online) {
-          const OnlineStep o = stage_while_serving(eng, dir, args.batch, args.prompt);
+          OnlineStep o = stage_while_serving(eng, dir, args.batch, args.prompt);
           const gk::Stopwatch commit_watch;
-          r = eng.commit(std::move(*o.staged));
+          r = eng.commit(std::move(o.staged));
           online_pause = commit_watch.elapsed_ms();
           char buf[256];
           std::snprintf(buf, sizeof buf,
