@@ -77,6 +77,13 @@ struct Compare {
   double rel() const { return max_abs / std::max(1.0, max_ref); }
 };
 
+// `text` followed by `rel` as "%.3g" prints it.
+std::string concat_rel(const std::string& text, double rel) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", rel);
+  return text + buf;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -178,26 +185,22 @@ int main(int argc, char** argv) {
         decode.add(eng->decode(tokens.select(1, t), pos, checked), want.select(1, t));
       }
       const bool ok = prefill.rel() <= tol && decode.rel() <= tol;
-      // transformers' own rounding error in the checkpoint's dtype, where the
-      // reference recorded it: its logits against float32 on the same weights.
+      // The scale of the comparison, from transformers alone: for the dense
+      // format its own rounding error in the checkpoint's dtype (its logits
+      // against float32 on the same weights, where the reference recorded
+      // them); for a quantized format how far the format itself moves its
+      // logits (against the dense ones).
+      auto reference_gap = [&](const std::string& other_key, const std::string& label) {
+        Compare f;
+        const std::int64_t V = want.size(-1);
+        f.add(want.reshape({-1, V}), need(ref, s + "." + other_key).to(at::kFloat).reshape({-1, V}));
+        return concat_rel(" | transformers " + label + ": rel ", f.rel());
+      };
       std::string floor;
-      if (format == demo::WeightFormat::dense && ref.count(s + ".logits_f32")) {
-        Compare f;
-        const std::int64_t V = want.size(-1);
-        f.add(want.reshape({-1, V}), need(ref, s + ".logits_f32").reshape({-1, V}));
-        char buf[96];
-        std::snprintf(buf, sizeof buf, " | transformers %s vs float32: rel %.3g", c10::toString(cfg.dtype), f.rel());
-        floor = buf;
-      } else if (format != demo::WeightFormat::dense) {
-        // How far the format itself moves transformers' logits: the scale on
-        // which the engine's quantized logits are compared.
-        Compare f;
-        const std::int64_t V = want.size(-1);
-        f.add(want.reshape({-1, V}), need(ref, s + ".logits").to(at::kFloat).reshape({-1, V}));
-        char buf[96];
-        std::snprintf(buf, sizeof buf, " | transformers %s vs dense: rel %.3g", a.format.c_str(), f.rel());
-        floor = buf;
-      }
+      if (format == demo::WeightFormat::dense && ref.count(s + ".logits_f32"))
+        floor = reference_gap("logits_f32", std::string(c10::toString(cfg.dtype)) + " vs float32");
+      else if (format != demo::WeightFormat::dense)
+        floor = reference_gap("logits", a.format + " vs dense");
       pass = pass && ok;
       std::printf(
           "%s: %s | prefill (eager) max|diff| %.3g (rel %.3g), argmax %lld/%lld | decode (graphs) max|diff| %.3g "
