@@ -267,6 +267,7 @@ int main(int argc, char** argv) {
   bool streaming_only = false;  // no second model and no staged copy: for models that fill the GPU
   bool no_plain = false;        // no second model (the plain load + PWAL baseline)
   bool adopt_stage = true;      // stage() adopts the trainer's tensors (else copies them)
+  bool high_priority = true;    // LlmEngineOptions::high_priority_serving
   std::string safetensors_dir;  // where to write the checkpoint for reload_safetensors_ms
   double stage_window_ms = 2000;  // how long stage() is repeated while decoding
   int reps = 3;                   // streaming reloads measured (median)
@@ -285,13 +286,14 @@ int main(int argc, char** argv) {
     else if (k == "--streaming-only") streaming_only = true;
     else if (k == "--no-plain") no_plain = true;
     else if (k == "--copy-stage") adopt_stage = false;
+    else if (k == "--same-priority") high_priority = false;
     else if (k == "--safetensors-dir") safetensors_dir = val();
     else if (k == "--stage-window-ms") stage_window_ms = std::stod(val());
     else if (k == "--reps") reps = std::max(1, std::stoi(val()));
     else if (k == "--layers") layers = std::stoll(val());
     else {
       std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
-                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--safetensors-dir DIR] [--stage-window-ms MS] [--reps N] [--layers N] [--json FILE]\n");
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--safetensors-dir DIR] [--stage-window-ms MS] [--reps N] [--layers N] [--json FILE]\n");
       return 2;
     }
   }
@@ -327,6 +329,7 @@ int main(int argc, char** argv) {
     demo::LlmEngineOptions opts;
     opts.max_len = 64;
     opts.reload.adopt_source_tensors = adopt_stage;  // what stage() does with the trainer's tensors
+    opts.high_priority_serving = high_priority;
     const gk::Stopwatch build_watch;
     RandomDeviceSource first(shapes, device);
     demo::LlmEngine eng(cfg, device, format, first, opts);
@@ -386,7 +389,7 @@ int main(int argc, char** argv) {
       const std::vector<gk::NamedTensor> w = trainer_params(plan, device);
       gpu = measure("reload, trainer's tensors adopted", reps, [&] {
         gk::InMemorySource src(w);
-        return eng.reload_engine().reload(src, adopt);
+        return eng.reload(src, adopt);
       });
     }
     release_cache(device);
@@ -394,7 +397,7 @@ int main(int argc, char** argv) {
       const std::vector<gk::NamedTensor> w = trainer_weights(shapes, device);
       gpu_copy = measure("reload, checkpoint tensors copied", reps, [&] {
         gk::InMemorySource src(w);
-        return eng.reload_engine().reload(src, copy);
+        return eng.reload(src, copy);
       });
     }
     release_cache(device);
@@ -402,7 +405,7 @@ int main(int argc, char** argv) {
       const std::vector<gk::NamedTensor> w = pinned_weights(shapes, device);
       pinned = measure("reload from pinned host memory", std::min(reps, 2), [&] {
         gk::InMemorySource src(w, "pinned host weights");
-        return eng.reload_engine().reload(src, copy);
+        return eng.reload(src, copy);
       });
       if (!safetensors_dir.empty()) {
         demo::write_hf_checkpoint(safetensors_dir, cfg, w, std::size_t{4} << 30);
@@ -428,6 +431,7 @@ int main(int argc, char** argv) {
     release_cache(device);
     // Online: stage on another thread while this one decodes, then commit.
     double stage_ms = -1, pause_ms = -1, during = -1;
+    std::string stage_note;
     std::int64_t served = 0;
     int stage_count = 0;
     if (!streaming_only) {
@@ -460,13 +464,21 @@ int main(int argc, char** argv) {
       });
       during = decode_tok_s(eng, batch, 0, &done, &served);
       stager.join();
-      if (error) std::rethrow_exception(error);
-      stage_ms = stage_total / std::max(stages, 1);
-      stage_count = stages;
-      const gk::Stopwatch t;
-      const gk::ReloadReport r = eng.commit(std::move(staged));
-      pause_ms = t.elapsed_ms();
-      drift += r.drift;
+      try {
+        if (error) std::rethrow_exception(error);
+        stage_ms = stage_total / std::max(stages, 1);
+        stage_count = stages;
+        const gk::Stopwatch t;
+        const gk::ReloadReport r = eng.commit(std::move(staged));
+        pause_ms = t.elapsed_ms();
+        drift += r.drift;
+      } catch (const c10::OutOfMemoryError& e) {
+        // The row keeps what was measured; stage_ms and pause_ms stay null.
+        const std::string what = e.what();
+        stage_note = "staging did not fit on the device: " + what.substr(0, what.find('\n'));
+        during = -1;
+        std::printf("  %s\n", stage_note.c_str());
+      }
     }
     const double recapture_ms = eng.recapture();
 
@@ -488,7 +500,7 @@ int main(int argc, char** argv) {
         "\"largest_layer_gib\": %.3f, \"host_us_per_slot\": %.2f, \"slots\": %zu, \"captured_gib\": %.3f, "
         "\"reload_phases_ms\": {\"detach\": %.3f, \"load\": %.3f, \"pwal\": %.3f, \"check\": %.3f, "
         "\"copy\": %.3f, \"verify\": %.3f}, \"reps\": %d, "
-        "\"addresses_verified\": %zu, \"drift\": %zu, \"batch\": %lld, \"streaming_only\": %s, \"device\": \"%s\"}",
+        "\"addresses_verified\": %zu, \"drift\": %zu, \"batch\": %lld, \"streaming_only\": %s, \"stage_note\": \"%s\", \"high_priority_serving\": %s, \"device\": \"%s\"}",
         model.c_str(), format_name.c_str(), weights_bytes / GiB, eng.num_graphs(), recapture_ms, d2d, h2d, reload_ms,
         gpu_copy.ms, num(device.is_cuda() ? pinned.ms : -1, 3).c_str(), num(safetensors_dir.empty() ? -1 : st.ms, 3).c_str(),
         gpu.adopted, gpu_copy.host_us, adopt_stage ? "true" : "false",
@@ -496,7 +508,8 @@ int main(int argc, char** argv) {
         static_cast<long long>(served), stage_count, peak_above, largest_layer / GiB,
         host_us, plan.num_slots(), static_cast<double>(captured) / GiB, phases.detach_ms, phases.load_ms,
         phases.pwal_ms, phases.check_ms, phases.copy_ms, phases.verify_ms, reps, verified, drift,
-        static_cast<long long>(batch), streaming_only ? "true" : "false", device.str().c_str());
+        static_cast<long long>(batch), streaming_only ? "true" : "false", stage_note.c_str(),
+        opts.high_priority_serving ? "true" : "false", device.str().c_str());
     std::printf("%s\n", line);
     if (!json.empty()) std::ofstream(json, std::ios::app) << line << "\n";
     return drift == 0 ? 0 : 1;

@@ -433,9 +433,14 @@ struct ReloadEngine::Impl {
           materialized[p.param] = 1;
           continue;
         }
+        const bool whole = cp.tensors.size() == 1 && cp.tensors.front().num_shards == 1;
+        // A plain module has no loader of its own: adopt before allocating.
+        if (lp.layer == nullptr && adopt && whole && try_adopt(lp, run, p, handle(p.param), device_of(p.param), rep)) {
+          materialized[p.param] = 1;
+          continue;
+        }
         LoadRequest req{cp, p.tensor, p.shard, p.value, materialize(p.param)};
         if (lp.layer != nullptr && lp.layer->load_weight(req)) continue;
-        const bool whole = cp.tensors.size() == 1 && cp.tensors.front().num_shards == 1;
         if (!(adopt && whole && try_adopt(lp, run, p, handle(p.param), device_of(p.param), rep))) default_load(req);
       }
       for (std::size_t pi = 0; pi < n; ++pi) materialize(pi);

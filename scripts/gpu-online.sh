@@ -13,6 +13,11 @@ export GK_TARGETS="${GK_ONLINE_TARGETS:-gk-online-bench gk-rl-demo test_cuda_gra
 export GK_CTEST_ARGS="${GK_ONLINE_CTEST:--R (test_cuda_graph|test_online_engine_gpu)$}"
 export GK_AFTER="
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+if [ \"${GK_SLOTS:-1}\" = 1 ]; then
+  # The 8B model's slot count (32 layers) with tiny tensors: graphkeep's own host work per slot.
+  echo '== gk-online-bench tiny --layers 32'
+  timeout 120 ./examples/gk-online-bench --model tiny --layers 32 --reps 9 --stage-window-ms 500 --json $LOG/online_h200.json
+fi
 for f in ${GK_FORMATS:-dense fp8}; do
   st=; [ \"\$f\" = dense ] && [ \"${GK_SAFETENSORS:-1}\" = 1 ] && st=\"--safetensors-dir /tmp/gk-st-8b\"
   echo \"== gk-online-bench llama8b \$f \$st\"; timeout 240 ./examples/gk-online-bench --model llama8b --format \$f \$st --json $LOG/online_h200.json
@@ -23,7 +28,7 @@ if [ \"${GK_MOE:-1}\" = 1 ]; then
   # without the plain baseline (a second 57 GiB model does not fit). If it
   # does not fit, the streaming reload alone.
   echo '== gk-online-bench qwen3moe30b dense (no plain baseline)'
-  timeout 300 ./examples/gk-online-bench --model qwen3moe30b --format dense --no-plain --json $LOG/online_h200.json || {
+  timeout 270 ./examples/gk-online-bench --model qwen3moe30b --format dense --no-plain --json $LOG/online_h200.json || {
     echo '== gk-online-bench qwen3moe30b dense (streaming only)'
     timeout 240 ./examples/gk-online-bench --model qwen3moe30b --format dense --streaming-only --json $LOG/online_h200.json; }
 fi

@@ -6,6 +6,7 @@
 #include <graphkeep/sources/hf_checkpoint.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
 #ifdef GRAPHKEEP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -83,9 +84,28 @@ LlmEngine::LlmEngine(const HfConfig& cfg, c10::Device device, WeightFormat forma
   start();
 }
 
+std::optional<c10::StreamGuard> LlmEngine::serving() const {
+  if (!serve_stream_) return std::nullopt;
+  return std::optional<c10::StreamGuard>(std::in_place, *serve_stream_);
+}
+
+void LlmEngine::wait_serving() const {
+  if (serve_stream_)
+    serve_stream_->synchronize();
+  else
+    gk::runtime::synchronize(model_->device());
+}
+
 void LlmEngine::start() {
   const HfConfig& cfg = model_->config();
   const c10::Device device = model_->device();
+#ifdef GRAPHKEEP_WITH_CUDA
+  if (device.is_cuda() && options_.high_priority_serving) {
+    gk::runtime::synchronize(device);  // the first load ran on the current stream
+    serve_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index()).unwrap();
+  }
+#endif
+  const auto guard = serving();
   std::sort(options_.batch_sizes.begin(), options_.batch_sizes.end());
   const std::int64_t max_batch = std::max<std::int64_t>(
       {std::int64_t{1}, options_.max_seqs, options_.batch_sizes.empty() ? 0 : options_.batch_sizes.back()});
@@ -149,14 +169,16 @@ void LlmEngine::capture_graphs() {
 }
 
 double LlmEngine::recapture() {
+  const auto guard = serving();
   engine_->prepare();
   capture_graphs();
   return capture_ms_;
 }
 
 at::Tensor LlmEngine::run_eager(const at::Tensor& ids, const TokenBatch& batch) {
+  const auto guard = serving();
   at::Tensor logits = model_->forward(ids, batch, caches_, rope_);
-  gk::runtime::synchronize(model_->device());
+  wait_serving();
   return logits.to(at::kCPU).clone();
 }
 
@@ -185,12 +207,13 @@ at::Tensor LlmEngine::decode(const at::Tensor& tokens, const at::Tensor& positio
   GK_CHECK(gk::StateError, positions.size(0) == n && positions.max().item<std::int64_t>() < options_.max_len,
            "decode: positions must be [", n, "] and below max_len ", options_.max_len);
   if (checked) engine_->check_replay_allowed();
+  const auto guard = serving();
   ids_.zero_();
   positions_.zero_();
   ids_.narrow(0, 0, n).copy_(tokens);
   positions_.narrow(0, 0, n).copy_(positions);
   it->graph->replay();
-  gk::runtime::synchronize(model_->device());
+  wait_serving();  // not the device: a stage() may be running on its own stream
   return it->logits.narrow(0, 0, n).to(at::kCPU).clone();
 }
 
@@ -199,7 +222,14 @@ gk::ReloadReport LlmEngine::reload(const std::string& dir) { return reload(dir, 
 gk::ReloadReport LlmEngine::reload(const std::string& dir, const gk::ReloadOptions& options) {
   check_same_architecture(model_->config(), read_hf_config(dir), dir);
   auto src = open_checkpoint(dir, *model_);
-  return engine_->reload(*src, options);
+  return reload(*src, options);
+}
+
+gk::ReloadReport LlmEngine::reload(gk::WeightSource& weights, const gk::ReloadOptions& options) {
+  const auto guard = serving();
+  gk::ReloadReport r = engine_->reload(weights, options);
+  wait_serving();
+  return r;
 }
 
 gk::StagedReload LlmEngine::stage(const std::string& dir) {
@@ -224,8 +254,9 @@ gk::StagedReload LlmEngine::stage(gk::WeightSource& src) {
 }
 
 gk::ReloadReport LlmEngine::commit(gk::StagedReload&& staged) {
+  const auto guard = serving();
   gk::ReloadReport r = engine_->commit(std::move(staged));
-  gk::runtime::synchronize(model_->device());
+  wait_serving();
   return r;
 }
 

@@ -23,7 +23,11 @@
 #include <graphkeep/capture/replay.h>
 #include <graphkeep/reload/reload_engine.h>
 
+#include <c10/core/Stream.h>
+#include <c10/core/StreamGuard.h>
+
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +40,13 @@ struct LlmEngineOptions {
   std::int64_t max_seqs = 0;  // sequences in the KV cache; 0: the largest batch size (at least 1)
   bool shared_pool = true;    // all decode graphs in one memory pool (CUDA), else a pool each
   gk::ReloadOptions reload;
+  // CUDA: prefill, decode, reload, commit and recapture run on a stream of
+  // the engine's own with high priority, which they alone synchronize: a
+  // stage() on its default-priority stream then yields to the decode graphs
+  // (a graph launch takes its stream's priority) and no decode step waits
+  // for the stage's work. false: the calling thread's current stream, and
+  // each step waits for the whole device.
+  bool high_priority_serving = true;
 
   // 1, 2, 4, then 8 to 256 in steps of 8 (35 sizes).
   static std::vector<std::int64_t> default_batch_sizes();
@@ -71,7 +82,8 @@ class LlmEngine {
   gk::ReloadReport reload(const std::string& dir);
   gk::ReloadReport reload(const std::string& dir, const gk::ReloadOptions& options);
   // From any weight source with the checkpoint's names (no directory checks).
-  gk::ReloadReport reload(gk::WeightSource& weights) { return engine_->reload(weights); }
+  gk::ReloadReport reload(gk::WeightSource& weights) { return reload(weights, engine_->options()); }
+  gk::ReloadReport reload(gk::WeightSource& weights, const gk::ReloadOptions& options);
   // Online reload (include/graphkeep/reload/staged_reload.h): stage() checks
   // `dir` as reload() does, then loads, processes and checks its weights into
   // new storage, on the calling thread (on CUDA on a stream of its own, which
@@ -97,6 +109,10 @@ class LlmEngine {
   at::Tensor run_eager(const at::Tensor& ids, const TokenBatch& batch);
   void start();  // after the first load: KV cache, static inputs, prepare(), capture
   void capture_graphs();
+  // The serving stream's scope, and waiting for what was enqueued on it
+  // (LlmEngineOptions::high_priority_serving).
+  std::optional<c10::StreamGuard> serving() const;
+  void wait_serving() const;
 
   LlmEngineOptions options_;
   std::shared_ptr<CausalLM> model_;
@@ -111,6 +127,7 @@ class LlmEngine {
   };
   std::vector<Graph> graphs_;
   double capture_ms_ = 0;
+  std::optional<c10::Stream> serve_stream_;  // CUDA with high_priority_serving
 };
 
 }  // namespace demo
