@@ -268,6 +268,7 @@ int main(int argc, char** argv) {
   bool no_plain = false;        // no second model (the plain load + PWAL baseline)
   bool adopt_stage = true;      // stage() adopts the trainer's tensors (else copies them)
   bool high_priority = true;    // LlmEngineOptions::high_priority_serving
+  double stage_share = 1.0;     // LlmEngineOptions::stage_device_share
   std::string safetensors_dir;  // where to write the checkpoint for reload_safetensors_ms
   double stage_window_ms = 2000;  // how long stage() is repeated while decoding
   int reps = 3;                   // streaming reloads measured (median)
@@ -287,13 +288,14 @@ int main(int argc, char** argv) {
     else if (k == "--no-plain") no_plain = true;
     else if (k == "--copy-stage") adopt_stage = false;
     else if (k == "--same-priority") high_priority = false;
+    else if (k == "--stage-share") stage_share = std::stod(val());
     else if (k == "--safetensors-dir") safetensors_dir = val();
     else if (k == "--stage-window-ms") stage_window_ms = std::stod(val());
     else if (k == "--reps") reps = std::max(1, std::stoi(val()));
     else if (k == "--layers") layers = std::stoll(val());
     else {
       std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
-                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--safetensors-dir DIR] [--stage-window-ms MS] [--reps N] [--layers N] [--json FILE]\n");
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--reps N] [--layers N] [--json FILE]\n");
       return 2;
     }
   }
@@ -330,6 +332,7 @@ int main(int argc, char** argv) {
     opts.max_len = 64;
     opts.reload.adopt_source_tensors = adopt_stage;  // what stage() does with the trainer's tensors
     opts.high_priority_serving = high_priority;
+    opts.stage_device_share = stage_share;
     const gk::Stopwatch build_watch;
     RandomDeviceSource first(shapes, device);
     demo::LlmEngine eng(cfg, device, format, first, opts);
@@ -500,7 +503,7 @@ int main(int argc, char** argv) {
         "\"largest_layer_gib\": %.3f, \"host_us_per_slot\": %.2f, \"slots\": %zu, \"captured_gib\": %.3f, "
         "\"reload_phases_ms\": {\"detach\": %.3f, \"load\": %.3f, \"pwal\": %.3f, \"check\": %.3f, "
         "\"copy\": %.3f, \"verify\": %.3f}, \"reps\": %d, "
-        "\"addresses_verified\": %zu, \"drift\": %zu, \"batch\": %lld, \"streaming_only\": %s, \"stage_note\": \"%s\", \"high_priority_serving\": %s, \"device\": \"%s\"}",
+        "\"addresses_verified\": %zu, \"drift\": %zu, \"batch\": %lld, \"streaming_only\": %s, \"stage_note\": \"%s\", \"high_priority_serving\": %s, \"stage_device_share\": %.2f, \"device\": \"%s\"}",
         model.c_str(), format_name.c_str(), weights_bytes / GiB, eng.num_graphs(), recapture_ms, d2d, h2d, reload_ms,
         gpu_copy.ms, num(device.is_cuda() ? pinned.ms : -1, 3).c_str(), num(safetensors_dir.empty() ? -1 : st.ms, 3).c_str(),
         gpu.adopted, gpu_copy.host_us, adopt_stage ? "true" : "false",
@@ -509,7 +512,7 @@ int main(int argc, char** argv) {
         host_us, plan.num_slots(), static_cast<double>(captured) / GiB, phases.detach_ms, phases.load_ms,
         phases.pwal_ms, phases.check_ms, phases.copy_ms, phases.verify_ms, reps, verified, drift,
         static_cast<long long>(batch), streaming_only ? "true" : "false", stage_note.c_str(),
-        opts.high_priority_serving ? "true" : "false", device.str().c_str());
+        opts.high_priority_serving ? "true" : "false", opts.stage_device_share, device.str().c_str());
     std::printf("%s\n", line);
     if (!json.empty()) std::ofstream(json, std::ios::app) << line << "\n";
     return drift == 0 ? 0 : 1;

@@ -508,6 +508,7 @@ struct ReloadEngine::Impl {
       }
     }
     run.phase = LayerRun::Phase::processed;
+    if (!initial && o.after_layer) o.after_layer(lp.prefix);
   }
 
   // Note [Adopting source tensors]

@@ -4,7 +4,8 @@
 # Qwen3-30B-A3B-like MoE in streaming mode; then gk-rl-demo --online on CUDA
 # graphs. Rows go to $OUT/online_h200.json (one JSON object per line).
 #   through the device tool, with carry [".devdeps"]: bash scripts/gpu-online.sh
-# Narrower: GK_FORMATS="dense" GK_MOE=0 GK_DEMO=0 GK_SAFETENSORS=0 GK_ONLINE_TARGETS=gk-online-bench
+# Narrower: GK_FORMATS="dense" GK_MOE=0 GK_DEMO=0 GK_SAFETENSORS=0 GK_SLOTS=0 GK_ONLINE_TARGETS=gk-online-bench
+# More: GK_MOE_ARGS="--stage-window-ms 12000" GK_ONLINE_EXTRA="./examples/gk-online-bench ... --json \$OUT/x.json" 
 #           GK_ONLINE_CTEST="-R none" bash scripts/gpu-online.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,12 +29,13 @@ if [ \"${GK_MOE:-1}\" = 1 ]; then
   # without the plain baseline (a second 57 GiB model does not fit). If it
   # does not fit, the streaming reload alone.
   echo '== gk-online-bench qwen3moe30b dense (no plain baseline)'
-  timeout 270 ./examples/gk-online-bench --model qwen3moe30b --format dense --no-plain --json $LOG/online_h200.json || {
+  timeout 270 ./examples/gk-online-bench --model qwen3moe30b --format dense --no-plain ${GK_MOE_ARGS:-} --json $LOG/online_h200.json || {
     echo '== gk-online-bench qwen3moe30b dense (streaming only)'
     timeout 240 ./examples/gk-online-bench --model qwen3moe30b --format dense --streaming-only --json $LOG/online_h200.json; }
 fi
 if [ \"${GK_DEMO:-1}\" = 1 ]; then
   echo '== gk-rl-demo --online fp8'; ./examples/gk-rl-demo --online --steps 3 --quant fp8 --work /tmp/gk-demo-online | tail -8
 fi
+${GK_ONLINE_EXTRA:-}
 "
 bash scripts/gpu.sh

@@ -764,3 +764,28 @@ TEST_CASE("a staged reload holds adopted tensors until its commit; one written s
   CHECK(r.tensors_adopted == 3);
   CHECK(equal_bits(rig.replay(), fresh_output(3, rig.input)));
 }
+
+TEST_CASE("after_layer runs once per layer after its checks, in reload() and stage(); throwing from it fails closed") {
+  Rig<> rig;
+  std::vector<std::string> seen;
+  gk::ReloadOptions o;
+  o.after_layer = [&](const std::string& layer) { seen.push_back(layer); };
+  gk::InMemorySource src(rig.model->checkpoint(1));
+  rig.engine->reload(src, o);
+  CHECK(seen.size() == rig.engine->plan().layers().size());
+  CHECK(std::find(seen.begin(), seen.end(), "l1") != seen.end());
+  CHECK(std::find(seen.begin(), seen.end(), "norm") != seen.end());
+  seen.clear();
+  gk::InMemorySource staged_src(rig.model->checkpoint(2));
+  rig.engine->commit(rig.engine->stage(staged_src, o));
+  CHECK(seen.size() == rig.engine->plan().layers().size());
+  CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
+  // A pacing callback that throws: the stage fails and changes nothing.
+  o.after_layer = [](const std::string& layer) {
+    if (layer == "l2") throw std::runtime_error("pacing gave up");
+  };
+  gk::InMemorySource bad(rig.model->checkpoint(3));
+  CHECK_THROWS_WITH_AS(rig.engine->stage(bad, o), "pacing gave up", std::runtime_error);
+  CHECK(rig.engine->state() == gk::EngineState::ready);
+  CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
+}

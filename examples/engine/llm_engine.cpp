@@ -7,12 +7,15 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #ifdef GRAPHKEEP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
 #include <algorithm>
+#include <thread>
+#include <chrono>
 #include <functional>
 
 namespace demo {
@@ -245,12 +248,30 @@ gk::StagedReload LlmEngine::stage(gk::WeightSource& src) {
     // Its own stream: the decode graphs keep running on theirs meanwhile.
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
     c10::cuda::CUDAStreamGuard guard(side);
-    gk::StagedReload staged = engine_->stage(src);
+    gk::StagedReload staged = engine_->stage(src, paced_stage_options());
     side.synchronize();  // commit() reads the staged tensors from another stream
     return staged;
   }
 #endif
-  return engine_->stage(src);
+  return engine_->stage(src, paced_stage_options());
+}
+
+gk::ReloadOptions LlmEngine::paced_stage_options() const {
+  gk::ReloadOptions o = engine_->options();
+  const double share = options_.stage_device_share;
+  GK_CHECK(gk::StateError, share > 0 && share <= 1, "LlmEngineOptions::stage_device_share is ", share,
+           "; it must be in (0, 1]");
+  if (share >= 1) return o;
+  const c10::Device device = model_->device();
+  auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+  o.after_layer = [device, share, last](const std::string&) {
+    // The calling thread's current stream is the stage's (stage() sets it).
+    c10::impl::VirtualGuardImpl(device.type()).getStream(device).synchronize();
+    const auto busy = std::chrono::steady_clock::now() - *last;
+    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(busy * (1.0 / share - 1.0)));
+    *last = std::chrono::steady_clock::now();
+  };
+  return o;
 }
 
 gk::ReloadReport LlmEngine::commit(gk::StagedReload&& staged) {

@@ -47,6 +47,12 @@ struct LlmEngineOptions {
   // for the stage's work. false: the calling thread's current stream, and
   // each step waits for the whole device.
   bool high_priority_serving = true;
+  // In (0, 1]: stage() paces itself so that its work occupies the device
+  // about this share of the time: after each layer it waits for that layer's
+  // work and then idles (1 / share - 1) times as long as the layer took. A
+  // stage that competes with decode for memory bandwidth (PWAL quantizing
+  // the weights) then slows decode less, and takes longer. 1: no pacing.
+  double stage_device_share = 1.0;
 
   // 1, 2, 4, then 8 to 256 in steps of 8 (35 sizes).
   static std::vector<std::int64_t> default_batch_sizes();
@@ -112,6 +118,8 @@ class LlmEngine {
   // The serving stream's scope, and waiting for what was enqueued on it
   // (LlmEngineOptions::high_priority_serving).
   std::optional<c10::StreamGuard> serving() const;
+  // The reload options of a stage(), with its pacing (stage_device_share).
+  gk::ReloadOptions paced_stage_options() const;
   void wait_serving() const;
 
   LlmEngineOptions options_;

@@ -117,6 +117,12 @@ struct ReloadOptions {
   // Called at each stage with (stage, layer prefix); throwing from it injects
   // a fault there. Stages: "detach", "load", "pwal", "check", "copy", "commit".
   std::function<void(std::string_view stage, const std::string& layer)> fault_hook;
+  // Called on the reloading thread after each layer's PWAL and checks, with
+  // the layer's prefix, in reload() and stage(). An engine paces a stage()
+  // here: waiting in it leaves the device to the serving graphs for a while
+  // (the example engine's LlmEngineOptions::stage_device_share). Throwing
+  // from it fails the reload or the stage as a fault would.
+  std::function<void(const std::string& layer)> after_layer;
   // Transactional mode only: called once after every layer is loaded, PWAL'd
   // and checked and the completion gate passed, right before the first
   // commit. Throwing from it aborts the reload with a full rollback (every
