@@ -80,6 +80,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   std::mutex mu;
   std::condition_variable cv;
   std::optional<gk::StagedReload> slot;  // staged, waiting for the serving thread
+  bool handled = true;  // the serving thread has committed or aborted the last one (stage() may run again)
   int slot_weights = 0;
   std::atomic<int> current{0};  // which weights are committed (written by the serving thread)
   std::atomic<bool> staging{false}, done{false};
@@ -90,7 +91,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
       for (int round = 0; round < kRounds; ++round) {
         {
           std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return !slot.has_value(); });
+          cv.wait(lock, [&] { return handled; });
         }
         const int target = 1 - current.load();
         gk::InMemorySource src(weights[target]);
@@ -101,6 +102,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
         std::lock_guard<std::mutex> lock(mu);
         slot.emplace(std::move(s));
         slot_weights = target;
+        handled = false;
       }
     } catch (const std::exception& e) {
       stager_error = e.what();
@@ -140,6 +142,11 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
         ++aborts;
       }
       s.reset();
+      {
+        // Only now may the next stage() begin: one call on the engine at a time.
+        std::lock_guard<std::mutex> lock(mu);
+        handled = true;
+      }
       cv.notify_all();
     } else if (done.load()) {
       break;
@@ -148,7 +155,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   stager.join();
   MESSAGE(steps << " decode steps (" << during_stage << " while stage() ran), " << commits << " commits, " << aborts
                 << " aborts; longest commit pause " << max_pause_ms << " ms");
-  CHECK(stager_error.empty());
+  CHECK_MESSAGE(stager_error.empty(), stager_error);
   CHECK(wrong == 0);
   CHECK(commits + aborts == kRounds);
   CHECK(commits > kRounds / 2);
