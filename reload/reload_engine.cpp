@@ -433,15 +433,16 @@ struct ReloadEngine::Impl {
           materialized[p.param] = 1;
           continue;
         }
+        // The layer's own loader first (it needs its target materialized); a
+        // plain module has none, so its parameter is adopted before allocating.
+        if (lp.layer != nullptr && lp.layer->load_weight({cp, p.tensor, p.shard, p.value, materialize(p.param)}))
+          continue;
         const bool whole = cp.tensors.size() == 1 && cp.tensors.front().num_shards == 1;
-        // A plain module has no loader of its own: adopt before allocating.
-        if (lp.layer == nullptr && adopt && whole && try_adopt(lp, run, p, handle(p.param), device_of(p.param), rep)) {
+        if (adopt && whole && try_adopt(lp, run, p, handle(p.param), device_of(p.param), rep)) {
           materialized[p.param] = 1;
           continue;
         }
-        LoadRequest req{cp, p.tensor, p.shard, p.value, materialize(p.param)};
-        if (lp.layer != nullptr && lp.layer->load_weight(req)) continue;
-        if (!(adopt && whole && try_adopt(lp, run, p, handle(p.param), device_of(p.param), rep))) default_load(req);
+        default_load({cp, p.tensor, p.shard, p.value, materialize(p.param)});
       }
       for (std::size_t pi = 0; pi < n; ++pi) materialize(pi);
       run.pending.clear();
