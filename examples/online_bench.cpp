@@ -101,6 +101,11 @@ struct Shape {
   std::string name;
   std::vector<std::int64_t> shape;
   at::ScalarType dtype;
+  std::int64_t nbytes() const {
+    std::int64_t n = static_cast<std::int64_t>(c10::elementSize(dtype));
+    for (auto d : shape) n *= d;
+    return n;
+  }
 };
 
 // The checkpoint's tensors, read off a model built on `device` (then freed).
@@ -158,23 +163,17 @@ std::vector<gk::NamedTensor> trainer_params(const gk::SlotPlan& plan, c10::Devic
 // caching host allocator would round each tensor up to a power of two),
 // carved into 256-byte-aligned tensors.
 std::vector<gk::NamedTensor> pinned_weights(const std::vector<Shape>& shapes, c10::Device device) {
-  auto bytes_of = [](const Shape& s) {
-    std::int64_t n = static_cast<std::int64_t>(c10::elementSize(s.dtype));
-    for (auto d : s.shape) n *= d;
-    return (n + 255) / 256 * 256;
-  };
+  auto aligned = [](const Shape& s) { return (s.nbytes() + 255) / 256 * 256; };
   std::int64_t total = 0;
-  for (const Shape& s : shapes) total += bytes_of(s);
+  for (const Shape& s : shapes) total += aligned(s);
   at::Tensor buffer = at::empty({total}, at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda()));
   std::vector<gk::NamedTensor> out;
   std::int64_t off = 0;
   for (const Shape& s : shapes) {
-    std::int64_t n = static_cast<std::int64_t>(c10::elementSize(s.dtype));
-    for (auto d : s.shape) n *= d;
-    at::Tensor t = buffer.narrow(0, off, n).view(s.dtype).view(s.shape);
+    at::Tensor t = buffer.narrow(0, off, s.nbytes()).view(s.dtype).view(s.shape);
     t.copy_(random_tensor(s, device));
     out.push_back({s.name, t, 0});
-    off += bytes_of(s);
+    off += aligned(s);
   }
   return out;
 }
@@ -311,9 +310,7 @@ int main(int argc, char** argv) {
     std::map<std::string, double> layer_bytes;
     double weights_bytes = 0;
     for (const Shape& s : shapes) {
-      std::int64_t n = 1;
-      for (auto d : s.shape) n *= d;
-      const double b = static_cast<double>(n) * static_cast<double>(c10::elementSize(s.dtype));
+      const double b = static_cast<double>(s.nbytes());
       weights_bytes += b;
       const auto p = s.name.find(".layers.");
       const std::string layer = p == std::string::npos ? s.name

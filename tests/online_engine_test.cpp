@@ -62,9 +62,9 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     std::vector<gk::NamedTensor> whole;
     for (const gk::LayerPlan& lp : trainer.reload_engine().plan().layers())
       for (const gk::CheckpointParam& cp : lp.params) {
-        at::Tensor t = lp.module->named_parameters(/*recurse=*/false).find(cp.param) != nullptr
-                           ? lp.module->named_parameters(false)[cp.param]
-                           : lp.module->named_buffers(false)[cp.param];
+        const auto params = lp.module->named_parameters(/*recurse=*/false);
+        const at::Tensor* p = params.find(cp.param);
+        const at::Tensor t = p != nullptr ? *p : lp.module->named_buffers(/*recurse=*/false)[cp.param];
         whole.push_back({lp.full_name(cp.param), t.detach().clone(), 0});
       }
     gk::InMemorySource src(whole);
