@@ -735,11 +735,11 @@ TEST_CASE("a failed stage that changed the object tree: replay stays right, the 
   gk::InMemorySource recover(optional_checkpoint(2));
   engine.reload(recover);
   graph.replay();
-  CHECK(output.equal(at::linspace(-1.0, 1.0, 4) + optional_checkpoint(2)[0].value * 3.0f));
+  CHECK(output.equal(input + optional_checkpoint(2)[0].value * 3.0f));
   gk::InMemorySource again(optional_checkpoint(3));
   engine.stage(again).commit();
   graph.replay();
-  CHECK(output.equal(at::linspace(-1.0, 1.0, 4) + optional_checkpoint(3)[0].value * 3.0f));
+  CHECK(output.equal(input + optional_checkpoint(3)[0].value * 3.0f));
   CHECK(engine.weight_version() == 2);
 }
 
