@@ -13,6 +13,8 @@
 //   GK_FUZZ_SEED   the seed (default 1414)
 //   GK_FUZZ_ITERS  iterations: random structures, 4-8 reloads each (default 1000)
 //   GK_FUZZ_FIRST  the first iteration (default 0)
+//   GK_FUZZ_ADOPT  set: every reload adopts the weight set's tensors
+//                  (ReloadOptions::adopt_source_tensors) where it can
 // Each iteration seeds its own PRNG from (seed, iteration), so a failing one
 // replays alone: GK_FUZZ_SEED=s GK_FUZZ_FIRST=i GK_FUZZ_ITERS=1. The loop runs
 // in a child process of this binary (--gk-child=structure_fuzz, also runnable
@@ -790,6 +792,10 @@ std::string check_invariant(Rig& rig, const at::Tensor& expected, bool& allowed)
   return {};
 }
 
+// GK_FUZZ_ADOPT, and how a reproduction line repeats it.
+bool adopting() { return std::getenv("GK_FUZZ_ADOPT") != nullptr; }
+std::string adopt_env() { return adopting() ? "GK_FUZZ_ADOPT=1 " : ""; }
+
 // One reload call with the op's options and PWAL behaviours.
 struct Outcome {
   std::string label, message;  // label: "ok", the gk::Error kind, "injected fault" or "unexpected exception"
@@ -798,6 +804,7 @@ Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::Name
   gk::ReloadOptions o;
   o.mode = op.mode;
   o.restore_in_place_writes = op.restore_in_place_writes;
+  o.adopt_source_tensors = adopting();
   if (!op.fault_stage.empty())
     o.fault_hook = [stage = op.fault_stage, layer = op.fault_layer](std::string_view s, const std::string& l) {
       if (s == stage && l == layer) throw std::runtime_error("injected fault at " + stage + "@" + layer);
@@ -809,7 +816,8 @@ Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::Name
   Outcome r{"ok", "ok"};
   try {
     gk::InMemorySource src(std::move(weights), "fuzz weights");
-    engine.reload(src, o);
+    const gk::ReloadReport rep = engine.reload(src, o);
+    if (rep.tensors_adopted > 0) g_counts["reload: tensors adopted"] += static_cast<int64_t>(rep.tensors_adopted);
   } catch (const gk::Error& e) {
     const char* kinds[] = {"DeclarationError", "WeightError", "MismatchError", "DriftError", "StateError", "InternalError"};
     r.label = kinds[static_cast<int>(e.kind())];
@@ -831,9 +839,10 @@ void run_iteration(uint64_t seed, int64_t it) {
   std::vector<std::string> log;
   auto violation = [&](const std::string& key, const std::string& what) {
     std::printf("@@VIOLATION %s\n", key.c_str());
-    std::printf("seed %llu, iteration %lld  (reproduce: GK_FUZZ_SEED=%llu GK_FUZZ_FIRST=%lld GK_FUZZ_ITERS=1 "
+    std::printf("seed %llu, iteration %lld  (reproduce: %sGK_FUZZ_SEED=%llu GK_FUZZ_FIRST=%lld GK_FUZZ_ITERS=1 "
                 "test_structure_fuzz)\nstructure: %s\n",
-                static_cast<unsigned long long>(seed), static_cast<long long>(it), static_cast<unsigned long long>(seed),
+                static_cast<unsigned long long>(seed), static_cast<long long>(it), adopt_env().c_str(),
+                static_cast<unsigned long long>(seed),
                 static_cast<long long>(it), describe(spec).c_str());
     for (const auto& l : log) std::printf("  %s\n", l.c_str());
     std::printf("VIOLATION: %s\n@@END\n", what.c_str());
@@ -1058,7 +1067,7 @@ TEST_CASE("random model structures: after every reload, replay equals a fresh mo
     // A crash or a hang: report the iteration with its log, go on after it.
     auto& g = groups["crash or hang (exit code " + std::to_string(r.exit_code) + (r.signaled ? ", signal" : "") + ")"];
     const std::string example = "seed " + std::to_string(cfg.seed) + ", iteration " + iter_log +
-                                "(reproduce: GK_FUZZ_SEED=" + std::to_string(cfg.seed) + " GK_FUZZ_FIRST=" +
+                                "(reproduce: " + sf::adopt_env() + "GK_FUZZ_SEED=" + std::to_string(cfg.seed) + " GK_FUZZ_FIRST=" +
                                 std::to_string(last_iter) + " GK_FUZZ_ITERS=1 test_structure_fuzz --gk-child=structure_fuzz)\n";
     if (g.first++ == 0 || example.size() < g.second.size()) g.second = example;
     counts["violations"] += 1;
@@ -1076,4 +1085,5 @@ TEST_CASE("random model structures: after every reload, replay equals a fresh mo
     FAIL_CHECK(g.first << " x " << k << "\nshortest example:\n" << g.second);
   CHECK(counts["violations"] == 0);
   CHECK(counts["iterations"] + counts["crashes"] == cfg.iters);  // else: stopped after 25 crashes
+  if (sf::adopting()) CHECK(counts["reload: tensors adopted"] > 0);  // the adopting path really ran
 }
