@@ -7,6 +7,7 @@
 #include <graphkeep/reload/manifest.h>
 #include <graphkeep/capture/replay.h>
 
+#include "non_finite.h"
 #include "reload_internal.h"
 
 #include <c10/core/Stream.h>
@@ -285,6 +286,9 @@ struct ReloadEngine::Impl {
     ReplayBackend* graph;  // valid only while `alive` has not expired
     std::weak_ptr<const void> alive;
     CaptureManifest manifest;
+    // Why track() refused this graph (empty: it did not). The verdict lasts
+    // as long as the graph is tracked (Note [Capture verdicts last]).
+    std::string refused;
   };
   std::vector<Tracked> graphs;
   std::vector<StaticBuffer> io;
@@ -397,7 +401,7 @@ struct ReloadEngine::Impl {
     return t;
   }
 
-  void process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+  void process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, const WeightSource& source) {
     {
       ScopedMsTimer t(rep.times.load_ms);
       fault(o, "load", lp.prefix);
@@ -446,6 +450,10 @@ struct ReloadEngine::Impl {
       }
       for (std::size_t pi = 0; pi < n; ++pi) materialize(pi);
       run.pending.clear();
+    }
+    if (!o.allow_non_finite) {
+      ScopedMsTimer t(rep.times.finite_ms);
+      refuse_non_finite(lp, source);
     }
     // PWAL may write into the captured tensors it can reach (declared
     // members, buffers it does not load, views of a parameter's storage):
@@ -510,6 +518,35 @@ struct ReloadEngine::Impl {
     }
     run.phase = LayerRun::Phase::processed;
     if (!initial && o.after_layer) o.after_layer(lp.prefix);
+  }
+
+  // Throws gk::WeightError naming the first checkpoint tensor of the layer
+  // that holds a NaN or an infinity (Note [Refusing non-finite weights] in
+  // non_finite.cpp). Reads the checkpoint-format parameters, as loaded.
+  void refuse_non_finite(LayerPlan& lp, const WeightSource& source) {
+    std::vector<at::Tensor> params;
+    params.reserve(lp.params.size());
+    for (const CheckpointParam& cp : lp.params) params.push_back(find_param_or_buffer(*lp.module, cp.param));
+    const std::vector<std::int64_t> first = detail::first_non_finite(params);
+    for (std::size_t pi = 0; pi < params.size(); ++pi) {
+      if (first[pi] < 0) continue;
+      const CheckpointParam& cp = lp.params[pi];
+      const at::Tensor& t = params[pi];
+      // The checkpoint tensor holding that element: they are concatenated
+      // along dim 0 (model/layer.h).
+      const std::int64_t row = t.dim() > 0 && t.size(0) > 0 ? first[pi] / (t.numel() / t.size(0)) : 0;
+      std::size_t ti = 0;
+      for (std::int64_t begin = 0; ti + 1 < cp.tensors.size(); ++ti) {
+        begin += cp.tensors[ti].shape.empty() ? 1 : cp.tensors[ti].shape.front();
+        if (row < begin) break;
+      }
+      const double value = t.reshape({-1})[first[pi]].item<double>();
+      const std::string name = cp.tensors.empty() ? lp.full_name(cp.param) : lp.full_name(cp.tensors[ti].name);
+      GK_THROW(WeightError, "weight '", name, "' from ", source.describe(), " holds a non-finite value (", value,
+               " at element ", first[pi], " of parameter '", lp.full_name(cp.param), "' ", t.sizes(),
+               "): refused, the served weights are unchanged. A diverged trainer writes such checkpoints; to serve "
+               "them anyway, set ReloadOptions::allow_non_finite");
+    }
   }
 
   // Note [Adopting source tensors]
@@ -749,6 +786,25 @@ struct ReloadEngine::Impl {
     return names;
   }
 
+  // Note [Capture verdicts last]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // track() refuses a graph the manifest cannot vouch for (Note [Fail closed
+  // at capture]). Verification after a reload re-checks the addresses a
+  // manifest recorded, and a manifest that recorded nothing, or only static
+  // I/O, passes that check trivially: if the refusal lived only in the
+  // engine's state, the next successful reload() or commit() would set the
+  // state back to ready and the refused graph would replay the old weights'
+  // output. So the verdict is kept with the tracked graph, and every reload,
+  // stage and commit that would make the engine ready fails closed while a
+  // refused graph is tracked. It ends with the graph: untrack() it (or
+  // recapture and prepare() again, which drops every graph).
+  std::string capture_refusals() const {
+    std::string all;
+    for (const Tracked& g : graphs)
+      if (!g.refused.empty() && !g.alive.expired()) all += (all.empty() ? "" : "\n") + g.refused;
+    return all;
+  }
+
   VerifyResult verify_all() const {
     VerifyResult all;
     CaptureManifest::SlotVerdicts verdicts(plan);  // one per slot for every graph: Note [Verify once per slot]
@@ -948,7 +1004,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOpti
     for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], o);
   }
   auto finish_layer = [&](std::size_t li) {
-    process(plan.layers()[li], runs[li], o, rep);
+    process(plan.layers()[li], runs[li], o, rep, source);
     if (o.mode == ReloadMode::streaming) {
       commit(plan.layers()[li], runs[li], o, rep);
       any_committed = true;
@@ -1049,13 +1105,23 @@ ReloadReport ReloadEngine::Impl::finish(ReloadReport& rep, const ReloadOptions& 
                            "replay is refused:\n", r.describe());
     }
   }
+  // After verification, which names what moved (Note [Capture verdicts last]).
+  if (const std::string refused = capture_refusals(); !refused.empty() && !rep.needs_recapture) {
+    state = EngineState::drift;
+    reason = refused;
+    rep.times.total_ms = total.elapsed_ms();
+    GK_THROW(DriftError, "after the reload, replay stays refused: ", refused);
+  }
   rep.times.total_ms = total.elapsed_ms();
   return rep;
 }
 
 // ---------------------------------------------------------------------------
-ReloadReport load_weights(torch::nn::Module& model, WeightSource& source) {
-  ReloadEngine::Impl impl(model, {});
+ReloadReport load_weights(torch::nn::Module& model, WeightSource& source) { return load_weights(model, source, {}); }
+ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const ReloadOptions& options) {
+  ReloadOptions o;
+  o.allow_non_finite = options.allow_non_finite;
+  ReloadEngine::Impl impl(model, o);
   impl.plan = build_slot_plan(model);
   impl.index_expected();
   impl.state = EngineState::ready;
@@ -1487,6 +1553,8 @@ void ReloadEngine::track(ReplayBackend& graph, const std::function<void()>& forw
   }
   if (problem.empty()) return;
   if (impl_->options.on_unknown_address == UnknownAddressPolicy::report) return;
+  impl_->graphs.back().refused = concat("graph '", graph.name(), "' was refused at capture and is still tracked (",
+                                        "untrack() it, or recapture and prepare() again): ", problem);
   impl_->state = EngineState::drift;
   impl_->reason = problem;
   GK_THROW(DriftError, "replay refused at capture: ", problem);
@@ -1505,7 +1573,23 @@ std::vector<std::string> ReloadEngine::slot_names() const { return impl_->plan.s
 
 void ReloadEngine::untrack(const ReplayBackend& graph) {
   Impl::Busy busy(*impl_, "untrack()");
-  impl_->untrack(graph);
+  Impl& I = *impl_;
+  const bool was_refused = std::any_of(I.graphs.begin(), I.graphs.end(), [&](const Impl::Tracked& t) {
+    return t.graph == &graph && !t.alive.expired() && !t.refused.empty();
+  });
+  I.untrack(graph);
+  // The refusal ends with the graph (Note [Capture verdicts last]): when it
+  // was what held replay back, the remaining graphs decide.
+  if (was_refused && I.state == EngineState::drift && I.capture_refusals().empty()) {
+    const VerifyResult r = I.verify_all();
+    std::lock_guard<std::mutex> lock(I.reason_mu);
+    if (r.ok()) {
+      I.state = EngineState::ready;
+      I.reason.clear();
+    } else {
+      I.reason = r.describe();
+    }
+  }
 }
 
 void ReloadEngine::add_static_io(std::string name, const at::Tensor& buffer) {

@@ -10,6 +10,7 @@
 
 #include "toy_model.h"
 
+#include <cmath>
 #include <memory>
 
 namespace {
@@ -788,4 +789,96 @@ TEST_CASE("after_layer runs once per layer after its checks, in reload() and sta
   CHECK_THROWS_WITH_AS(rig.engine->stage(bad, o), "pacing gave up", std::runtime_error);
   CHECK(rig.engine->state() == gk::EngineState::ready);
   CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
+}
+
+namespace {
+// Parameters of every dtype the check reads bit by bit, in a plain module.
+class Dtypes : public torch::nn::Module {
+ public:
+  Dtypes() {
+    for (at::ScalarType t : kTypes)
+      register_parameter(name(t), at::zeros({3, 37}, at::TensorOptions().dtype(t)), /*requires_grad=*/false);
+  }
+  static std::string name(at::ScalarType t) { return std::string("w_") + c10::toString(t); }
+  static std::vector<gk::NamedTensor> weights(float v) {
+    std::vector<gk::NamedTensor> w;
+    for (at::ScalarType t : kTypes) w.push_back({name(t), at::full({3, 37}, v).to(t)});
+    return w;
+  }
+  static constexpr at::ScalarType kTypes[] = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
+                                              at::kFloat8_e4m3fn, at::kFloat8_e5m2};
+};
+}  // namespace
+
+TEST_CASE("non-finite checkpoint values are refused by name before PWAL, in every float dtype, unless allowed") {
+  SUBCASE("the first load: NaN, +inf and -inf anywhere in a tensor of each dtype") {
+    for (at::ScalarType t : Dtypes::kTypes) {
+      for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+        if (t == at::kFloat8_e4m3fn && std::isinf(bad)) continue;  // e4m3fn has no infinity (saturates to NaN)
+        for (std::int64_t at_element : {0, 36, 110}) {
+          CAPTURE(c10::toString(t));
+          CAPTURE(bad);
+          CAPTURE(at_element);
+          Dtypes m;
+          auto w = Dtypes::weights(1.0f);
+          for (auto& nt : w)
+            if (nt.name == Dtypes::name(t)) nt.value.reshape({-1})[at_element] = bad;
+          gk::InMemorySource src(w, "weights.safetensors");
+          const std::string msg = gk::testing::message_of<gk::WeightError>([&] { gk::load_weights(m, src); });
+          CHECK(msg.find("weight '" + Dtypes::name(t) + "' from weights.safetensors holds a non-finite value") !=
+                std::string::npos);
+          CHECK(msg.find(gk::detail::concat(" at element ", at_element, " of parameter")) != std::string::npos);
+          CHECK(msg.find("ReloadOptions::allow_non_finite") != std::string::npos);
+        }
+      }
+    }
+    // Finite extremes are not mistaken for infinity: the largest finite value of each dtype.
+    Dtypes m;
+    auto w = Dtypes::weights(1.0f);
+    for (auto& nt : w)
+      if (nt.value.is_floating_point())
+        nt.value.fill_(nt.value.scalar_type() == at::kFloat8_e4m3fn ? 448.0
+                       : nt.value.scalar_type() == at::kFloat8_e5m2 ? -57344.0
+                                                                     : -65504.0);
+    gk::InMemorySource ok(w);
+    CHECK_NOTHROW(gk::load_weights(m, ok));
+  }
+  SUBCASE("a reload and a stage refuse it, naming the checkpoint tensor of a fused parameter; nothing changes") {
+    Rig<FusedModel> rig(adopting(gk::ReloadMode::transactional));
+    const at::Tensor old = rig.replay();
+    for (bool staged : {false, true}) {
+      for (bool adopt : {false, true}) {
+        CAPTURE(staged);
+        CAPTURE(adopt);
+        auto ck = rig.model->checkpoint(1);
+        ck[1].value[4][2] = std::nan("");  // fused.k.weight, row 4 of 5: element 4 * 8 + 2 of k, 7 * 8 + 2 of qk
+        gk::ReloadOptions o = adopting(gk::ReloadMode::transactional);
+        o.adopt_source_tensors = adopt;
+        gk::InMemorySource src(ck);
+        const std::string msg = gk::testing::message_of<gk::WeightError>([&] {
+          if (staged)
+            (void)rig.engine->stage(src, o);
+          else
+            (void)rig.engine->reload(src, o);
+        });
+        CHECK(msg.find("weight 'fused.k.weight' from in-memory weights holds a non-finite value (nan at element 58 "
+                       "of parameter 'fused.qk' [8, 8])") != std::string::npos);
+        CHECK(rig.engine->state() == gk::EngineState::ready);
+        CHECK(equal_bits(rig.replay(), old));
+      }
+    }
+  }
+  SUBCASE("allowed: NaN weights are served, and the next good reload serves a fresh model's output") {
+    Rig<> rig;
+    auto ck = rig.model->checkpoint(1);
+    for (auto& nt : ck) nt.value.fill_(std::nan(""));
+    gk::ReloadOptions o;
+    o.allow_non_finite = true;
+    gk::InMemorySource src(ck);
+    const gk::ReloadReport r = rig.engine->reload(src, o);
+    CHECK(r.drift == 0);
+    CHECK(rig.replay().isnan().all().item<bool>());
+    rig.reload(2);
+    CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
+  }
 }

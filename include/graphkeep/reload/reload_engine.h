@@ -95,6 +95,22 @@ struct ReloadOptions {
   // pointer is not seen). Tensors not adoptable (another device or dtype,
   // strided, an inference tensor, a view of a captured storage) are copied.
   bool adopt_source_tensors = false;
+  // With adopt_source_tensors, a stage() hashes every adopted tensor when it
+  // adopts it, and commit() hashes it again before writing anything: a
+  // tensor written since (through .data, a raw pointer or a kernel, which
+  // move no version counter) makes the commit stale, refused with nothing
+  // changed. The commit's pause grows by one read of the adopted bytes
+  // (docs/performance.md). false: no hashing; for trainers that guarantee
+  // they write no adopted tensor until the commit returns (a write then is
+  // served as a silent mix of new parameters and stale derived tensors).
+  // Note [Adopted tensors are hashed] in reload_engine.cpp.
+  bool check_adopted_content = true;
+  // Serve floating-point checkpoint tensors holding NaN or infinity. By
+  // default a reload, a stage and the first load refuse them with a
+  // gk::WeightError naming the tensor, before PWAL runs (one device read of
+  // the layer's bytes; Note [Refusing non-finite weights] in
+  // reload/non_finite.cpp).
+  bool allow_non_finite = false;
   // Full slot names whose copy-back is disabled: the fields keep PWAL's new
   // tensors, as without graphkeep. For demonstrations and negative tests.
   // Each must be a slot name (ReloadEngine::slot_names(); Note [Slot names]
@@ -147,7 +163,9 @@ std::string_view to_string(EngineState s) noexcept;
 // checkpoint-format parameters, loads `source` through the layers' loaders
 // with the same completion gate and checks as a reload, and runs PWAL.
 // Nothing is captured yet, so nothing is copied back.
+// Of `options`, only allow_non_finite applies.
 ReloadReport load_weights(torch::nn::Module& model, WeightSource& source);
+ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const ReloadOptions& options);
 
 class ReloadEngine {
  public:
@@ -231,7 +249,7 @@ class ReloadEngine {
   torch::nn::Module& model() noexcept;
 
  private:
-  friend ReloadReport load_weights(torch::nn::Module& model, WeightSource& source);
+  friend ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const ReloadOptions& options);
   friend class StagedReload;
   struct Impl;
   std::unique_ptr<Impl> impl_;
