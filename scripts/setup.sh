@@ -13,7 +13,7 @@ TORCH_VERSION=2.11.0
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-pkgs=(cmake ninja-build g++ clang libclang-rt-14-dev libboost1.81-dev doctest-dev nlohmann-json3-dev libbenchmark-dev)
+pkgs=(cmake ninja-build g++ clang libclang-rt-14-dev libboost1.81-dev doctest-dev nlohmann-json3-dev libbenchmark-dev libxxhash-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -29,7 +29,7 @@ fi
 # Optional Python packages used by some tests (reference implementations).
 # A pinned entry (pkg==version) is reinstalled when the installed version differs
 # (transformers: the oracle of tests/hf/make_reference.py).
-for mod_pkg in "safetensors:safetensors" "numpy:numpy" "transformers:transformers==4.57.6"; do
+for mod_pkg in "safetensors:safetensors" "numpy:numpy" "xxhash:xxhash" "transformers:transformers==4.57.6"; do
   mod=${mod_pkg%%:*}; pkg=${mod_pkg##*:}
   want=""; case "$pkg" in *==*) want=${pkg##*==} ;; esac
   "$PY" -c "import $mod, sys; sys.exit(0 if '$want' in ('', $mod.__version__) else 1)" 2>/dev/null ||

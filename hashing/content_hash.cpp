@@ -1,0 +1,161 @@
+// gk::content_hash: the host function (libxxhash, at::parallel_for over
+// blocks) and the CUDA dispatch (hashing/cuda/content_hash.cu), Note [Content
+// hash: gk-xxh64-blocks v1] in content_hash.h.
+#include <graphkeep/core/check.h>
+#include <graphkeep/hashing/content_hash.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <limits>
+#include <map>
+
+#if defined(GRAPHKEEP_WITH_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/content_hash_launch.h"
+#endif
+
+namespace gk {
+
+static_assert(std::endian::native == std::endian::little,
+              "the content hash combines the block digests as little-endian words, as they lie in memory here");
+
+namespace {
+
+// Blocks per parallel_for grain: 1 MiB of input.
+constexpr std::int64_t kGrainBlocks = 16;
+
+std::uint64_t host_hash(const std::byte* p, std::size_t n) {
+  const std::size_t blocks = (n + kContentHashBlockBytes - 1) / kContentHashBlockBytes;
+  std::vector<std::uint64_t> digests(blocks);
+  at::parallel_for(0, static_cast<std::int64_t>(blocks), kGrainBlocks, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) {
+      const std::size_t offset = static_cast<std::size_t>(i) * kContentHashBlockBytes;
+      digests[static_cast<std::size_t>(i)] = XXH64(p + offset, std::min(kContentHashBlockBytes, n - offset), 0);
+    }
+  });
+  return XXH64(digests.data(), digests.size() * sizeof(std::uint64_t), n);
+}
+
+// The tensor's bytes may be hashed as they lie (Note [Content hash: gk-xxh64-blocks v1]).
+void check_hashable(const at::Tensor& t, std::size_t index) {
+  GK_CHECK(WeightError, t.defined(), "gk::content_hash: tensor ", index, " is undefined");
+  GK_CHECK(WeightError, t.layout() == at::kStrided, "gk::content_hash: tensor ", index, " has layout ", t.layout(),
+           "; only strided tensors have a content hash");
+  GK_CHECK(WeightError, t.is_cpu() || t.is_cuda(), "gk::content_hash: tensor ", index, " is on ", t.device(),
+           "; the content hash runs on the CPU or a CUDA device");
+  GK_CHECK(WeightError, t.is_contiguous(), "gk::content_hash: tensor ", index, " (shape ", t.sizes(), ", strides ",
+           t.strides(), ") is not contiguous; the hash is defined over a contiguous tensor's bytes: pass "
+           "t.contiguous() (a copy)");
+#if !defined(GRAPHKEEP_WITH_CUDA)
+  GK_CHECK(WeightError, !t.is_cuda(), "gk::content_hash: tensor ", index, " is on ", t.device(),
+           " but graphkeep was built without CUDA (GRAPHKEEP_CUDA=OFF)");
+#endif
+}
+
+std::uint64_t host_tensor_hash(const at::Tensor& t) {
+  return host_hash(static_cast<const std::byte*>(t.const_data_ptr()), t.nbytes());
+}
+
+#if defined(GRAPHKEEP_WITH_CUDA)
+// Hashes the tensors `which` (all on `device`, all non-empty) in one launch,
+// then one synchronization; writes their hashes into out[which[i]].
+void device_hashes(const std::vector<at::Tensor>& tensors, const std::vector<std::size_t>& which, c10::Device device,
+                   std::vector<std::uint64_t>& out) {
+  const c10::cuda::CUDAGuard guard(device);
+  const auto n = static_cast<std::int64_t>(which.size());
+  // One upload: data[n], nbytes[n], block_begin[n + 1], done[n], out[n].
+  const std::int64_t words = 5 * n + 1;
+  at::Tensor host = at::empty({words}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  auto* h = reinterpret_cast<std::uint64_t*>(host.mutable_data_ptr<std::int64_t>());
+  std::uint64_t blocks = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const at::Tensor& t = tensors[which[static_cast<std::size_t>(i)]];
+    h[i] = reinterpret_cast<std::uintptr_t>(t.const_data_ptr());
+    h[n + i] = t.nbytes();
+    h[2 * n + i] = blocks;
+    blocks += (t.nbytes() + kContentHashBlockBytes - 1) / kContentHashBlockBytes;
+  }
+  h[3 * n] = blocks;
+  std::fill(h + 3 * n + 1, h + words, 0);
+  at::Tensor dev = at::empty({words}, at::TensorOptions().dtype(at::kLong).device(device));
+  dev.copy_(host, /*non_blocking=*/true);
+  at::Tensor digests = at::empty({static_cast<std::int64_t>(blocks)}, dev.options());
+
+  auto* d = reinterpret_cast<std::uint64_t*>(dev.mutable_data_ptr<std::int64_t>());
+  cuda::ContentHashJob job;
+  job.data = d;
+  job.nbytes = d + n;
+  job.block_begin = d + 2 * n;
+  job.done = reinterpret_cast<unsigned long long*>(d + 3 * n + 1);
+  job.out = d + 4 * n + 1;
+  job.digests = reinterpret_cast<std::uint64_t*>(digests.mutable_data_ptr<std::int64_t>());
+  job.count = static_cast<int>(n);
+  job.blocks = blocks;
+  GK_CHECK(WeightError, n <= std::numeric_limits<int>::max(), "gk::content_hashes: ", n,
+           " tensors on one device in one call; at most ", std::numeric_limits<int>::max());
+  const int err = cuda::launch_content_hash(job, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  GK_CHECK(StateError, err == 0, "gk::content_hashes: the hash kernel failed to launch on ", device, " (cudaError ",
+           err, ")");
+  const at::Tensor result = dev.narrow(0, 4 * n + 1, n).cpu();  // the one synchronization
+  const auto* r = reinterpret_cast<const std::uint64_t*>(result.const_data_ptr<std::int64_t>());
+  for (std::int64_t i = 0; i < n; ++i) out[which[static_cast<std::size_t>(i)]] = r[i];
+}
+#endif
+
+}  // namespace
+
+std::uint64_t content_hash_bytes(std::span<const std::byte> bytes) { return host_hash(bytes.data(), bytes.size()); }
+
+std::uint64_t content_hash(const at::Tensor& tensor) { return content_hashes({tensor})[0]; }
+
+std::vector<std::uint64_t> content_hashes(const std::vector<at::Tensor>& tensors) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) check_hashable(tensors[i], i);
+  std::vector<std::uint64_t> out(tensors.size());
+#if defined(GRAPHKEEP_WITH_CUDA)
+  std::map<c10::DeviceIndex, std::vector<std::size_t>> by_device;  // non-empty CUDA tensors
+#endif
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+#if defined(GRAPHKEEP_WITH_CUDA)
+    if (t.is_cuda() && t.nbytes() > 0) {
+      by_device[t.device().index()].push_back(i);
+      continue;
+    }
+#endif
+    out[i] = t.nbytes() > 0 ? host_tensor_hash(t) : host_hash(nullptr, 0);
+  }
+#if defined(GRAPHKEEP_WITH_CUDA)
+  for (const auto& [index, which] : by_device) device_hashes(tensors, which, c10::Device(c10::kCUDA, index), out);
+#endif
+  return out;
+}
+
+std::string format_content_hash(std::uint64_t hash) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, hash >>= 4) s[static_cast<std::size_t>(i)] = kDigits[hash & 15u];
+  return s;
+}
+
+std::optional<std::uint64_t> parse_content_hash(std::string_view text) {
+  if (text.size() != 16) return std::nullopt;
+  std::uint64_t v = 0;
+  for (const char c : text) {
+    int d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    else return std::nullopt;
+    v = (v << 4) | static_cast<std::uint64_t>(d);
+  }
+  return v;
+}
+
+}  // namespace gk

@@ -1,0 +1,29 @@
+// hashing/cuda/content_hash_launch.h: the plain CUDA launcher behind
+// gk::content_hashes on a CUDA device (no Torch in the .cu). Internal to the
+// hashing layer; hashing/content_hash.cpp builds the job.
+#pragma once
+
+#include <cstdint>
+
+namespace gk::cuda {
+
+// One launch hashes `count` non-empty tensors of one device. Every pointer is
+// device memory of that device; the caller allocates and fills the inputs,
+// zeroes `done`, and keeps it all alive until the stream has run.
+struct ContentHashJob {
+  const std::uint64_t* data = nullptr;         // [count] address of each tensor's first byte
+  const std::uint64_t* nbytes = nullptr;       // [count] its byte length (> 0)
+  const std::uint64_t* block_begin = nullptr;  // [count + 1] its first 64 KiB block among all blocks
+  unsigned long long* done = nullptr;          // [count] zeroed: blocks hashed so far
+  std::uint64_t* digests = nullptr;            // [blocks] XXH64 of every block
+  std::uint64_t* out = nullptr;                // [count] the content hashes
+  int count = 0;
+  std::uint64_t blocks = 0;  // block_begin[count]
+};
+
+// Launches the content hash kernel on `stream` (a cudaStream_t of the current
+// device). Returns the launch's cudaError_t as an int (0 on success); a job
+// without blocks launches nothing.
+int launch_content_hash(const ContentHashJob& job, void* stream);
+
+}  // namespace gk::cuda

@@ -1,0 +1,277 @@
+// The content hash "gk-xxh64-blocks v1" (graphkeep/hashing/content_hash.h):
+// the host function against the definition computed here block by block with
+// straight libxxhash calls; the CUDA kernel's XXH64 lane code run on the host
+// against libxxhash; edge sizes, dtypes and views; the refusals. The suite
+// "gpu content hash" checks the kernel against the host function bitwise
+// (ctest: test_content_hash_gpu, label gpu). tests/content_hash_interop.py
+// checks the host function against the Python `xxhash` package.
+#include "gk_test.h"
+
+#include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/hashing/xxh64_lanes.h>
+
+#include <ATen/Parallel.h>
+
+#include <xxhash.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+// The definition (Note [Content hash: gk-xxh64-blocks v1]), serially, from
+// libxxhash: the blocks' digests as little-endian bytes, hashed with the
+// length as seed.
+std::uint64_t reference_hash(const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::vector<unsigned char> digests;
+  for (std::size_t off = 0; off < n; off += 65536) {
+    const std::uint64_t d = XXH64(p + off, std::min<std::size_t>(65536, n - off), 0);
+    for (int i = 0; i < 8; ++i) digests.push_back(static_cast<unsigned char>(d >> (8 * i)));
+  }
+  return XXH64(digests.data(), digests.size(), n);
+}
+
+std::uint64_t reference_hash(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return reference_hash(c.const_data_ptr(), c.nbytes());
+}
+
+// `n` random bytes.
+at::Tensor random_bytes(std::int64_t n, at::Generator g = {}) {
+  return at::randint(0, 256, {n}, g, at::TensorOptions().dtype(at::kByte));
+}
+
+// XXH64 through the device kernel's lane code (four lanes, then finish), on the host.
+template <int U>
+std::uint64_t lanes_xxh64(const unsigned char* p, std::uint64_t len, std::uint64_t seed) {
+  namespace x = gk::detail::xxh64;
+  std::uint64_t v[4];
+  for (int lane = 0; lane < 4; ++lane)
+    v[lane] = x::lane_stripes<U>(x::lane_init(lane, seed), p + 8 * lane, len / 32, x::HostLoad{});
+  return x::finish(v, p, len, seed, x::HostLoad{});
+}
+
+}  // namespace
+
+TEST_SUITE("content hash") {
+
+TEST_CASE("the kernel's XXH64 lane code equals libxxhash at every length, alignment and seed") {
+  std::mt19937_64 rng(1234);
+  std::vector<unsigned char> buf(70000 + 16);
+  for (auto& b : buf) b = static_cast<unsigned char>(rng());
+  std::vector<std::uint64_t> lengths;
+  for (std::uint64_t n = 0; n <= 200; ++n) lengths.push_back(n);
+  // around the double-buffered chunks of U = 16 stripes (512 bytes) and the 64 KiB block
+  for (std::uint64_t k : {1, 2, 3, 4, 5, 7, 128})
+    for (std::int64_t d : {-33, -32, -31, -1, 0, 1, 31, 32, 33}) lengths.push_back(512 * k + d);
+  for (std::uint64_t n : {65535, 65536, 65537, 70000}) lengths.push_back(n);
+  int compared = 0;
+  for (std::uint64_t len : lengths)
+    for (int offset : {0, 1, 3, 8}) {
+      const unsigned char* p = buf.data() + offset;
+      for (std::uint64_t seed : std::vector<std::uint64_t>{0, 1, len, 0x8000000000000005ull}) {
+        const std::uint64_t want = XXH64(p, len, seed);
+        INFO("len " << len << " offset " << offset << " seed " << seed);
+        CHECK(lanes_xxh64<16>(p, len, seed) == want);
+        CHECK(lanes_xxh64<1>(p, len, seed) == want);
+        CHECK(lanes_xxh64<5>(p, len, seed) == want);
+        ++compared;
+      }
+    }
+  CHECK(compared > 1000);
+  // The specification's known answer for the empty input, seed 0.
+  CHECK(lanes_xxh64<16>(buf.data(), 0, 0) == 0xEF46DB3751D8E999ull);
+  CHECK(XXH64(nullptr, 0, 0) == 0xEF46DB3751D8E999ull);
+  // Negative: one flipped byte changes the result (the lanes read every byte).
+  for (std::uint64_t pos : {0, 7, 31, 32, 100, 511, 512, 4999}) {
+    std::vector<unsigned char> copy(buf.begin(), buf.begin() + 5000);
+    copy[pos] ^= 0x40;
+    CHECK(lanes_xxh64<16>(copy.data(), 5000, 0) != lanes_xxh64<16>(buf.data(), 5000, 0));
+  }
+}
+
+TEST_CASE("the content hash is the definition at the edge sizes") {
+  at::Generator g = at::detail::createCPUGenerator(7);
+  for (std::int64_t n : {0, 1, 2, 31, 32, 33, 65535, 65536, 65537, 131072, 131073, 3 * 65536 + 17, 1 << 22}) {
+    INFO("bytes " << n);
+    const at::Tensor t = random_bytes(n, g);
+    const std::uint64_t want = reference_hash(t);
+    CHECK(gk::content_hash(t) == want);
+    CHECK(gk::content_hash_bytes({static_cast<const std::byte*>(t.const_data_ptr()), t.nbytes()}) == want);
+  }
+  // The empty tensor hashes the empty digest array with seed 0.
+  CHECK(gk::content_hash(at::empty({0}, at::kFloat)) == XXH64(nullptr, 0, 0));
+  CHECK(gk::content_hash(at::empty({3, 0, 2}, at::kBFloat16)) == XXH64(nullptr, 0, 0));
+  // One block: the digest of the block, hashed as 8 bytes with seed = length.
+  const at::Tensor one = random_bytes(65536, g);
+  const std::uint64_t d = XXH64(one.const_data_ptr(), 65536, 0);
+  CHECK(gk::content_hash(one) == XXH64(&d, 8, 65536));
+  // Negative: the outer seed is the length (seed 0 would be another function).
+  CHECK(gk::content_hash(one) != XXH64(&d, 8, 0));
+}
+
+TEST_CASE("the content hash covers every byte, the block order and the length") {
+  at::Generator g = at::detail::createCPUGenerator(8);
+  const at::Tensor t = random_bytes(3 * 65536 + 100, g);
+  const std::uint64_t h = gk::content_hash(t);
+  for (std::int64_t pos : std::vector<std::int64_t>{0, 65535, 65536, 2 * 65536 + 7, t.numel() - 1}) {
+    at::Tensor c = t.clone();
+    c[pos] = (c[pos].item<int>() + 1) % 256;
+    CHECK(gk::content_hash(c) != h);
+  }
+  // Two whole blocks swapped: same multiset of digests, different hash.
+  at::Tensor swapped = t.clone();
+  swapped.narrow(0, 0, 65536).copy_(t.narrow(0, 65536, 65536));
+  swapped.narrow(0, 65536, 65536).copy_(t.narrow(0, 0, 65536));
+  CHECK(gk::content_hash(swapped) != h);
+  // A zero byte appended to a 64 KiB block: the first digest is the same, the
+  // length differs.
+  const at::Tensor zeros = at::zeros({65536}, at::kByte);
+  CHECK(gk::content_hash(zeros) != gk::content_hash(at::zeros({65537}, at::kByte)));
+}
+
+TEST_CASE("every dtype hashes its raw bytes; NaN payloads and -0.0 are distinct") {
+  at::Generator g = at::detail::createCPUGenerator(9);
+  const std::vector<at::ScalarType> dtypes = {at::kBool, at::kByte, at::kChar, at::kShort, at::kInt,
+                                              at::kLong, at::kHalf, at::kBFloat16, at::kFloat, at::kDouble,
+                                              at::kFloat8_e4m3fn, at::kFloat8_e5m2, at::kComplexFloat};
+  for (const at::ScalarType dtype : dtypes) {
+    INFO("dtype " << dtype);
+    const std::int64_t itemsize = static_cast<std::int64_t>(c10::elementSize(dtype));
+    at::Tensor t = dtype == at::kBool ? at::randint(0, 2, {70007}, g, at::kByte).to(at::kBool)
+                                      : random_bytes(70007 * itemsize, g).view(dtype);
+    t = t.reshape({7, 10001});
+    CHECK(gk::content_hash(t) == reference_hash(t));
+    // The same bytes under another dtype hash the same (the dtype is not hashed).
+    if (dtype != at::kBool) CHECK(gk::content_hash(t.view(at::kByte)) == gk::content_hash(t));
+  }
+  const at::Tensor pz = at::zeros({4}, at::kFloat), nz = -at::zeros({4}, at::kFloat);
+  CHECK(at::equal(pz, nz));  // equal as numbers ...
+  CHECK(gk::content_hash(pz) != gk::content_hash(nz));  // ... not as bytes
+  const at::Tensor nan1 = at::tensor({0x7FC00000}, at::kInt).view(at::kFloat);
+  const at::Tensor nan2 = at::tensor({0x7FC00001}, at::kInt).view(at::kFloat);
+  CHECK(gk::content_hash(nan1) != gk::content_hash(nan2));
+}
+
+TEST_CASE("a contiguous view is hashed from its storage offset; a non-contiguous one is refused") {
+  at::Generator g = at::detail::createCPUGenerator(10);
+  const at::Tensor base = random_bytes(4 * 65536 + 64, g);
+  for (std::int64_t offset : {1, 3, 8, 65536, 65537}) {
+    const at::Tensor view = base.narrow(0, offset, 2 * 65536 + 5);
+    REQUIRE(view.storage_offset() == offset);
+    CHECK(gk::content_hash(view) == gk::content_hash(view.clone()));
+    CHECK(gk::content_hash(view) == reference_hash(view));
+  }
+  const at::Tensor m = base.narrow(0, 0, 4 * 65536).view(at::kBFloat16).reshape({512, 256});
+  const at::Tensor rows = m.narrow(0, 3, 100);  // contiguous rows at an offset
+  CHECK(gk::content_hash(rows) == reference_hash(rows));
+  // Non-contiguous: refused, the message says what to do; its .contiguous() hashes.
+  const at::Tensor cols = m.narrow(1, 1, 100);
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::content_hash(cols), gk::WeightError, "pass t.contiguous()");
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::content_hashes({m, cols}), gk::WeightError, "tensor 1 (shape [512, 100]");
+  CHECK(gk::content_hash(cols.contiguous()) == reference_hash(cols));
+  CHECK(gk::content_hash(m.t().contiguous()) != gk::content_hash(m));
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::content_hash(at::Tensor()), gk::WeightError, "tensor 0 is undefined");
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::content_hash(at::empty({4}, at::TensorOptions().device(at::kMeta))),
+                              gk::WeightError, "is on meta");
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::content_hash(at::eye(3).to_sparse()), gk::WeightError, "only strided tensors");
+}
+
+TEST_CASE("content_hashes equals content_hash one by one; the thread count does not matter") {
+  at::Generator g = at::detail::createCPUGenerator(11);
+  std::vector<at::Tensor> ts;
+  for (std::int64_t n : {0, 5, 65536, 200000, 1 << 20}) ts.push_back(random_bytes(n, g));
+  const std::vector<std::uint64_t> all = gk::content_hashes(ts);
+  REQUIRE(all.size() == ts.size());
+  for (std::size_t i = 0; i < ts.size(); ++i) CHECK(all[i] == gk::content_hash(ts[i]));
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const std::vector<std::uint64_t> serial = gk::content_hashes(ts);
+  at::set_num_threads(threads);
+  CHECK(serial == all);
+}
+
+TEST_CASE("hashes format as 16 hex digits and parse back") {
+  for (std::uint64_t h : std::vector<std::uint64_t>{0, 1, 0xEF46DB3751D8E999ull, ~std::uint64_t{0}}) {
+    const std::string s = gk::format_content_hash(h);
+    CHECK(s.size() == 16);
+    CHECK(gk::parse_content_hash(s) == h);
+  }
+  CHECK(gk::format_content_hash(0xEF46DB3751D8E999ull) == "ef46db3751d8e999");
+  CHECK(gk::parse_content_hash("EF46DB3751D8E999") == 0xEF46DB3751D8E999ull);
+  CHECK_FALSE(gk::parse_content_hash("ef46db3751d8e99").has_value());
+  CHECK_FALSE(gk::parse_content_hash("ef46db3751d8e9999").has_value());
+  CHECK_FALSE(gk::parse_content_hash("0xf46db3751d8e999").has_value());
+  CHECK_FALSE(gk::parse_content_hash("ef46db3751d8e99g").has_value());
+  CHECK_FALSE(gk::parse_content_hash("").has_value());
+}
+
+}  // TEST_SUITE("content hash")
+
+// ---------------------------------------------------------------------------
+// The CUDA kernel against the host function, bitwise (label gpu)
+// ---------------------------------------------------------------------------
+TEST_SUITE("gpu content hash") {
+
+TEST_CASE("the kernel equals the host function on random tensors of many sizes, in one batch and one by one") {
+  REQUIRE(gk::testing::cuda_available());
+  at::Generator g = at::detail::createCPUGenerator(20);
+  std::vector<std::int64_t> sizes = {0, 1, 7, 8, 31, 32, 33, 63, 64, 511, 512, 513, 4096, 65535, 65536, 65537,
+                                     131071, 131072, 131073, 3 * 65536 + 17, 1 << 20, (1 << 24) + 5};
+  std::mt19937_64 rng(21);
+  for (int i = 0; i < 40; ++i) sizes.push_back(static_cast<std::int64_t>(rng() % (3 * 65536)));
+  std::vector<at::Tensor> host, dev;
+  for (std::int64_t n : sizes) {
+    host.push_back(random_bytes(n, g));
+    dev.push_back(host.back().cuda());
+  }
+  // A few dtypes and shapes, and views whose data pointer is not 8-byte aligned.
+  const at::Tensor big = random_bytes(5 * 65536 + 40, g);
+  for (std::int64_t offset : {1, 2, 3, 4, 5, 6, 7, 8, 65537}) {
+    host.push_back(big.narrow(0, offset, 2 * 65536 + 3));
+    dev.push_back(big.cuda().narrow(0, offset, 2 * 65536 + 3));
+  }
+  host.push_back(big.narrow(0, 0, 5 * 65536).view(at::kBFloat16).reshape({640, 256}));
+  dev.push_back(host.back().cuda());
+  host.push_back(big.narrow(0, 0, 4 * 65536).view(at::kFloat).reshape({256, 256}).narrow(0, 1, 100));
+  dev.push_back(host.back().cuda());
+
+  const std::vector<std::uint64_t> want = gk::content_hashes(host);
+  const std::vector<std::uint64_t> got = gk::content_hashes(dev);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("tensor " << i << " (" << host[i].nbytes() << " bytes, offset " << dev[i].storage_offset() << ")");
+    CHECK(got[i] == want[i]);
+    CHECK(want[i] == reference_hash(host[i]));
+  }
+  for (std::size_t i = 0; i < dev.size(); i += 7) CHECK(gk::content_hash(dev[i]) == want[i]);
+  // CPU and CUDA tensors in one call.
+  const std::vector<std::uint64_t> mixed = gk::content_hashes({host[20], dev[21], host[22], dev[5]});
+  CHECK(mixed == std::vector<std::uint64_t>{want[20], want[21], want[22], want[5]});
+  // Negative: one changed byte on the device changes the device hash.
+  at::Tensor changed = dev[21].clone();
+  changed[changed.numel() - 1] = (changed[changed.numel() - 1].item<int>() + 1) % 256;
+  CHECK(gk::content_hash(changed) != want[21]);
+  CHECK(gk::content_hash(changed) == gk::content_hash(changed.cpu()));
+}
+
+TEST_CASE("many small tensors and one large one hash in one call") {
+  REQUIRE(gk::testing::cuda_available());
+  at::Generator g = at::detail::createCPUGenerator(22);
+  std::vector<at::Tensor> host, dev;
+  for (int i = 0; i < 3000; ++i) {
+    host.push_back(random_bytes(1 + i % 300, g));
+    dev.push_back(host.back().cuda());
+  }
+  host.push_back(random_bytes(std::int64_t{256} << 20, g));  // 256 MiB: 4096 blocks, 32 KiB of digests
+  dev.push_back(host.back().cuda());
+  CHECK(gk::content_hashes(dev) == gk::content_hashes(host));
+  // Non-contiguous device tensors are refused as on the host.
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::content_hash(dev.back().view({1 << 14, 1 << 14}).t()), gk::WeightError,
+                              "pass t.contiguous()");
+}
+
+}  // TEST_SUITE("gpu content hash")
