@@ -26,6 +26,7 @@
 #include "engine/llm_engine.h"
 
 #include <graphkeep/reload/errors.h>
+#include <graphkeep/reload/testing.h>
 #include <graphkeep/runtime/device.h>
 #include <graphkeep/sources/safetensors_source.h>
 
@@ -159,10 +160,9 @@ int main(int argc, char** argv) {
         }
         if (!a.bad_reloads.empty()) how += "; " + std::to_string(a.bad_reloads.size()) + " bad reloads refused";
       } else {
-        gk::ReloadOptions ro = eng->reload_engine().options();
-        if (!a.unprotect.empty()) ro.unprotected_slots = {a.unprotect};
+        if (!a.unprotect.empty()) gk::testing::set_hooks(eng->reload_engine(), gk::testing::unprotect({a.unprotect}));
         try {
-          const gk::ReloadReport r = eng->reload(dir, ro);
+          const gk::ReloadReport r = eng->reload(dir);
           char buf[160];
           std::snprintf(buf, sizeof buf, "reloaded in %.1f ms without recapture, drift %zu, %zu addresses verified",
                         r.times.total_ms, r.drift, r.addresses_verified);

@@ -19,6 +19,7 @@
 
 #include <graphkeep/core/stopwatch.h>
 #include <graphkeep/reload/errors.h>
+#include <graphkeep/reload/testing.h>
 #include <graphkeep/runtime/device.h>
 
 #include <ATen/ATen.h>
@@ -212,13 +213,15 @@ int main(int argc, char** argv) {
     demo::LlmEngineOptions opts;
     opts.max_len = args.prompt + args.tokens;
     opts.reload.mode = args.mode == "transactional" ? gk::ReloadMode::transactional : gk::ReloadMode::streaming;
-    if (!args.unprotect.empty()) opts.reload.unprotected_slots = {args.unprotect};
     // The reference: a fresh engine per checkpoint, eager only (no graphs).
     demo::LlmEngineOptions reference_opts;
     reference_opts.batch_sizes = {};
     reference_opts.max_len = opts.max_len;
     reference_opts.max_seqs = args.batch;
-    demo::LlmEngine eng(base, device, format, opts);  // a --unprotect name that is no slot fails here
+    demo::LlmEngine eng(base, device, format, opts);
+    // The demonstration hook (graphkeep/reload/testing.h): one slot left out
+    // of copy-back. A name that is no slot fails here, naming the closest.
+    if (!args.unprotect.empty()) gk::testing::set_hooks(eng.reload_engine(), gk::testing::unprotect({args.unprotect}));
     const demo::HfConfig& cfg = eng.config();
     if (args.list_slots) {
       for (const auto& l : eng.reload_engine().plan().layers())

@@ -159,7 +159,7 @@ struct Rig {
     behaviours().clear();
     gk::InMemorySource src(ViewsModel::checkpoint(0));
     gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model, opts);
+    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{opts});
     engine->prepare();
     engine->add_static_io("input", input);
     graph.capture([&] { output = model->forward(input); });
@@ -231,10 +231,15 @@ TEST_CASE("a transactional reload that fails after committing views of one stora
   gk::ReloadOptions o = with_mode(gk::ReloadMode::transactional);
   int commits = 0;
   // Fail at the second layer's commit: the first layer's commit is undone.
-  o.fault_hook = [&](std::string_view stage, const std::string&) {
-    if (stage == "copy" && ++commits == 2) throw std::runtime_error("injected fault at the second commit");
+  gk::testing::EngineHooks h;
+  h.fault = [&](gk::testing::Stage stage, const std::string&) {
+    if (stage == gk::testing::Stage::copy && ++commits == 2)
+      throw std::runtime_error("injected fault at the second commit");
   };
-  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), std::runtime_error, "injected fault at the second commit");
+  {
+    const gk::testing::ScopedHooks hooks(rig.engine.get(), h);
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), std::runtime_error, "injected fault at the second commit");
+  }
   CHECK(rig.engine->state() == gk::EngineState::ready);
   CHECK(rig.replay().equal(old));
   CHECK(rig.reload(2, with_mode(gk::ReloadMode::transactional)).drift == 0);
@@ -737,21 +742,25 @@ TEST_CASE("unprotected_slots must name slots: an unknown name is an error that s
   CHECK(std::find(names.begin(), names.end(), "l0.head_") != names.end());
   CHECK(std::find(names.begin(), names.end(), "l1.experts_[1].w") != names.end());
   CHECK(std::find(names.begin(), names.end(), "l0.bias") != names.end());
-  // At reload: the model is untouched and replay stays allowed.
-  gk::ReloadOptions o;
+  // On a prepared engine: refused at once, the engine keeps no hook, the
+  // model is untouched and replay stays allowed.
+  gk::testing::EngineHooks o;
   o.unprotected_slots = {"l0.haed_"};
-  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), gk::StateError,
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::testing::set_hooks(*rig.engine, o), gk::StateError,
                               "unprotected_slots names 'l0.haed_', which is no slot of the model; closest: 'l0.head_'");
-  CHECK(rig.engine->state() == gk::EngineState::ready);
-  CHECK(rig.replay().equal(fresh(0, rig.input)));
-  // At prepare(), for the engine's own options.
-  gk::ReloadEngine other(*rig.model, o);
+  CHECK(gk::testing::hooks(*rig.engine).unprotected_slots.empty());
+  CHECK(rig.reload(1, {}).drift == 0);
+  CHECK(rig.replay().equal(fresh(1, rig.input)));
+  // At prepare(), for an engine not yet prepared.
+  gk::ReloadEngine other(*rig.model);
+  gk::testing::set_hooks(other, o);
   CHECK_THROWS_AS(other.prepare(), gk::StateError);
   // A real name is accepted and disables that slot's copy-back. The graph
   // reads the storage through full_, which was copied; the head_ view moved
   // anyway, and a moved view of a storage a graph reads is drift.
   o.unprotected_slots = {"l0.head_"};
-  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), gk::DriftError, "l0.head_ now points at other storage");
+  gk::testing::set_hooks(*rig.engine, o);
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(2, {}), gk::DriftError, "l0.head_ now points at other storage");
 }
 
 TEST_CASE("a graph destroyed while tracked is dropped and reported, never used") {

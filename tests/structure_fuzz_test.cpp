@@ -805,10 +805,13 @@ Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::Name
   o.mode = op.mode;
   o.restore_in_place_writes = op.restore_in_place_writes;
   o.adopt_source_tensors = adopting();
+  gk::testing::EngineHooks hooks;
   if (!op.fault_stage.empty())
-    o.fault_hook = [stage = op.fault_stage, layer = op.fault_layer](std::string_view s, const std::string& l) {
-      if (s == stage && l == layer) throw std::runtime_error("injected fault at " + stage + "@" + layer);
+    hooks.fault = [stage = op.fault_stage, layer = op.fault_layer](gk::testing::Stage s, const std::string& l) {
+      if (gk::testing::to_string(s) == stage && l == layer)
+        throw std::runtime_error("injected fault at " + stage + "@" + layer);
     };
+  const gk::testing::ScopedHooks scoped(&engine, std::move(hooks));
   g_pwal = op.pwal;
   g_notes.clear();
   g_must_fail = false;

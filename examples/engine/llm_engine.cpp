@@ -126,7 +126,7 @@ void LlmEngine::start() {
   positions_ = at::zeros({max_batch}, longs);
   seqs_ = at::arange(max_batch, longs);
 
-  engine_ = std::make_unique<gk::ReloadEngine>(*model_, options_.reload);
+  engine_ = std::make_unique<gk::ReloadEngine>(*model_, gk::EngineOptions{options_.reload});
   engine_->prepare();
   for (std::size_t l = 0; l < caches_.size(); ++l) {
     engine_->add_static_io("kv_cache." + std::to_string(l) + ".k", caches_[l].k);
@@ -220,7 +220,7 @@ at::Tensor LlmEngine::decode(const at::Tensor& tokens, const at::Tensor& positio
   return it->logits.narrow(0, 0, n).to(at::kCPU).clone();
 }
 
-gk::ReloadReport LlmEngine::reload(const std::string& dir) { return reload(dir, engine_->options()); }
+gk::ReloadReport LlmEngine::reload(const std::string& dir) { return reload(dir, engine_->options().defaults); }
 
 gk::ReloadReport LlmEngine::reload(const std::string& dir, const gk::ReloadOptions& options) {
   check_same_architecture(model_->config(), read_hf_config(dir), dir);
@@ -257,7 +257,7 @@ gk::StagedReload LlmEngine::stage(gk::WeightSource& src) {
 }
 
 gk::ReloadOptions LlmEngine::paced_stage_options() const {
-  gk::ReloadOptions o = engine_->options();
+  gk::ReloadOptions o = engine_->options().defaults;
   const double share = options_.stage_device_share;
   GK_CHECK(gk::StateError, share > 0 && share <= 1, "LlmEngineOptions::stage_device_share is ", share,
            "; it must be in (0, 1]");

@@ -88,7 +88,7 @@ class LlmEngine {
   gk::ReloadReport reload(const std::string& dir);
   gk::ReloadReport reload(const std::string& dir, const gk::ReloadOptions& options);
   // From any weight source with the checkpoint's names (no directory checks).
-  gk::ReloadReport reload(gk::WeightSource& weights) { return reload(weights, engine_->options()); }
+  gk::ReloadReport reload(gk::WeightSource& weights) { return reload(weights, engine_->options().defaults); }
   gk::ReloadReport reload(gk::WeightSource& weights, const gk::ReloadOptions& options);
   // Online reload (include/graphkeep/reload/staged_reload.h): stage() checks
   // `dir` as reload() does, then loads, processes and checks its weights into
