@@ -353,6 +353,12 @@ def _compare(cap: _Owner, cur: CollectedTensor | None) -> tuple[str | None, str]
         what = (f"now uses storage 0x{cur.storage_ptr:x} ({cur.storage_nbytes} bytes), the graph reads "
                 f"0x{cap.storage_ptr:x} ({cap.storage_nbytes} bytes)")
         return ("expired", what + freed) if _expired(cap) else ("moved", what)
+    if _expired(cap):
+        # Same address, another storage: the captured one was freed and the allocator
+        # gave its bytes to the new tensor. The graph reads the right bytes by chance
+        # only (what else the allocator puts there next is up to it): not the same storage.
+        return "expired", (f"was reallocated: the captured storage was freed and a new one of the same size "
+                           f"happens to sit at the same address 0x{cap.storage_ptr:x}")
     layout = cur.layout()
     if layout != cap.layout:
         names = ("device", "dtype", "shape", "stride", "storage offset")

@@ -246,3 +246,43 @@ def test_transformers_llama_reloads():
     model.load_state_dict(transformers.LlamaForCausalLM(cfg).state_dict(), assign=True)
     stale = set(m.verify(model).stale_paths())
     assert stale == {n for n, _ in model.named_parameters()}
+
+
+def graph_reading_everything(model):
+    """A fake capture of `model` whose kernels read every tensor it reaches."""
+    c = graphkeep.collect(model)
+    s = FakeScan()
+    for rec in c.tensors:
+        s.word(s.node(f"kernel_reading_{rec.path}"), rec.storage_ptr + 4, param=1, offset=8)
+    segs = [(r.storage_ptr, r.storage_ptr + r.storage_nbytes) for r in c.tensors]
+    return graphkeep.build_manifest(s.dict(), c, segments=segs, live_blocks=segs)
+
+
+def test_vllm_like_layer_names_the_reallocated_workspace():
+    import vllm_like
+    model = vllm_like.VllmLikeModel()
+    vllm_like.load(model, vllm_like.checkpoint(seed=0))
+    m = graph_reading_everything(model)
+    assert m.clean
+    assert set(m.paths("escaped")) == {"layers.0.quant_method.workspace", "layers.1.quant_method.workspace"}
+    # vLLM's reload: PWAL reallocates the int8 weight, the scale and the workspace
+    vllm_like.load(model, vllm_like.checkpoint(seed=1))
+    r = m.verify(model)
+    assert {(i.path, i.kind) for i in r.issues} == {
+        (f"layers.{k}.{n}", "expired") for k in (0, 1) for n in ("weight", "weight_scale", "quant_method.workspace")}
+    with pytest.raises(graphkeep.DriftError, match=r"layers\.0\.quant_method\.workspace"):
+        graphkeep.guard(None, m, model)
+
+
+def test_vllm_like_layer_in_place_reload_is_clean_and_correct():
+    import vllm_like
+    model = vllm_like.VllmLikeModel()
+    vllm_like.load(model, vllm_like.checkpoint(seed=0))
+    m = graph_reading_everything(model)
+    new = vllm_like.checkpoint(seed=1)
+    vllm_like.reload_in_place(model, new)
+    assert graphkeep.guard(None, m, model).ok
+    fresh = vllm_like.VllmLikeModel()
+    vllm_like.load(fresh, new)
+    x = torch.randn(3, 64)
+    assert torch.equal(model(x), fresh(x))
