@@ -211,6 +211,11 @@ class Manifest:
         self.scan_ms, self.classify_ms = scan_ms, classify_ms
         refs = [o.storage_ref for o in owners if o.storage_ref is not None]
         self._finalizer = weakref.finalize(self, _free_refs, refs)
+        # what verify() checks, computed once: the owners the graph reads, and the unknown rows
+        owned = (cls <= _CODE["escaped"]) & (owner >= 0)
+        self._used = sorted(set(owner[owned].tolist()))
+        self._unknown_rows = (cls == _CODE["unknown"]).nonzero().flatten().tolist()
+        self._checked = int((cls != _CODE["unstable"]).sum())
 
     # -- what the graph reads ------------------------------------------------------------
     def __len__(self) -> int:
@@ -304,33 +309,20 @@ class Manifest:
         of it, to share one walk between the manifests of several graphs)."""
         t0 = time.perf_counter()
         now = model if isinstance(model, Collection) else collect(model)
-        owned = (self.cls <= _CODE["escaped"]) & (self.owner >= 0)
-        used = torch.unique(self.owner[owned]).tolist()
-        rows_of: dict[int, list[int]] = {}
-        if used:
-            order = torch.argsort(self.owner[owned], stable=True)
-            rows = owned.nonzero().flatten()[order]
-            keys = self.owner[rows]
-            counts = torch.unique_consecutive(keys, return_counts=True)[1].tolist()
-            start = 0
-            for o, n in zip(used, counts):
-                rows_of[o] = rows[start:start + n].tolist()
-                start += n
         issues: list[VerifyIssue] = []
-        for o in used:
+        for o in self._used:
             cap = self.owners[o]
-            cur = now.get(cap.path)
-            kind, detail = _compare(cap, cur)
+            kind, detail = _compare(cap, now.get(cap.path))
             if kind is None:
                 continue
-            names, nodes = self._kernels(torch.tensor(rows_of[o], dtype=torch.long))
+            rows = ((self.owner == o) & (self.cls <= _CODE["escaped"])).nonzero().flatten()
+            names, nodes = self._kernels(rows)
             issues.append(VerifyIssue(kind, cap.path, detail, names, nodes))
-        for r in (self.cls == _CODE["unknown"]).nonzero().flatten().tolist():
+        for r in self._unknown_rows:
             n = int(self.node[r])
             issues.append(VerifyIssue("unknown", "", f"0x{int(self.address[r]):x} (param {int(self.param[r])} "
                                       f"+{int(self.offset[r])}) had no owner at capture", [self.node_names[n]], [n]))
-        checked = int((self.cls != _CODE["unstable"]).sum())
-        return VerifyResult(checked=checked, paths_checked=len(used), issues=issues,
+        return VerifyResult(checked=self._checked, paths_checked=len(self._used), issues=issues,
                             ms=(time.perf_counter() - t0) * 1e3)
 
 

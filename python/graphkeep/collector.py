@@ -82,6 +82,7 @@ class CollectedTensor:
     storage_owner: str | None = None
     """For an escaped tensor that shares a parameter's or buffer's storage (a view of
     it): that parameter's path. An in-place copy into the parameter updates it too."""
+    _layout: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def covered(self) -> bool:
@@ -89,9 +90,13 @@ class CollectedTensor:
         return self.kind != "escaped"
 
     def layout(self) -> tuple:
-        """(device, dtype, shape, stride, storage_offset): what a captured kernel burned in."""
-        t = self.tensor
-        return (str(t.device), t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        """(device, dtype, shape, stride, storage_offset): what a captured kernel burned in,
+        as the collector saw it (like ``storage_ptr``, a snapshot taken by the walk)."""
+        if self._layout is None:
+            t = self.tensor
+            self._layout = (str(t.device), t.dtype, tuple(t.shape), tuple(t.stride()) if t.layout == torch.strided
+                            else (), t.storage_offset() if t.layout == torch.strided else 0)
+        return self._layout
 
 
 @dataclasses.dataclass
@@ -232,6 +237,7 @@ class _Walk:
         ptr, nbytes = _storage_of(t)
         rec = CollectedTensor(path=path, kind=kind, tensor=t, storage_ptr=ptr, storage_nbytes=nbytes,
                               type_name=type(t).__name__, aliases=aliases)
+        rec.layout()
         self.records[key] = rec
         self.order.append(key)
 
