@@ -11,6 +11,7 @@
 # old, put its wheel into .devdeps/wheels too (pip download, as that script does).
 #
 #   bash scripts/gpu-python.sh            logs and audit_cost.json go to $OUT
+#   GK_BENCH=0 bash scripts/gpu-python.sh   the tests only (GK_PYTEST=0: the benchmark only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -30,9 +31,14 @@ python3 -m pip install --no-build-isolation --no-deps -Cbuild-dir=/tmp/gk-pybuil
   > "$LOG/pip-build.log" 2>&1 || { grep -E "error|Error" "$LOG/pip-build.log" | head -40; tail -20 "$LOG/pip-build.log"; exit 1; }
 echo "== pip install took $(( $(date +%s) - start )) s"
 cd /tmp
-python3 -m pytest -q -p no:cacheprovider -rA -s -m gpu "$REPO/tests/python" 2>&1 | tee "$LOG/pytest-gpu.log"
-rc=${PIPESTATUS[0]}
-python3 "$REPO/tests/python/bench_audit_cost.py" --out "$LOG/audit_cost.json" 2>&1 | tee "$LOG/audit-cost.log"
-brc=${PIPESTATUS[0]}
+rc=0 brc=0
+if [ "${GK_PYTEST:-1}" = 1 ]; then
+  python3 -m pytest -q -p no:cacheprovider -rA -s -m gpu "$REPO/tests/python" 2>&1 | tee "$LOG/pytest-gpu.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [ "${GK_BENCH:-1}" = 1 ]; then
+  python3 "$REPO/tests/python/bench_audit_cost.py" --out "$LOG/audit_cost.json" 2>&1 | tee "$LOG/audit-cost.log"
+  brc=${PIPESTATUS[0]}
+fi
 [ "$rc" -ne 0 ] && exit "$rc"
 exit "$brc"
