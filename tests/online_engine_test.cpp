@@ -1,6 +1,8 @@
 // The example engine (examples/engine) serving while the next weights stage:
 // issue 17's stress test on the real engine's decode graphs, on the CPU
 // replay backend (suite cpu) and on CUDA graphs (suite gpu, 1,000 rounds).
+// And what a request must never see: KV-cache rows at or past its length
+// (an earlier request's, or ones written under earlier, NaN weights).
 #include "gk_test.h"
 
 #include "engine/checkpoint_writer.h"
@@ -12,6 +14,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -166,9 +169,86 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   CHECK(at::equal(eng.decode(tokens, pos), expected[current.load()]));
 }
 
+// The built-in tiny model as Llama (no q/k norms), Qwen3 and Qwen3-MoE.
+std::vector<demo::HfConfig> tiny_configs() {
+  demo::HfConfig qwen3 = demo::builtin_tiny_config(), llama = qwen3, moe = qwen3;
+  llama.model_type = "llama";
+  moe.model_type = "qwen3_moe";
+  moe.num_experts = 8;
+  moe.num_experts_per_tok = 2;
+  moe.moe_intermediate_size = 32;
+  moe.norm_topk_prob = true;
+  return {llama, qwen3, moe};
+}
+
+// Every row of every layer's KV cache set to NaN, +Inf or -Inf (keys and
+// values in a different pattern): what rows written under NaN weights hold.
+void poison_kv_cache(demo::LlmEngine& eng) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const demo::KvCache& c : eng.kv_caches()) {
+    const std::int64_t rows = c.k.size(0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      c.k[r].fill_(r % 3 == 0 ? nan : r % 3 == 1 ? inf : -inf);
+      c.v[r].fill_(r % 2 == 0 ? nan : -inf);
+    }
+  }
+}
+
+// One request of `prompt`'s rows (each its own sequence): prefill each
+// sequence's first `p` tokens, then decode the rest, first through the decode
+// graphs, then eagerly. Returns every logits tensor in order.
+std::vector<at::Tensor> serve_request(demo::LlmEngine& eng, const at::Tensor& prompt, std::int64_t p) {
+  std::vector<at::Tensor> out;
+  const std::int64_t B = prompt.size(0), T = prompt.size(1);
+  for (std::int64_t b = 0; b < B; ++b) out.push_back(eng.prefill(b, prompt[b].narrow(0, 0, p)));
+  for (std::int64_t t = p; t < T; ++t) {
+    const at::Tensor pos = at::full({B}, t, at::kLong);
+    out.push_back(t < (p + T) / 2 ? eng.decode(prompt.select(1, t), pos) : eng.decode_eager(prompt.select(1, t), pos));
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_SUITE("cpu") {
+TEST_CASE("KV-cache rows at or past a sequence's length (NaN, Inf, earlier requests') never reach its logits") {
+  // Attention reads the whole static cache of the sequence and weights the
+  // rows past the token's position 0; 0 * NaN = NaN, so those rows must be
+  // left out, not weighted 0 (Note [Stale KV rows] in examples/engine/llm.cpp).
+  // A used engine whose cache holds an earlier, longer request and then NaN
+  // and Inf everywhere must serve a new request bitwise as a fresh engine
+  // does, eagerly and through the captured decode graphs (CPU replay backend).
+  at::NoGradGuard no_grad;
+  const c10::Device cpu(c10::kCPU);
+  for (const demo::HfConfig& c : tiny_configs()) {
+    CAPTURE(c.model_type);
+    const std::vector<gk::NamedTensor> weights = demo::random_weights(c, 7);
+    demo::LlmEngineOptions opts;
+    opts.batch_sizes = {1, 2, 4};
+    opts.max_len = 16;
+    gk::InMemorySource w1(weights), w2(weights);
+    demo::LlmEngine fresh(c, cpu, demo::WeightFormat::dense, w1, opts);
+    demo::LlmEngine used(c, cpu, demo::WeightFormat::dense, w2, opts);
+    REQUIRE(used.num_graphs() == 3);
+    const at::Tensor earlier = at::arange(3 * 16, at::kLong).mul(11).remainder(c.vocab_size).view({3, 16});
+    (void)serve_request(used, earlier, 10);
+    poison_kv_cache(used);
+    const at::Tensor prompt = at::arange(3 * 10, at::kLong).mul(5).add(3).remainder(c.vocab_size).view({3, 10});
+    const std::vector<at::Tensor> want = serve_request(fresh, prompt, 4);
+    const std::vector<at::Tensor> got = serve_request(used, prompt, 4);
+    REQUIRE(got.size() == 9);  // 3 prefills, 3 decode steps through graphs, 3 eager
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(i);
+      CHECK(at::isfinite(want[i]).all().item<bool>());
+      CHECK(at::isfinite(got[i]).all().item<bool>());
+      CHECK(at::equal(got[i], want[i]));
+    }
+    // The poison is still there past the request's length (row seq * max_len + position).
+    CHECK(at::isnan(used.kv_caches()[0].v[12]).all().item<bool>());
+    CHECK(at::isinf(used.kv_caches()[1].k[2 * 16 + 14]).all().item<bool>());
+  }
+}
+
 TEST_CASE("the example engine decodes while another thread stages; every step is A or B, bitwise (CPU replay)") {
   serve_while_staging(c10::Device(c10::kCPU), 300);
 }

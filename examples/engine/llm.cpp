@@ -267,6 +267,20 @@ void Attention::process_weights_after_loading() {
   o_.build(o_proj_);
 }
 
+// Note [Stale KV rows]
+// ~~~~~~~~~~~~~~~~~~~~
+// Attention runs over the whole static cache of each token's sequence (one
+// shape for every step, as a captured graph needs) and masks the positions
+// past the token's own to probability 0. The rows there hold whatever an
+// earlier request, or a step served under earlier weights, wrote: NaN or Inf
+// after a NaN checkpoint. Weighting them 0 is not enough (0 * NaN = NaN in
+// probs @ V, and a NaN key makes a NaN score), so those rows are replaced by
+// 0 in the gathered keys and values before any arithmetic touches them, and
+// their scores are then set to -inf. Rows below the position are unchanged,
+// and each output sums the same products in the same order, so the logits
+// are bitwise those of an engine whose cache held zeros there; nothing has
+// to clear the cache (a reload leaves it alone). tests/online_engine_test.cpp
+// poisons every row with NaN and Inf and compares with a fresh engine.
 at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
                               const RopeTables& rope) {
   const at::Tensor qkv = qkv_.apply("qkv_proj", x, qkv_proj_);
@@ -298,13 +312,15 @@ at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, cons
     t[3].index_copy_(0, rows, k);
     t[4].index_copy_(0, rows, v);
     const int64_t S = t[3].size(0) / L, G = H / KV;
-    auto gather = [&](const at::Tensor& c) {  // [T, L, KV, D] -> [T, H, L, D] (head h reads kv head h / G)
-      return c.view({S, L, KV, D}).index_select(0, t[2]).unsqueeze(3).expand({T, L, KV, G, D}).reshape({T, L, H, D})
-          .permute({0, 2, 1, 3});
+    const at::Tensor future = at::arange(L, pos.options()).view({1, L}) > pos.view({T, 1});  // [T, L]
+    // Each token's sequence cache, its rows past the token's position set to
+    // 0 (Note [Stale KV rows]), [T, L, KV, D] -> [T, H, L, D] (head h reads kv head h / G).
+    auto gather = [&](const at::Tensor& c) {
+      return c.view({S, L, KV, D}).index_select(0, t[2]).masked_fill(future.view({T, L, 1, 1}), 0).unsqueeze(3)
+          .expand({T, L, KV, G, D}).reshape({T, L, H, D}).permute({0, 2, 1, 3});
     };
     const at::Tensor K = gather(t[3]), V = gather(t[4]);
     at::Tensor scores = at::matmul(q.unsqueeze(2), K.transpose(2, 3)) * scale;  // [T, H, 1, L]
-    const at::Tensor future = at::arange(L, pos.options()).view({1, L}) > pos.view({T, 1});
     scores = scores.masked_fill(future.view({T, 1, 1, L}), -std::numeric_limits<double>::infinity());
     const at::Tensor p = at::softmax(scores, -1, at::kFloat).to(dt);
     out[0].copy_(at::matmul(p, V).reshape({T, H * D}));

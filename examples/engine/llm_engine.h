@@ -105,6 +105,8 @@ class LlmEngine {
   gk::ReloadEngine& reload_engine() { return *engine_; }
   const HfConfig& config() const { return model_->config(); }
   const std::vector<std::int64_t>& batch_sizes() const { return options_.batch_sizes; }
+  // The KV cache, one per layer (the graphs' static I/O; tests write into it).
+  const std::vector<KvCache>& kv_caches() const { return caches_; }
   std::size_t num_graphs() const { return graphs_.size(); }
   double capture_ms() const { return capture_ms_; }
   // Captures every decode graph again (what an engine without graphkeep does
