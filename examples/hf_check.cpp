@@ -21,8 +21,10 @@
 // tolerance (the negative check).
 //
 // A step passes when max |engine - reference| <= tol * max(1, max |reference|)
-// over every compared logit. Prints one line per step and "HF-CHECK PASS" or
+// over every compared logit, and every logit on both sides is finite (a NaN
+// or Inf fails the step: demo::MaxDiff, examples/engine/compare.h). Prints one line per step and "HF-CHECK PASS" or
 // "HF-CHECK FAIL"; the exit status is 0 only on a pass.
+#include "engine/compare.h"
 #include "engine/llm_engine.h"
 
 #include <graphkeep/reload/errors.h>
@@ -65,16 +67,26 @@ at::Tensor need(const std::map<std::string, at::Tensor>& ref, const std::string&
   return it->second;
 }
 
+// The logits of one phase of a step against the reference: the largest
+// difference (NaN-aware: a NaN or Inf on either side fails the step) and how
+// many argmaxes agree.
 struct Compare {
-  double max_abs = 0, max_ref = 0;
+  demo::MaxDiff diff;
   std::int64_t argmax_equal = 0, argmax_total = 0;
   void add(const at::Tensor& got, const at::Tensor& want) {
-    max_abs = std::max(max_abs, (got - want).abs().max().item<double>());
-    max_ref = std::max(max_ref, want.abs().max().item<double>());
+    diff.add(got, want);
     argmax_equal += got.argmax(-1).eq(want.argmax(-1)).sum().item<std::int64_t>();
     argmax_total += got.size(0);
   }
-  double rel() const { return max_abs / std::max(1.0, max_ref); }
+  // "max|diff| X (rel Y), argmax A/B", and ", N non-finite" when there are any.
+  std::string summary() const {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "max|diff| %.3g (rel %.3g), argmax %lld/%lld", diff.max_abs(), diff.rel(),
+                  static_cast<long long>(argmax_equal), static_cast<long long>(argmax_total));
+    std::string out = buf;
+    if (diff.nonfinite() > 0) out += ", " + std::to_string(diff.nonfinite()) + " non-finite";
+    return out;
+  }
 };
 
 // `text` followed by `rel` as "%.3g" prints it.
@@ -184,7 +196,7 @@ int main(int argc, char** argv) {
         const at::Tensor pos = at::full({B}, t, at::kLong);
         decode.add(eng->decode(tokens.select(1, t), pos, checked), want.select(1, t));
       }
-      const bool ok = prefill.rel() <= tol && decode.rel() <= tol;
+      const bool ok = prefill.diff.within(tol) && decode.diff.within(tol);
       // The scale of the comparison, from transformers alone: for the dense
       // format its own rounding error in the checkpoint's dtype (its logits
       // against float32 on the same weights, where the reference recorded
@@ -194,7 +206,7 @@ int main(int argc, char** argv) {
         Compare f;
         const std::int64_t V = want.size(-1);
         f.add(want.reshape({-1, V}), need(ref, s + "." + other_key).to(at::kFloat).reshape({-1, V}));
-        return concat_rel(" | transformers " + label + ": rel ", f.rel());
+        return concat_rel(" | transformers " + label + ": rel ", f.diff.rel());
       };
       std::string floor;
       if (format == demo::WeightFormat::dense && ref.count(s + ".logits_f32"))
@@ -202,13 +214,8 @@ int main(int argc, char** argv) {
       else if (format != demo::WeightFormat::dense)
         floor = reference_gap("logits", a.format + " vs dense");
       pass = pass && ok;
-      std::printf(
-          "%s: %s | prefill (eager) max|diff| %.3g (rel %.3g), argmax %lld/%lld | decode (graphs) max|diff| %.3g "
-          "(rel %.3g), argmax %lld/%lld%s | %s\n",
-          s.c_str(), how.c_str(), prefill.max_abs, prefill.rel(), static_cast<long long>(prefill.argmax_equal),
-          static_cast<long long>(prefill.argmax_total), decode.max_abs, decode.rel(),
-          static_cast<long long>(decode.argmax_equal), static_cast<long long>(decode.argmax_total), floor.c_str(),
-          ok ? "ok" : "OUT OF TOLERANCE");
+      std::printf("%s: %s | prefill (eager) %s | decode (graphs) %s%s | %s\n", s.c_str(), how.c_str(),
+                  prefill.summary().c_str(), decode.summary().c_str(), floor.c_str(), ok ? "ok" : "OUT OF TOLERANCE");
     }
     std::printf("HF-CHECK %s\n", pass ? "PASS" : "FAIL");
     return pass ? 0 : 1;

@@ -6,6 +6,7 @@
 #include "gk_test.h"
 
 #include "engine/checkpoint_writer.h"
+#include "engine/compare.h"
 #include "engine/llm_engine.h"
 
 #include <graphkeep/reload/reload_engine.h>
@@ -52,8 +53,8 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     gk::InMemorySource a(weights[0]);
     eng.reload(a);
   }
-  REQUIRE_FALSE(at::equal(expected[0], expected[1]));
-  REQUIRE(at::equal(eng.decode(tokens, pos), expected[0]));
+  REQUIRE_FALSE(demo::bitwise_equal(expected[0], expected[1]));
+  REQUIRE(demo::bitwise_equal(eng.decode(tokens, pos), expected[0]));
   {
     // A trainer that keeps the engine's layout hands over whole parameters
     // (fused q/k/v and gate/up) by parameter name: the parameters of a second
@@ -73,10 +74,10 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     gk::InMemorySource src(whole);
     const gk::ReloadReport r = eng.reload(src);
     CHECK(r.tensors_adopted == whole.size());
-    CHECK(at::equal(eng.decode(tokens, pos), expected[1]));
+    CHECK(demo::bitwise_equal(eng.decode(tokens, pos), expected[1]));
     gk::InMemorySource a(weights[0]);
     eng.reload(a);
-    REQUIRE(at::equal(eng.decode(tokens, pos), expected[0]));
+    REQUIRE(demo::bitwise_equal(eng.decode(tokens, pos), expected[0]));
   }
   const std::uint64_t version0 = eng.reload_engine().weight_version();
 
@@ -122,7 +123,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     const at::Tensor out = eng.decode(tokens, pos);
     ++steps;
     during_stage += staging_at_start || stages_begun.load() != begun ? 1 : 0;
-    if (!at::equal(out, expected[current.load()])) ++wrong;
+    if (!demo::bitwise_equal(out, expected[current.load()])) ++wrong;
     std::optional<gk::StagedReload> s;
     int target = 0;
     {
@@ -166,7 +167,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   CHECK(during_stage > 0);
   CHECK(eng.reload_engine().weight_version() == version0 + static_cast<std::uint64_t>(commits));
   CHECK(eng.reload_engine().state() == gk::EngineState::ready);
-  CHECK(at::equal(eng.decode(tokens, pos), expected[current.load()]));
+  CHECK(demo::bitwise_equal(eng.decode(tokens, pos), expected[current.load()]));
 }
 
 // The built-in tiny model as Llama (no q/k norms), Qwen3 and Qwen3-MoE.
@@ -210,6 +211,77 @@ std::vector<at::Tensor> serve_request(demo::LlmEngine& eng, const at::Tensor& pr
 
 }  // namespace
 
+TEST_CASE("the comparisons of the checks fail on NaN and Inf, in the output or in the reference") {
+  // What gk-hf-check, the demo, these tests and the fuzzers compare with
+  // (examples/engine/compare.h). The idiom it replaces passes NaN:
+  const at::Tensor want = at::linspace(-2, 2, 12).view({3, 4});
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  CHECK(std::max(0.0, (want.clone().fill_(nan) - want).abs().max().item<double>()) == 0.0);
+  CHECK(demo::max_keep_nan(0.0, nan) != demo::max_keep_nan(0.0, nan));
+  {
+    demo::MaxDiff same;
+    same.add(want, want.clone());
+    CHECK(same.equal());
+    CHECK(same.within(0));
+    CHECK(same.nonfinite() == 0);
+    CHECK(demo::bitwise_equal(want, want.clone()));
+    CHECK(demo::all_close(want, want + 1e-6, 1e-3, 1e-3));
+    demo::MaxDiff off;
+    off.add(want, want + 0.5);
+    CHECK_FALSE(off.equal());
+    CHECK(off.within(0.5 / 2.5));  // max |diff| 0.5 against max |reference| 2.5
+    CHECK_FALSE(off.within(0.19));
+    CHECK_FALSE(demo::bitwise_equal(want, want + 0.5));
+    CHECK_FALSE(demo::all_close(want, want + 0.5, 1e-3, 1e-3));
+    demo::MaxDiff shape;
+    shape.add(want, want.view({4, 3}));
+    CHECK_FALSE(shape.within(1));
+  }
+  for (const double bad : {nan, inf, -inf}) {
+    CAPTURE(bad);
+    for (const bool in_reference : {false, true}) {
+      CAPTURE(in_reference);
+      for (const bool all : {false, true}) {
+        CAPTURE(all);
+        at::Tensor poisoned = want.clone();
+        if (all)
+          poisoned.fill_(bad);
+        else
+          poisoned[1][2] = bad;
+        const at::Tensor& got = in_reference ? want : poisoned;
+        const at::Tensor& ref = in_reference ? poisoned : want;
+        demo::MaxDiff d;
+        d.add(got, ref);
+        CHECK(d.nonfinite() == (all ? 12 : 1));
+        CHECK_FALSE(d.finite());
+        CHECK_FALSE(d.within(1e30));
+        CHECK_FALSE(d.equal());
+        CHECK_FALSE(std::isfinite(d.rel()));
+        // Non-finite on both sides, even the same value, is no match.
+        demo::MaxDiff both;
+        both.add(poisoned, poisoned.clone());
+        CHECK_FALSE(both.within(1e30));
+        CHECK_FALSE(both.equal());
+        CHECK_FALSE(demo::bitwise_equal(got, ref));
+        CHECK_FALSE(demo::bitwise_equal(poisoned, poisoned.clone()));
+        CHECK_FALSE(demo::bitwise_equal(poisoned, poisoned));  // at::equal's same-storage shortcut
+        CHECK_FALSE(demo::all_close(got, ref, 1e30, 1e30));
+        CHECK_FALSE(demo::all_close(poisoned, poisoned.clone(), 1e-3, 1e-3));
+        // An earlier finite pair does not hide a later non-finite one, nor the other way round.
+        demo::MaxDiff later, finite_only, merged;
+        later.add(want, want);
+        later.add(got, ref);
+        later.add(want, want);
+        CHECK_FALSE(later.within(1e30));
+        finite_only.add(want, want);
+        merged.add(finite_only);
+        merged.add(later);
+        CHECK_FALSE(merged.within(1e30));
+      }
+    }
+  }
+}
+
 TEST_SUITE("cpu") {
 TEST_CASE("KV-cache rows at or past a sequence's length (NaN, Inf, earlier requests') never reach its logits") {
   // Attention reads the whole static cache of the sequence and weights the
@@ -239,9 +311,7 @@ TEST_CASE("KV-cache rows at or past a sequence's length (NaN, Inf, earlier reque
     REQUIRE(got.size() == 9);  // 3 prefills, 3 decode steps through graphs, 3 eager
     for (std::size_t i = 0; i < got.size(); ++i) {
       CAPTURE(i);
-      CHECK(at::isfinite(want[i]).all().item<bool>());
-      CHECK(at::isfinite(got[i]).all().item<bool>());
-      CHECK(at::equal(got[i], want[i]));
+      CHECK(demo::bitwise_equal(got[i], want[i]));  // and finite
     }
     // The poison is still there past the request's length (row seq * max_len + position).
     CHECK(at::isnan(used.kv_caches()[0].v[12]).all().item<bool>());
