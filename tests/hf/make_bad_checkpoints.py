@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes broken copies of a Hugging Face checkpoint directory for the engine's
-negative tests (examples/CMakeLists.txt, hf.check.llama.refused_reloads).
+negative tests (tests/examples.cmake, hf.check.llama.refused_reloads).
 
     make_bad_checkpoints.py GOOD_DIR OUT
       OUT/missing_shard  the index names model-00002-of-00003.safetensors, which is absent
