@@ -6,7 +6,9 @@
 // (DIR/reference.safetensors). This tool serves DIR/step0 with the engine,
 // compares its logits with transformers' (prefill eagerly, then decode
 // through the captured graphs, teacher-forced), then reloads each next step
-// *without recapture* and compares again.
+// *without recapture* and compares again. It also compares the engine's
+// rotary tables with transformers', bitwise (the served model's, and each
+// rope_scaling preset's: DIR/rope/<name>/config.json).
 //
 //   gk-hf-check --ref DIR [--format dense|fp8|w4a16] [--device cpu|cuda] [--prefill P] [--tol X]
 //               [--unprotect SLOT] [--bad-reload DIR]...
@@ -33,6 +35,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -88,6 +91,42 @@ struct Compare {
     return out;
   }
 };
+
+// The engine's rotary tables against transformers' (make_reference.py's
+// rope.* tensors), bitwise: the served model's (its first max_len
+// positions), and those the engine computes for each rope_scaling preset
+// (ref/rope/<name>/config.json). One line; `ok` false when any differs.
+std::string check_rope(const demo::LlmEngine& eng, const std::map<std::string, at::Tensor>& ref,
+                       const std::filesystem::path& dir, bool& ok) {
+  if (!ref.count("rope.cos")) return "rope: the reference has no rotary tables (made by an older make_reference.py)";
+  auto same = [&](const demo::RopeTables& got, const std::string& prefix) {
+    const at::Tensor cos = need(ref, prefix + ".cos"), sin = need(ref, prefix + ".sin");
+    const std::int64_t n = got.cos.size(0);
+    return n <= cos.size(0) && demo::bitwise_equal(got.cos.to(at::kCPU), cos.narrow(0, 0, n)) &&
+           demo::bitwise_equal(got.sin.to(at::kCPU), sin.narrow(0, 0, n));
+  };
+  std::vector<std::string> good, bad;
+  (same(eng.rope_tables(), "rope") ? good : bad).push_back("the served model's (" + eng.config().rope_scaling.type + ", " +
+                                                           std::to_string(eng.rope_tables().cos.size(0)) + " positions)");
+  std::vector<std::filesystem::path> presets;
+  if (std::filesystem::is_directory(dir / "rope"))
+    for (const auto& e : std::filesystem::directory_iterator(dir / "rope")) presets.push_back(e.path());
+  std::sort(presets.begin(), presets.end());
+  for (const auto& p : presets) {
+    const std::string name = p.filename().string();
+    const std::int64_t n = need(ref, "rope." + name + ".cos").size(0);
+    const demo::RopeTables t = demo::make_rope_tables(demo::read_hf_config(p.string()), n, c10::kCPU);
+    (same(t, "rope." + name) ? good : bad).push_back(name + " (" + std::to_string(n) + " positions)");
+  }
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& x : v) out += (out.empty() ? "" : ", ") + x;
+    return out;
+  };
+  ok = bad.empty();
+  if (ok) return "rope: tables bitwise equal to transformers': " + join(good);
+  return "rope: tables DIFFER from transformers': " + join(bad) + " | OUT OF TOLERANCE";
+}
 
 // `text` followed by `rel` as "%.3g" prints it.
 std::string concat_rel(const std::string& text, double rel) {
@@ -170,6 +209,9 @@ int main(int argc, char** argv) {
           }
         }
         if (!a.bad_reloads.empty()) how += "; " + std::to_string(a.bad_reloads.size()) + " bad reloads refused";
+        bool rope_ok = true;
+        std::printf("%s\n", check_rope(*eng, ref, a.ref, rope_ok).c_str());
+        pass = pass && rope_ok;
       } else {
         gk::ReloadOptions ro = eng->reload_engine().options();
         if (!a.unprotect.empty()) ro.unprotected_slots = {a.unprotect};

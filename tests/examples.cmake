@@ -66,6 +66,9 @@ gk_add_output_test(demo.rl_loop_bad_model LABELS unit EXIT 1 COMMAND gk-rl-demo 
 # scale of one layer out of copy-back: the manifest catches the drift, and the
 # graphs replayed anyway leave the tolerance.
 set(_hfref ${CMAKE_BINARY_DIR}/hfref)
+# gk-hf-check's line on the rotary tables: the served model's and every
+# rope_scaling preset's (linear, dynamic, llama3) equal transformers' bit for bit.
+set(_rope_ok "rope: tables bitwise equal to transformers': ")
 foreach(arch llama qwen3 qwen3_moe)
   set(_extra "")
   if(arch STREQUAL "qwen3")
@@ -78,10 +81,36 @@ foreach(arch llama qwen3 qwen3_moe)
   foreach(format dense fp8 w4a16)
     gk_add_output_test(hf.check.${arch}.${format} LABELS unit
       COMMAND gk-hf-check --ref ${_hfref}/${arch} --device cpu --format ${format}
-      REGEX "step2: reloaded in [0-9.]+ ms without recapture, drift 0.*\\| ok\nHF-CHECK PASS")
+      REGEX "${_rope_ok}the served model's \\(default, 16 positions\\), default .*step2: reloaded in [0-9.]+ ms without recapture, drift 0.*\\| ok\nHF-CHECK PASS")
     set_tests_properties(hf.check.${arch}.${format} PROPERTIES FIXTURES_REQUIRED hfref_${arch})
   endforeach()
 endforeach()
+# Llama 3.1+'s rope scaling, "llama3" (make_reference.py --rope llama3: an
+# original context of 8 positions, below the 12 compared; the first frequency
+# kept, the second smoothed, the rest divided by the factor): served as
+# transformers computes it, its rotary tables bitwise transformers'.
+add_test(NAME hf.reference.llama_rope_llama3
+         COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/hf/make_reference.py --arch llama --rope llama3
+                 --out ${_hfref}/llama_rope_llama3 --steps 2)
+set_tests_properties(hf.reference.llama_rope_llama3 PROPERTIES LABELS unit FIXTURES_SETUP hfref_llama_rope_llama3)
+foreach(format dense fp8)
+  gk_add_output_test(hf.check.llama_rope_llama3.${format} LABELS unit
+    COMMAND gk-hf-check --ref ${_hfref}/llama_rope_llama3 --device cpu --format ${format}
+    REGEX "${_rope_ok}the served model's \\(llama3, 16 positions\\), default .*step2: reloaded in [0-9.]+ ms without recapture, drift 0.*\\| ok\nHF-CHECK PASS")
+  set_tests_properties(hf.check.llama_rope_llama3.${format} PROPERTIES FIXTURES_REQUIRED hfref_llama_rope_llama3)
+endforeach()
+# The same checkpoints served with plain RoPE (rope_scaling set to null, as
+# the engine's old refusal advised): the tables differ and the logits leave
+# the tolerance (0.2 % relative at step 0, 11 % at step 2, measured).
+add_test(NAME hf.plain_rope_reference.setup
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/hf/strip_rope_scaling.py
+                 ${_hfref}/llama_rope_llama3 ${_hfref}/llama_rope_llama3_plain)
+set_tests_properties(hf.plain_rope_reference.setup PROPERTIES LABELS unit FIXTURES_REQUIRED hfref_llama_rope_llama3
+                     FIXTURES_SETUP hfref_llama_rope_llama3_plain)
+gk_add_output_test(hf.check.llama_rope_llama3.plain_rope LABELS unit EXIT 1
+  COMMAND gk-hf-check --ref ${_hfref}/llama_rope_llama3_plain --device cpu
+  REGEX "rope: tables DIFFER from transformers': the served model's \\(default, 16 positions\\) \\| OUT OF TOLERANCE\nstep0: [^\n]*\\| OUT OF TOLERANCE\n.*HF-CHECK FAIL")
+set_tests_properties(hf.check.llama_rope_llama3.plain_rope PROPERTIES FIXTURES_REQUIRED hfref_llama_rope_llama3_plain)
 gk_add_output_test(hf.check.llama.fp8_unprotected LABELS unit EXIT 1
   COMMAND gk-hf-check --ref ${_hfref}/llama --device cpu --format fp8
           --unprotect model.layers.0.self_attn.qkv_.fp8_.scale_
@@ -103,7 +132,10 @@ set_tests_properties(hf.check.qwen3_moe.strides_unprotected PROPERTIES FIXTURES_
 # Checkpoints the engine must refuse, each leaving the served model unchanged
 # (every later step still matches transformers): another architecture, a
 # shard the index names but the directory lacks, a tensor of another shape,
-# an unsupported model_type, an unsupported config field.
+# an unsupported model_type, a rope scaling the engine does not implement,
+# one it implements but the served model does not have (the captured rotary
+# tables would stay the old ones), a max_position_embeddings below the
+# engine's max_len (as at start-up).
 set(_bad ${_hfref}/bad)
 add_test(NAME hf.bad_checkpoints.setup
          COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/hf/make_bad_checkpoints.py ${_hfref}/llama/step1 ${_bad})
@@ -113,7 +145,8 @@ gk_add_output_test(hf.check.llama.refused_reloads LABELS unit
   COMMAND gk-hf-check --ref ${_hfref}/llama --device cpu
           --bad-reload ${_hfref}/qwen3/step1 --bad-reload ${_bad}/missing_shard
           --bad-reload ${_bad}/wrong_shape --bad-reload ${_bad}/model_type --bad-reload ${_bad}/rope_scaling
-  REGEX "qwen3/step1: refused: .*/config.json: model_type is qwen3 but the served model has llama.*missing_shard: refused: .*model-00002-of-00003.safetensors.*wrong_shape: refused: .*model.layers.0.self_attn.k_proj.weight.*has shape \\[16, 64\\], but the model expects \\[32, 64\\].*model_type: refused: .*unsupported model_type 'mistral'.*rope_scaling: refused: .*unsupported field 'rope_scaling'.*step2: reloaded in [0-9.]+ ms without recapture, drift 0.*\\| ok\nHF-CHECK PASS")
+          --bad-reload ${_bad}/rope_changed --bad-reload ${_bad}/max_position
+  REGEX "qwen3/step1: refused: .*/config.json: model_type is qwen3 but the served model has llama.*missing_shard: refused: .*model-00002-of-00003.safetensors.*wrong_shape: refused: .*model.layers.0.self_attn.k_proj.weight.*has shape \\[16, 64\\], but the model expects \\[32, 64\\].*model_type: refused: .*unsupported model_type 'mistral'.*: the engine cannot serve this model\nbad reload .*rope_scaling: refused: .*/config.json: unsupported rope_scaling.rope_type 'yarn' .*: the engine cannot serve this model\nbad reload .*rope_changed: refused: .*/config.json: rope_scaling is [^\n]*linear[^\n]* but the served model has null.*max_position: refused: .*/config.json: max_position_embeddings is 8, below the engine's max_len 16.*step2: reloaded in [0-9.]+ ms without recapture, drift 0.*\\| ok\nHF-CHECK PASS")
 set_tests_properties(hf.check.llama.refused_reloads PROPERTIES FIXTURES_REQUIRED "hfref_llama;hfref_qwen3;hfref_bad")
 
 # NaN and Inf must fail the oracle (tests/hf/make_nonfinite_references.py):

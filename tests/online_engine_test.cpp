@@ -15,6 +15,9 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -279,6 +282,99 @@ TEST_CASE("the comparisons of the checks fail on NaN and Inf, in the output or i
         CHECK_FALSE(merged.within(1e30));
       }
     }
+  }
+}
+
+// The built-in config written to a fresh directory with `edit` applied to
+// its config.json text; read back with demo::read_hf_config.
+demo::HfConfig read_edited_config(const std::string& name, const std::string& from, const std::string& to) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("gk_hf_config_test_" + name)).string();
+  demo::write_hf_config(demo::builtin_tiny_config(), dir);
+  const std::string file = dir + "/config.json";
+  std::string text;
+  {
+    std::ifstream in(file);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  std::ofstream(file) << text;
+  return demo::read_hf_config(dir);
+}
+
+TEST_CASE("config.json: rope scalings are read as transformers reads them; what the engine cannot serve is refused by name") {
+  const std::string null_rope = "\"rope_scaling\": null";
+  CHECK(read_edited_config("default", null_rope, null_rope).rope_scaling == demo::RopeScaling{});
+  {
+    const demo::HfConfig c =
+        read_edited_config("linear", null_rope, R"("rope_scaling": {"rope_type": "linear", "factor": 2.0})");
+    CHECK(c.rope_scaling.type == "linear");
+    CHECK(c.rope_scaling.factor == 2.0);
+  }
+  {  // the older key, and both keys (as transformers' config writes them)
+    CHECK(read_edited_config("dynamic", null_rope, R"("rope_scaling": {"type": "dynamic", "factor": 4})")
+              .rope_scaling.type == "dynamic");
+    CHECK(read_edited_config("dynamic2", null_rope,
+                             R"("rope_scaling": {"type": "dynamic", "rope_type": "dynamic", "factor": 4})")
+              .rope_scaling.factor == 4.0);
+  }
+  const std::string llama31 = R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, )"
+                              R"("high_freq_factor": 4.0, "original_max_position_embeddings": 8192)";
+  {
+    const demo::HfConfig c = read_edited_config("llama3", null_rope, "\"rope_scaling\": " + llama31 + "}");
+    CHECK(c.rope_scaling.type == "llama3");
+    CHECK(c.rope_scaling.original_max_position_embeddings == 8192);
+    CHECK(c.rope_scaling.high_freq_factor == 4.0);
+    // Written back and read again: the same.
+    const std::string dir = (std::filesystem::temp_directory_path() / "gk_hf_config_test_roundtrip").string();
+    demo::write_hf_config(c, dir);
+    CHECK(demo::read_hf_config(dir).rope_scaling == c.rope_scaling);
+  }
+  // Refusals: each names the field, says the engine cannot serve the model
+  // when the field is one it does not implement, and never advises editing
+  // the config (serving without it gives other logits: hf.check.llama_rope_llama3.plain_rope).
+  struct Bad {
+    const char* name;
+    std::string from, to, says;
+    bool unsupported;  // "the engine cannot serve this model"
+  };
+  const std::vector<Bad> bad = {
+      {"yarn", null_rope, R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})", "rope_scaling.rope_type 'yarn'",
+       true},
+      {"longrope", null_rope, R"("rope_scaling": {"type": "longrope", "factor": 4.0})",
+       "rope_scaling.rope_type 'longrope'", true},
+      {"no_type", null_rope, R"("rope_scaling": {"factor": 4.0})", "has no 'rope_type'", true},
+      {"types_differ", null_rope, R"("rope_scaling": {"type": "linear", "rope_type": "dynamic", "factor": 2.0})",
+       "rope_scaling.rope_type 'dynamic' and rope_scaling.type 'linear' differ", true},
+      {"missing", null_rope, R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0})",
+       "the field 'rope_scaling.original_max_position_embeddings' is missing", false},
+      {"extra", null_rope, "\"rope_scaling\": " + llama31 + ", \"attention_factor\": 0.5}",
+       "unsupported field 'rope_scaling.attention_factor' = 0.5", true},
+      {"factor", null_rope, R"("rope_scaling": {"rope_type": "linear", "factor": 0})", "rope_scaling.factor is 0", true},
+      {"not_object", null_rope, R"("rope_scaling": "llama3")", "the field 'rope_scaling' has the value \"llama3\"",
+       true},
+      {"partial", null_rope, R"("rope_scaling": null, "partial_rotary_factor": 0.5)",
+       "unsupported value 0.5 of the field 'partial_rotary_factor'", true},
+      {"bias", "\"attention_bias\": false", "\"attention_bias\": true",
+       "unsupported value true of the field 'attention_bias'", true},
+      {"model_type", "\"model_type\": \"qwen3\"", "\"model_type\": \"mistral\"", "unsupported model_type 'mistral'",
+       true},
+  };
+  for (const Bad& b : bad) {
+    CAPTURE(b.name);
+    std::string message;
+    try {
+      (void)read_edited_config(b.name, b.from, b.to);
+    } catch (const gk::WeightError& e) {
+      message = e.message();
+    }
+    CAPTURE(message);
+    CHECK(message.find("config.json") != std::string::npos);
+    CHECK(message.find(b.says) != std::string::npos);
+    CHECK((message.find("the engine cannot serve this model") != std::string::npos) == b.unsupported);
+    CHECK(message.find("remove") == std::string::npos);
+    CHECK(message.find("set it") == std::string::npos);
   }
 }
 

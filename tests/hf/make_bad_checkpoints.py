@@ -6,7 +6,9 @@ negative tests (tests/examples.cmake, hf.check.llama.refused_reloads).
       OUT/missing_shard  the index names model-00002-of-00003.safetensors, which is absent
       OUT/wrong_shape    layer 0's k_proj.weight has half its rows
       OUT/model_type     config.json says "mistral"
-      OUT/rope_scaling   config.json has a rope_scaling entry
+      OUT/rope_scaling   config.json has a rope_scaling the engine does not implement (yarn)
+      OUT/rope_changed   config.json has a rope_scaling the engine implements (linear), unlike the served model
+      OUT/max_position   config.json's max_position_embeddings (8) is below the engine's max_len (16)
 """
 import json
 import os
@@ -47,5 +49,7 @@ tensors[name] = tensors[name][: tensors[name].shape[0] // 2].contiguous()
 save_file(tensors, shard, metadata={"format": "pt"})
 
 edit_config(copy("model_type"), model_type="mistral")
-edit_config(copy("rope_scaling"), rope_scaling={"rope_type": "linear", "factor": 2.0})
+edit_config(copy("rope_scaling"), rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32})
+edit_config(copy("rope_changed"), rope_scaling={"rope_type": "linear", "factor": 2.0})
+edit_config(copy("max_position"), max_position_embeddings=8)
 print("wrote", out)
