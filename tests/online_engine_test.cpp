@@ -378,6 +378,55 @@ TEST_CASE("config.json: rope scalings are read as transformers reads them; what 
   }
 }
 
+TEST_CASE("a format the model's sizes do not fit is refused naming the tensor and the config field") {
+  // W4A16 groups K input channels by 128 (K itself below 128): an
+  // intermediate_size of 160 fits no group, and down_proj's K is it.
+  at::NoGradGuard no_grad;
+  const c10::Device cpu(c10::kCPU);
+  demo::HfConfig c = demo::builtin_tiny_config();
+  c.intermediate_size = 160;
+  const std::vector<gk::NamedTensor> weights = demo::random_weights(c, 3);
+  demo::LlmEngineOptions eager;
+  eager.batch_sizes = {};
+  auto refusal = [&](const demo::HfConfig& cfg, const std::vector<gk::NamedTensor>& w, demo::WeightFormat f) {
+    gk::InMemorySource src(w);
+    try {
+      demo::LlmEngine eng(cfg, cpu, f, src, eager);
+    } catch (const gk::WeightError& e) {
+      return std::string(e.message());
+    }
+    return std::string();
+  };
+  const std::string msg = refusal(c, weights, demo::WeightFormat::w4a16);
+  CAPTURE(msg);
+  CHECK(msg.find("model.layers.0.mlp.down_proj.weight: the w4a16 format needs the input size K = 160 "
+                 "(intermediate_size) to be a multiple of 8 and of its group size 128") == 0);
+  CHECK(msg.find("the engine cannot serve this model in w4a16") != std::string::npos);
+  // The same model serves in the other formats.
+  CHECK(refusal(c, weights, demo::WeightFormat::dense).empty());
+  CHECK(refusal(c, weights, demo::WeightFormat::fp8).empty());
+  // A hidden size of 100 fits no W4A16 group of q, k, v (fused) nor of gate, up: the first named is qkv's.
+  demo::HfConfig h = demo::builtin_tiny_config();
+  h.hidden_size = 100;
+  const std::string hmsg = refusal(h, demo::random_weights(h, 3), demo::WeightFormat::w4a16);
+  CAPTURE(hmsg);
+  CHECK(hmsg.find("model.layers.0.self_attn.q_proj.weight + model.layers.0.self_attn.k_proj.weight + "
+                  "model.layers.0.self_attn.v_proj.weight: the w4a16 format needs the input size K = 100 "
+                  "(hidden_size)") == 0);
+  // The quant kernel names what it is built from when told.
+  const at::Tensor g_idx = at::zeros({64}, at::kInt);
+  std::string kmsg;
+  try {
+    gk::quant::MarlinW4A16Kernel(at::zeros({4, 16}, at::kInt), g_idx, gk::quant::MarlinSplitK{},
+                                 "model.layers.3.mlp.down_proj.weight");
+  } catch (const gk::WeightError& e) {
+    kmsg = e.message();
+  }
+  CAPTURE(kmsg);
+  CHECK(kmsg.find("MarlinW4A16Kernel for model.layers.3.mlp.down_proj.weight: qweight must be [K/8, N] for g_idx [K] "
+                  "int32, got [4, 16] and [64]") == 0);
+}
+
 TEST_SUITE("cpu") {
 TEST_CASE("KV-cache rows at or past a sequence's length (NaN, Inf, earlier requests') never reach its logits") {
   // Attention reads the whole static cache of the sequence and weights the

@@ -128,6 +128,14 @@ gk::CheckpointParam checkpoint_param(std::string_view layer, std::string_view pa
   return cp;
 }
 
+// The checkpoint tensors of `layer`'s parameter `param` under the module
+// path `prefix`, for messages: "model.layers.0.mlp.gate_proj.weight + model.layers.0.mlp.up_proj.weight".
+std::string checkpoint_names(const std::string& prefix, std::string_view layer, std::string_view param) {
+  std::string out;
+  for (const char* t : rule(layer, param).tensors) out += (out.empty() ? "" : " + ") + prefix + "." + t;
+  return out;
+}
+
 }  // namespace
 
 WeightFormat parse_weight_format(std::string_view name) {
@@ -248,17 +256,22 @@ at::Tensor Fp8Weights::apply(const at::Tensor& x) const {
 // tests/hf/make_reference.py computes the same inside transformers.
 std::int64_t W4A16Weights::group_size(std::int64_t k) { return k < 128 ? k : 128; }
 
-void W4A16Weights::build(const at::Tensor& dense) {
+void W4A16Weights::check_input_size(int64_t k, const std::string& weight, const std::string& k_field) {
+  GK_CHECK(gk::WeightError, k % 8 == 0 && k % group_size(k) == 0, weight, ": the w4a16 format needs the input size K = ",
+           k, " (", k_field, ") to be a multiple of 8 and of its group size ", group_size(k),
+           ": the engine cannot serve this model in w4a16 (dense and fp8 can)");
+}
+
+void W4A16Weights::build(const at::Tensor& dense, const std::string& weight) {
   const int64_t n = dense.size(0), k = dense.size(1), g = group_size(k);
-  GK_CHECK(gk::WeightError, k % 8 == 0 && k % g == 0, "w4a16: K = ", k, " must be a multiple of 8 and of the group ",
-           g);
+  check_input_size(k, weight, "its columns");
   const at::Tensor w = dense.to(at::kFloat).view({n, k / g, g});
   const at::Tensor s = (w.abs().amax(-1) / 7.0).clamp_min(1e-12);                       // [N, G]
   const at::Tensor q = (w / s.unsqueeze(-1)).round().clamp(-8, 7).view({n, k}).to(at::kLong);
   const at::Tensor qweight = gk::quant::pack_int_rows((q + 8).t().contiguous(), 8, 4);  // [K/8, N]
   scales_ = s.t().contiguous();
   g_idx_ = at::floor_divide(at::arange(k, dense.options().dtype(at::kLong)), g).to(at::kInt).contiguous();
-  kernel_.emplace(qweight, g_idx_, gk::quant::MarlinSplitK{});
+  kernel_.emplace(qweight, g_idx_, gk::quant::MarlinSplitK{}, weight);
 }
 
 at::Tensor W4A16Weights::apply(const at::Tensor& x) const {
@@ -270,9 +283,14 @@ at::Tensor W4A16Weights::apply(const at::Tensor& x) const {
   return cast(kernel_->apply(cast(x, at::kFloat), scales_, g_idx_), x.scalar_type());
 }
 
+ProjectionWeights::ProjectionWeights(WeightFormat f, std::string weight, int64_t k, const std::string& k_field)
+    : format_(f), weight_(std::move(weight)) {
+  if (format_ == WeightFormat::w4a16) W4A16Weights::check_input_size(k, weight_, k_field);
+}
+
 void ProjectionWeights::build(const at::Tensor& dense) {
   if (format_ == WeightFormat::fp8) fp8_.build(dense);
-  if (format_ == WeightFormat::w4a16) w4a16_.build(dense);
+  if (format_ == WeightFormat::w4a16) w4a16_.build(dense, weight_);
 }
 
 at::Tensor ProjectionWeights::apply(const char* name, const at::Tensor& x, const at::Tensor& dense) const {
@@ -283,14 +301,15 @@ at::Tensor ProjectionWeights::apply(const char* name, const at::Tensor& x, const
   }
 }
 
-Attention::Attention(const HfConfig& c, c10::Device device, WeightFormat format)
-    : hidden_(c.hidden_size),
+Attention::Attention(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
+    : qkv_(format, checkpoint_names(prefix, "self_attn", "qkv_proj"), c.hidden_size, "hidden_size"),
+      o_(format, checkpoint_names(prefix, "self_attn", "o_proj"), c.num_attention_heads * c.head_dim,
+         "num_attention_heads * head_dim"),
+      hidden_(c.hidden_size),
       heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.head_dim),
       eps_(c.rms_norm_eps) {
-  qkv_ = ProjectionWeights(format);
-  o_ = ProjectionWeights(format);
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
   qkv_proj_ = register_parameter("qkv_proj", at::zeros({(heads_ + 2 * kv_heads_) * head_dim_, hidden_}, opts), false);
   o_proj_ = register_parameter("o_proj", at::zeros({hidden_, heads_ * head_dim_}, opts), false);
@@ -373,8 +392,11 @@ at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, cons
   return o_.apply("o_proj", a, o_proj_);
 }
 
-Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format)
-    : gate_up_(format), down_(format), hidden_(c.hidden_size), inter_(c.intermediate_size) {
+Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
+    : gate_up_(format, checkpoint_names(prefix, "mlp", "gate_up_proj"), c.hidden_size, "hidden_size"),
+      down_(format, checkpoint_names(prefix, "mlp", "down_proj"), c.intermediate_size, "intermediate_size"),
+      hidden_(c.hidden_size),
+      inter_(c.intermediate_size) {
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
   gate_up_proj_ = register_parameter("gate_up_proj", at::zeros({2 * inter_, hidden_}, opts), false);
   down_proj_ = register_parameter("down_proj", at::zeros({hidden_, inter_}, opts), false);
@@ -445,16 +467,17 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
   return to_dtype("moe_out", y, x.scalar_type());
 }
 
-DecoderLayer::DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format) : eps_(c.rms_norm_eps) {
+DecoderLayer::DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
+    : eps_(c.rms_norm_eps) {
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
   input_layernorm_ = register_module("input_layernorm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));
-  self_attn_ = register_module("self_attn", std::make_shared<Attention>(c, device, format));
+  self_attn_ = register_module("self_attn", std::make_shared<Attention>(c, device, format, prefix + ".self_attn"));
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));
   if (c.is_moe())
     moe_ = register_module("mlp", std::make_shared<SparseMoe>(c, device));
   else
-    mlp_ = register_module("mlp", std::make_shared<Mlp>(c, device, format));
+    mlp_ = register_module("mlp", std::make_shared<Mlp>(c, device, format, prefix + ".mlp"));
 }
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
@@ -472,7 +495,7 @@ CausalLM::CausalLM(const HfConfig& c, c10::Device device, WeightFormat format)
       "embed_tokens", std::make_shared<Plain>(std::vector<int64_t>{c.vocab_size, c.hidden_size}, opts));
   auto list = model->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layers_.push_back(std::make_shared<DecoderLayer>(c, device, format));
+    layers_.push_back(std::make_shared<DecoderLayer>(c, device, format, "model.layers." + std::to_string(i)));
     list->push_back(layers_.back());
   }
   norm_ = model->register_module("norm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));
