@@ -138,7 +138,7 @@ set_tests_properties(hf.check.qwen3_moe.strides_unprotected PROPERTIES FIXTURES_
 # engine's max_len (as at start-up).
 set(_bad ${_hfref}/bad)
 add_test(NAME hf.bad_checkpoints.setup
-         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/hf/make_bad_checkpoints.py ${_hfref}/llama/step1 ${_bad})
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/hf/make_bad_checkpoints.py ${_hfref}/llama ${_bad})
 set_tests_properties(hf.bad_checkpoints.setup PROPERTIES LABELS unit FIXTURES_REQUIRED hfref_llama
                      FIXTURES_SETUP hfref_bad)
 gk_add_output_test(hf.check.llama.refused_reloads LABELS unit
@@ -149,28 +149,22 @@ gk_add_output_test(hf.check.llama.refused_reloads LABELS unit
   REGEX "qwen3/step1: refused: .*/config.json: model_type is qwen3 but the served model has llama.*missing_shard: refused: .*model-00002-of-00003.safetensors.*wrong_shape: refused: .*model.layers.0.self_attn.k_proj.weight.*has shape \\[16, 64\\], but the model expects \\[32, 64\\].*model_type: refused: .*unsupported model_type 'mistral'.*: the engine cannot serve this model\nbad reload .*rope_scaling: refused: .*/config.json: unsupported rope_scaling.rope_type 'yarn' .*: the engine cannot serve this model\nbad reload .*rope_changed: refused: .*/config.json: rope_scaling is [^\n]*linear[^\n]* but the served model has null.*max_position: refused: .*/config.json: max_position_embeddings is 8, below the engine's max_len 16.*step2: reloaded in [0-9.]+ ms without recapture, drift 0.*\\| ok\nHF-CHECK PASS")
 set_tests_properties(hf.check.llama.refused_reloads PROPERTIES FIXTURES_REQUIRED "hfref_llama;hfref_qwen3;hfref_bad")
 
-# NaN and Inf must fail the oracle (tests/hf/make_nonfinite_references.py):
-# a step whose checkpoint is all NaN, one NaN in transformers' logits at a
-# prefill position, one +Inf at a decode position. A reduction with std::max
-# once dropped the NaN and printed HF-CHECK PASS.
-set(_nonfinite ${_hfref}/nonfinite)
-add_test(NAME hf.nonfinite_references.setup
-         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/hf/make_nonfinite_references.py ${_hfref}/llama
-                 ${_nonfinite})
-set_tests_properties(hf.nonfinite_references.setup PROPERTIES LABELS unit FIXTURES_REQUIRED hfref_llama
-                     FIXTURES_SETUP hfref_nonfinite)
+# NaN and Inf must fail the oracle (copies of the llama reference, also by
+# make_bad_checkpoints.py): a step whose checkpoint is all NaN, one NaN in
+# transformers' logits at a prefill position, one +Inf at a decode position.
+# A reduction with std::max once dropped the NaN and printed HF-CHECK PASS.
 # Served NaN weights give NaN logits at step 1; step 2's good weights are
 # then served exactly again (no KV row written under the NaN weights reaches
 # them: Note [Stale KV rows] in examples/engine/llm.cpp). Where the reload
 # refuses non-finite weights instead, the refusal says so.
 gk_add_output_test(hf.check.llama.nonfinite_weights LABELS unit EXIT 1
-  COMMAND gk-hf-check --ref ${_nonfinite}/nan_weights --device cpu
+  COMMAND gk-hf-check --ref ${_bad}/nan_weights --device cpu
   REGEX "(step1: [^\n]*prefill \\(eager\\) max\\|diff\\| -?nan \\(rel -?nan\\), argmax [0-9]+/12, 3072 non-finite \\| decode \\(graphs\\) max\\|diff\\| -?nan \\(rel -?nan\\), argmax [0-9]+/24, 6144 non-finite \\| OUT OF TOLERANCE\nstep2: [^\n]*\\| ok\n|holds a non-finite value).*HF-CHECK FAIL")
 gk_add_output_test(hf.check.llama.nonfinite_logits_nan LABELS unit EXIT 1
-  COMMAND gk-hf-check --ref ${_nonfinite}/nan_logits --device cpu
+  COMMAND gk-hf-check --ref ${_bad}/nan_logits --device cpu
   REGEX "step1: [^\n]*prefill \\(eager\\) max\\|diff\\| -?nan \\(rel -?nan\\), argmax [0-9]+/12, 1 non-finite \\|[^\n]*\\| OUT OF TOLERANCE\nstep2: [^\n]*\\| ok\nHF-CHECK FAIL")
 gk_add_output_test(hf.check.llama.nonfinite_logits_inf LABELS unit EXIT 1
-  COMMAND gk-hf-check --ref ${_nonfinite}/inf_logits --device cpu
+  COMMAND gk-hf-check --ref ${_bad}/inf_logits --device cpu
   REGEX "step1: [^\n]*\\| ok\nstep2: [^\n]*decode \\(graphs\\) max\\|diff\\| inf \\(rel -?nan\\), argmax [0-9]+/24, 1 non-finite \\| OUT OF TOLERANCE\nHF-CHECK FAIL")
 set_tests_properties(hf.check.llama.nonfinite_weights hf.check.llama.nonfinite_logits_nan
-                     hf.check.llama.nonfinite_logits_inf PROPERTIES FIXTURES_REQUIRED hfref_nonfinite)
+                     hf.check.llama.nonfinite_logits_inf PROPERTIES FIXTURES_REQUIRED hfref_bad)
