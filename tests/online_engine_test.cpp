@@ -212,6 +212,60 @@ std::vector<at::Tensor> serve_request(demo::LlmEngine& eng, const at::Tensor& pr
   return out;
 }
 
+void stale_kv_rows_never_reach_logits(const c10::Device device) {
+  // Attention reads the whole static cache of the sequence and weights the
+  // rows past the token's position 0; 0 * NaN = NaN, so those rows must be
+  // left out, not weighted 0 (Note [Stale KV rows] in examples/engine/llm.cpp).
+  // A used engine whose cache holds an earlier, longer request and then NaN
+  // and Inf everywhere must serve a new request bitwise as a fresh engine
+  // does, eagerly and through the captured decode graphs (the CPU replay
+  // backend, or CUDA graphs).
+  at::NoGradGuard no_grad;
+  for (const demo::HfConfig& c : tiny_configs()) {
+    CAPTURE(c.model_type);
+    const std::vector<gk::NamedTensor> weights = demo::random_weights(c, 7);
+    demo::LlmEngineOptions opts;
+    opts.batch_sizes = {1, 2, 4};
+    opts.max_len = 16;
+    gk::InMemorySource w1(weights), w2(weights);
+    demo::LlmEngine fresh(c, device, demo::WeightFormat::dense, w1, opts);
+    demo::LlmEngine used(c, device, demo::WeightFormat::dense, w2, opts);
+    REQUIRE(used.num_graphs() == 3);
+    const at::Tensor earlier = at::arange(3 * 16, at::kLong).mul(11).remainder(c.vocab_size).view({3, 16});
+    (void)serve_request(used, earlier, 10);
+    poison_kv_cache(used);
+    const at::Tensor prompt = at::arange(3 * 10, at::kLong).mul(5).add(3).remainder(c.vocab_size).view({3, 10});
+    const std::vector<at::Tensor> want = serve_request(fresh, prompt, 4);
+    const std::vector<at::Tensor> got = serve_request(used, prompt, 4);
+    REQUIRE(got.size() == 9);  // 3 prefills, 3 decode steps through graphs, 3 eager
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(i);
+      CHECK(demo::bitwise_equal(got[i], want[i]));  // and finite
+    }
+    // The poison is still there past the request's length (row seq * max_len + position).
+    CHECK(at::isnan(used.kv_caches()[0].v[12]).all().item<bool>());
+    CHECK(at::isinf(used.kv_caches()[1].k[2 * 16 + 14]).all().item<bool>());
+  }
+}
+
+// The built-in config written to a fresh directory, the first `from` in its
+// config.json text replaced by `to`, read back with demo::read_hf_config.
+demo::HfConfig read_edited_config(const std::string& name, const std::string& from, const std::string& to) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("gk_hf_config_test_" + name)).string();
+  demo::write_hf_config(demo::builtin_tiny_config(), dir);
+  const std::string file = dir + "/config.json";
+  std::string text;
+  {
+    std::ifstream in(file);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  std::ofstream(file) << text;
+  return demo::read_hf_config(dir);
+}
+
 }  // namespace
 
 TEST_CASE("the comparisons of the checks fail on NaN and Inf, in the output or in the reference") {
@@ -283,24 +337,6 @@ TEST_CASE("the comparisons of the checks fail on NaN and Inf, in the output or i
       }
     }
   }
-}
-
-// The built-in config written to a fresh directory with `edit` applied to
-// its config.json text; read back with demo::read_hf_config.
-demo::HfConfig read_edited_config(const std::string& name, const std::string& from, const std::string& to) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("gk_hf_config_test_" + name)).string();
-  demo::write_hf_config(demo::builtin_tiny_config(), dir);
-  const std::string file = dir + "/config.json";
-  std::string text;
-  {
-    std::ifstream in(file);
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  const std::size_t at = text.find(from);
-  REQUIRE(at != std::string::npos);
-  text.replace(at, from.size(), to);
-  std::ofstream(file) << text;
-  return demo::read_hf_config(dir);
 }
 
 TEST_CASE("config.json: rope scalings are read as transformers reads them; what the engine cannot serve is refused by name") {
@@ -429,39 +465,7 @@ TEST_CASE("a format the model's sizes do not fit is refused naming the tensor an
 
 TEST_SUITE("cpu") {
 TEST_CASE("KV-cache rows at or past a sequence's length (NaN, Inf, earlier requests') never reach its logits") {
-  // Attention reads the whole static cache of the sequence and weights the
-  // rows past the token's position 0; 0 * NaN = NaN, so those rows must be
-  // left out, not weighted 0 (Note [Stale KV rows] in examples/engine/llm.cpp).
-  // A used engine whose cache holds an earlier, longer request and then NaN
-  // and Inf everywhere must serve a new request bitwise as a fresh engine
-  // does, eagerly and through the captured decode graphs (CPU replay backend).
-  at::NoGradGuard no_grad;
-  const c10::Device cpu(c10::kCPU);
-  for (const demo::HfConfig& c : tiny_configs()) {
-    CAPTURE(c.model_type);
-    const std::vector<gk::NamedTensor> weights = demo::random_weights(c, 7);
-    demo::LlmEngineOptions opts;
-    opts.batch_sizes = {1, 2, 4};
-    opts.max_len = 16;
-    gk::InMemorySource w1(weights), w2(weights);
-    demo::LlmEngine fresh(c, cpu, demo::WeightFormat::dense, w1, opts);
-    demo::LlmEngine used(c, cpu, demo::WeightFormat::dense, w2, opts);
-    REQUIRE(used.num_graphs() == 3);
-    const at::Tensor earlier = at::arange(3 * 16, at::kLong).mul(11).remainder(c.vocab_size).view({3, 16});
-    (void)serve_request(used, earlier, 10);
-    poison_kv_cache(used);
-    const at::Tensor prompt = at::arange(3 * 10, at::kLong).mul(5).add(3).remainder(c.vocab_size).view({3, 10});
-    const std::vector<at::Tensor> want = serve_request(fresh, prompt, 4);
-    const std::vector<at::Tensor> got = serve_request(used, prompt, 4);
-    REQUIRE(got.size() == 9);  // 3 prefills, 3 decode steps through graphs, 3 eager
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      CAPTURE(i);
-      CHECK(demo::bitwise_equal(got[i], want[i]));  // and finite
-    }
-    // The poison is still there past the request's length (row seq * max_len + position).
-    CHECK(at::isnan(used.kv_caches()[0].v[12]).all().item<bool>());
-    CHECK(at::isinf(used.kv_caches()[1].k[2 * 16 + 14]).all().item<bool>());
-  }
+  stale_kv_rows_never_reach_logits(c10::Device(c10::kCPU));
 }
 
 TEST_CASE("the example engine decodes while another thread stages; every step is A or B, bitwise (CPU replay)") {
@@ -470,6 +474,10 @@ TEST_CASE("the example engine decodes while another thread stages; every step is
 }
 
 TEST_SUITE("gpu") {
+TEST_CASE("gpu: KV-cache rows at or past a sequence's length never reach its logits (CUDA graphs)") {
+  stale_kv_rows_never_reach_logits(c10::Device(c10::kCUDA, 0));
+}
+
 TEST_CASE("gpu: the example engine decodes on CUDA graphs while another thread stages 1,000 times; every step is A or B") {
   serve_while_staging(c10::Device(c10::kCUDA, 0), 1000);
 }
