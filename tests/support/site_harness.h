@@ -27,6 +27,8 @@
 
 #include "gk_test.h"
 
+#include "engine/compare.h"
+
 #include <graphkeep/reload/collector.h>
 #include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/reload/manifest.h>
@@ -108,8 +110,8 @@ at::Tensor fresh_output(c10::Device dev, int step, const at::Tensor& input) {
 
 inline bool same(const at::Tensor& a, const at::Tensor& b, bool bitwise) {
   if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
-  if (bitwise) return at::equal(a, b);
-  return at::allclose(a.to(at::kFloat), b.to(at::kFloat), 1e-3, 1e-3);
+  if (bitwise) return demo::bitwise_equal(a, b);
+  return demo::all_close(a.to(at::kFloat), b.to(at::kFloat), 1e-3, 1e-3);
 }
 
 // Capture, reload twice, replay: equal to a fresh model each time, with every
