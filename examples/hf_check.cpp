@@ -54,6 +54,7 @@ struct Args {
   double tol = -1;  // default per dtype and format, see main()
   std::string unprotect;
   std::vector<std::string> bad_reloads;
+  bool allow_non_finite = false;  // serve NaN/inf weights (ReloadOptions::allow_non_finite)
   bool separate_pools = false;  // a memory pool per decode graph instead of one shared pool
   std::int64_t max_batch = 0;   // > 0: capture only the decode graphs of at most this many rows
 };
@@ -152,11 +153,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--tol")) a.tol = std::stod(val());
     else if (!std::strcmp(argv[i], "--unprotect")) a.unprotect = val();
     else if (!std::strcmp(argv[i], "--bad-reload")) a.bad_reloads.push_back(val());
+    else if (!std::strcmp(argv[i], "--allow-non-finite")) a.allow_non_finite = true;
     else if (!std::strcmp(argv[i], "--separate-pools")) a.separate_pools = true;
     else if (!std::strcmp(argv[i], "--max-batch")) a.max_batch = std::stoll(val());
     else {
       std::fprintf(stderr, "usage: gk-hf-check --ref DIR [--format dense|fp8|w4a16] [--device cpu|cuda] [--prefill P] "
-                           "[--tol X] [--unprotect SLOT] [--bad-reload DIR]... [--separate-pools] [--max-batch N]\n");
+                           "[--tol X] [--unprotect SLOT] [--bad-reload DIR]... [--allow-non-finite] [--separate-pools] [--max-batch N]\n");
       return 2;
     }
   }
@@ -181,6 +183,7 @@ int main(int argc, char** argv) {
     const std::int64_t B = tokens0.size(0), T = tokens0.size(1);
     opts.max_len = std::max<std::int64_t>(T, 16);
     opts.shared_pool = !a.separate_pools;
+    opts.reload.allow_non_finite = a.allow_non_finite;
     if (a.max_batch > 0) {  // fewer graphs: for large models on the CPU
       if (a.max_batch < B) throw std::runtime_error("--max-batch " + std::to_string(a.max_batch) +
                                                     " is below the reference's " + std::to_string(B) + " sequences");
@@ -221,6 +224,12 @@ int main(int argc, char** argv) {
           std::snprintf(buf, sizeof buf, "reloaded in %.1f ms without recapture, drift %zu, %zu addresses verified",
                         r.times.total_ms, r.drift, r.addresses_verified);
           how = buf;
+        } catch (const gk::WeightError& e) {
+          // Refused (a non-finite tensor, say): the engine keeps serving the
+          // previous step's weights, which this step's logits cannot match.
+          std::printf("%s: refused: %s\n", s.c_str(), e.message().c_str());
+          pass = false;
+          continue;
         } catch (const gk::DriftError& e) {
           if (a.unprotect.empty()) throw;
           pass = false;

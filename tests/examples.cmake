@@ -153,18 +153,23 @@ set_tests_properties(hf.check.llama.refused_reloads PROPERTIES FIXTURES_REQUIRED
 # make_bad_checkpoints.py): a step whose checkpoint is all NaN, one NaN in
 # transformers' logits at a prefill position, one +Inf at a decode position.
 # A reduction with std::max once dropped the NaN and printed HF-CHECK PASS.
-# Served NaN weights give NaN logits at step 1; step 2's good weights are
-# then served exactly again (no KV row written under the NaN weights reaches
-# them: Note [Stale KV rows] in examples/engine/llm.cpp). Where the reload
-# refuses non-finite weights instead, the refusal says so.
-gk_add_output_test(hf.check.llama.nonfinite_weights LABELS unit EXIT 1
+# Non-finite weights (a diverged trainer's checkpoint): refused by default,
+# naming the tensor; the engine keeps serving step 0 and step 2 matches.
+gk_add_output_test(hf.check.llama.nonfinite_weights_refused LABELS unit EXIT 1
   COMMAND gk-hf-check --ref ${_bad}/nan_weights --device cpu
-  REGEX "(step1: [^\n]*prefill \\(eager\\) max\\|diff\\| -?nan \\(rel -?nan\\), argmax [0-9]+/12, 3072 non-finite \\| decode \\(graphs\\) max\\|diff\\| -?nan \\(rel -?nan\\), argmax [0-9]+/24, 6144 non-finite \\| OUT OF TOLERANCE\nstep2: [^\n]*\\| ok\n|holds a non-finite value).*HF-CHECK FAIL")
+  REGEX "step1: refused: weight 'model\\.[^']*' from [^\n]* holds a non-finite value \\(nan at element [0-9]+ of parameter[^\n]*\n(  [^\n]*\n)*step2: [^\n]*\\| ok\nHF-CHECK FAIL")
+# Served when allowed: every logit of step 1 is NaN, the NaN weights write NaN
+# into the KV cache, and after the good step 2 every output equals
+# transformers' again (no stale KV row reaches it: Note [Stale KV rows]).
+gk_add_output_test(hf.check.llama.nonfinite_weights LABELS unit EXIT 1
+  COMMAND gk-hf-check --ref ${_bad}/nan_weights --device cpu --allow-non-finite
+  REGEX "step1: [^\n]*prefill \\(eager\\) max\\|diff\\| -?nan \\(rel -?nan\\), argmax [0-9]+/12, 3072 non-finite \\| decode \\(graphs\\) max\\|diff\\| -?nan \\(rel -?nan\\), argmax [0-9]+/24, 6144 non-finite \\| OUT OF TOLERANCE\nstep2: [^\n]*\\| ok\nHF-CHECK FAIL")
 gk_add_output_test(hf.check.llama.nonfinite_logits_nan LABELS unit EXIT 1
   COMMAND gk-hf-check --ref ${_bad}/nan_logits --device cpu
   REGEX "step1: [^\n]*prefill \\(eager\\) max\\|diff\\| -?nan \\(rel -?nan\\), argmax [0-9]+/12, 1 non-finite \\|[^\n]*\\| OUT OF TOLERANCE\nstep2: [^\n]*\\| ok\nHF-CHECK FAIL")
 gk_add_output_test(hf.check.llama.nonfinite_logits_inf LABELS unit EXIT 1
   COMMAND gk-hf-check --ref ${_bad}/inf_logits --device cpu
   REGEX "step1: [^\n]*\\| ok\nstep2: [^\n]*decode \\(graphs\\) max\\|diff\\| inf \\(rel -?nan\\), argmax [0-9]+/24, 1 non-finite \\| OUT OF TOLERANCE\nHF-CHECK FAIL")
-set_tests_properties(hf.check.llama.nonfinite_weights hf.check.llama.nonfinite_logits_nan
+set_tests_properties(hf.check.llama.nonfinite_weights hf.check.llama.nonfinite_weights_refused
+                     hf.check.llama.nonfinite_logits_nan
                      hf.check.llama.nonfinite_logits_inf PROPERTIES FIXTURES_REQUIRED hfref_bad)

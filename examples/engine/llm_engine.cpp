@@ -85,7 +85,7 @@ LlmEngine::LlmEngine(const std::string& dir, c10::Device device, WeightFormat fo
   model_ = std::make_shared<CausalLM>(cfg, device, format);
   {
     auto src = open_checkpoint(dir, *model_);
-    gk::load_weights(*model_, *src);
+    gk::load_weights(*model_, *src, options_.reload);
   }
   start();
 }
@@ -94,7 +94,7 @@ LlmEngine::LlmEngine(const HfConfig& cfg, c10::Device device, WeightFormat forma
                      LlmEngineOptions options)
     : options_(std::move(options)) {
   model_ = std::make_shared<CausalLM>(cfg, device, format);
-  gk::load_weights(*model_, weights);
+  gk::load_weights(*model_, weights, options_.reload);
   start();
 }
 
