@@ -4,8 +4,9 @@
     python3 bench/online_report.py docs/data/online_h200.json [--plot docs/online_h200.png]
 
 Prints the markdown tables of docs/performance.md's section "Online reload at
-8B and 30B-MoE shapes": the measurements, and each of issue 17's aims as a
-ratio measured within one run.
+8B and 30B-MoE shapes": the measurements, and each aim of the online reload
+(stage beside serving, a short commit pause, no recapture) as a ratio
+measured within one run.
 """
 import argparse
 import json

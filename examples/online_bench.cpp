@@ -1,4 +1,4 @@
-// gk-online-bench: online reload at the sizes users serve (issue 17).
+// gk-online-bench: online reload at the sizes users serve.
 //
 // Builds the example engine (examples/engine) for a model shape with random
 // weights made on the device, captures its 35 decode graphs, and measures, in

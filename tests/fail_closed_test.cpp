@@ -1,4 +1,4 @@
-// Fail closed on model shapes graphkeep's own models do not have (issue 14):
+// Fail closed on model shapes graphkeep's own models do not have:
 // several declared slots viewing one storage, a PWAL that writes captured
 // tensors in place and then fails, a failed PWAL that changed the object
 // tree, graphs the manifest cannot vouch for, and options that name no slot.

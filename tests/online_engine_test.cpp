@@ -1,5 +1,5 @@
 // The example engine (examples/engine) serving while the next weights stage:
-// issue 17's stress test on the real engine's decode graphs, on the CPU
+// the online reload's stress test on the real engine's decode graphs, on the CPU
 // replay backend (suite cpu) and on CUDA graphs (suite gpu, 1,000 rounds).
 #include "gk_test.h"
 

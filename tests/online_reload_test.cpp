@@ -1,4 +1,4 @@
-// Online reload (issue 17): ReloadEngine::stage() loads, processes and checks
+// Online reload: ReloadEngine::stage() loads, processes and checks
 // new weights into new storage while the captured graphs keep replaying the
 // old ones; commit() copies them in between two replays; abort() or dropping
 // the staged object changes nothing. Positive cases against a plain reload

@@ -4,7 +4,7 @@
 //   site 4   CUTLASS grouped GEMM stride arrays             gk::kernels::CutlassMoe / CutlassExperts
 //   site 10  W4A8 grouped GEMM a/c/s stride arrays          gk::kernels::W4A8Moe / CutlassW4A8Experts
 //   site 11  kernel-owned scratch (RDNA3 WNA16)             gk::kernels::Rdna3Wna16Moe / Rdna3Wna16Kernel
-// and the Qwen3-MoE experts (issue 16), site 4's stride arrays under
+// and the Qwen3-MoE experts, site 4's stride arrays under
 // softmax routing and a SiLU-gated activation:       gk::kernels::SwigluExperts
 #include "site_harness.h"
 
@@ -400,7 +400,7 @@ TEST_SUITE("cpu") {
     sites::negative_undeclared<Wna16Model>(sites::cpu(), "moe.kernel_.rdna3_w1_buf_");
   }
 
-  // The Qwen3-MoE experts (issue 16)
+  // The Qwen3-MoE experts
   TEST_CASE("Qwen3-MoE SwigluExperts: the catalog lists its stride arrays") {
     using R = gk::Registry<gk::kernels::MoeTypes>;
     int strides = 0;
@@ -578,7 +578,7 @@ TEST_SUITE("gpu") {
   TEST_CASE("site 11 RDNA3 WNA16 scratch on CUDA graphs: negative (undeclared)") {
     sites::negative_undeclared<Wna16Model>(sites::gpu(), "moe.kernel_.rdna3_w1_buf_");
   }
-  // The Qwen3-MoE experts (issue 16)
+  // The Qwen3-MoE experts
   TEST_CASE("Qwen3-MoE SwigluExperts on CUDA graphs: positive") {
     sites::positive<SwigluModel>(sites::gpu());
     sites::positive<SwigluBf16Model>(sites::gpu());

@@ -1,4 +1,4 @@
-// The model-STRUCTURE fuzzer (issue 14, "the systematic part"). Random
+// The model-STRUCTURE fuzzer (the systematic part of failing closed). Random
 // registered models, built at run time from a fixed set of described
 // building blocks, are reloaded again and again with random weights, random
 // PWAL behaviours, injected faults and bad weight sets. After EVERY reload

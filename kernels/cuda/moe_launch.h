@@ -2,8 +2,8 @@
 // (2, 4, 10, 11) and of the Qwen3-MoE experts (SwigluExperts). Raw device
 // pointers in, work enqueued on `stream` (an opaque cudaStream_t). Shapes:
 // T tokens, E experts, K hidden, N intermediate, M = T * topk routed rows.
-// The CPU twins live in kernels/moe_experts.cpp and kernels/moe_layers.cpp
-// and use the same scalar code (moe_common.h).
+// The CPU twins live in kernels/moe_experts.cpp, kernels/moe_shuffle.cpp and
+// kernels/moe_wna16.cpp and use the same scalar code (moe_common.h).
 #pragma once
 #include <cstdint>
 

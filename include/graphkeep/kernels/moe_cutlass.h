@@ -4,7 +4,7 @@
 // per-expert stride arrays in device memory (ab_strides1 aliased as
 // c_strides2, ab_strides2, c_strides1; see moe_experts.h). PWAL rebuilds the
 // experts object, as vLLM's compressed-tensors FP8 MoE does on every reload
-// (#41670), so without graphkeep a captured graph reads the strides of a
+// (vLLM #41670), so without graphkeep a captured graph reads the strides of a
 // destroyed object: freed memory, an illegal access once it is reused.
 //
 //   gk::kernels::CutlassMoe moe(/*experts=*/4, /*hidden=*/16, /*inter=*/8, /*topk=*/2, at::kCPU);

@@ -92,7 +92,7 @@ class CutlassExperts final : public MoeExperts {
                              (c_strides1_, metadata), (c_strides2_, metadata))
 };
 
-// Qwen3-MoE / Mixtral experts (issue 16; the example engine's SparseMoe):
+// Qwen3-MoE / Mixtral experts (the example engine's SparseMoe):
 // site 4's grouped pipeline and stride arrays (ab_strides1 aliased as
 // c_strides2, ab_strides2, c_strides1: the same slots, the same failure when
 // a captured graph reads the strides of a destroyed object), with
