@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tables and a plot of gk-online-bench's rows (examples/online_bench.cpp).
+"""Tables and a plot of gk-online-bench's rows (bench/online_bench.cpp).
 
     python3 bench/online_report.py docs/data/online_h200.json [--plot docs/online_h200.png]
 

@@ -193,7 +193,7 @@ suite_hf() {
 #   GK_DEMO=0            no demo
 #   e.g. GK_FORMATS=dense GK_MOE=0 GK_DEMO=0 GK_SAFETENSORS=0 GK_SLOTS=0 GK_TARGETS=gk-online-bench GK_CTEST_ARGS="-R none"
 suite_online() {
-  local json=$LOG/online_h200.json bench=./examples/gk-online-bench moe_args=() st=() f rc
+  local json=$LOG/online_h200.json bench=./bench/gk-online-bench moe_args=() st=() f rc
   read -ra moe_args <<< "${GK_MOE_ARGS:-}"
   build gk-online-bench gk-rl-demo test_cuda_graph test_online_engine || return 1
   gpu_ctest -R '(test_cuda_graph|test_online_engine_gpu)$'

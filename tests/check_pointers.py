@@ -49,6 +49,7 @@ EXTERNAL_FILES = {
     "stdlib.h",                          # the C library
     "ProcessGroupGloo.hpp",              # PyTorch's c10d
     "tu.cpp",                            # bench/compile_cost's generated translation unit
+    "graphkeepConfig.cmake", "graphkeepTargets.cmake",  # the package cmake --install writes
 }
 
 # Extensions of the files a bare file name is checked for (data files a
