@@ -150,52 +150,53 @@ cuda::MoeWeightType weight_type(const at::Tensor& w) {
 
 // --- the steps ----------------------------------------------------------------------
 
-Routing route(const at::Tensor& logits, int64_t E, int64_t topk) {
+namespace {
+
+// Both routers: softsign's top-k (route_token), or with `softmax` Qwen3-MoE's
+// (route_token_softmax), whose probs and order are per-token scratch ([T, E],
+// from the capture pool like the rest).
+Routing route_rows(const at::Tensor& logits, int64_t E, int64_t topk, bool softmax, bool renormalize) {
   const int64_t T = logits.size(0);
   Routing rt = routing_buffers(logits, E, topk);
+  at::Tensor probs, order;
+  std::vector<hostrt::Access> accesses{reads(logits)};
+  if (softmax) {
+    probs = runtime::empty({T, E}, logits.options());
+    order = runtime::empty({T, E}, logits.options().dtype(at::kInt));
+    accesses.push_back(writes(probs));
+    accesses.push_back(writes(order));
+  }
+  for (const at::Tensor* t : {&rt.ids, &rt.gates, &rt.offsets, &rt.perm, &rt.inv}) accesses.push_back(writes(*t));
   const float* lp = logits.data_ptr<float>();
+  float* pp = softmax ? probs.data_ptr<float>() : nullptr;
+  int32_t* op = softmax ? order.data_ptr<int32_t>() : nullptr;
   int32_t* ids = rt.ids.data_ptr<int32_t>();
   float* gates = rt.gates.data_ptr<float>();
   int32_t* off = rt.offsets.data_ptr<int32_t>();
   int32_t* perm = rt.perm.data_ptr<int32_t>();
   int32_t* inv = rt.inv.data_ptr<int32_t>();
+  const char* name = softmax ? "moe_route_softmax" : "moe_route";
   if (logits.is_cuda()) {
-    GK_LAUNCH_CUDA("moe_route", logits,
-                   cuda::launch_moe_route(lp, ids, gates, off, perm, inv, T, E, topk, runtime::cuda_stream(logits)));
+    GK_LAUNCH_CUDA(name, logits, {
+      void* s = runtime::cuda_stream(logits);
+      softmax ? cuda::launch_moe_route_softmax(lp, pp, op, ids, gates, off, perm, inv, T, E, topk, renormalize, s)
+              : cuda::launch_moe_route(lp, ids, gates, off, perm, inv, T, E, topk, s);
+    });
   } else {
-    hostrt::launch("moe_route",
-                   {reads(logits), writes(rt.ids), writes(rt.gates), writes(rt.offsets), writes(rt.perm), writes(rt.inv)},
-                   [=] { route_cpu(lp, ids, gates, off, perm, inv, T, E, topk); });
+    hostrt::launch(name, std::move(accesses), [=] {
+      softmax ? route_softmax_cpu(lp, pp, op, ids, gates, off, perm, inv, T, E, topk, renormalize)
+              : route_cpu(lp, ids, gates, off, perm, inv, T, E, topk);
+    });
   }
   return rt;
 }
 
-// probs and order are the per-token scratch of the softmax and the top-k
-// ([T, E], from the capture pool like the rest).
+}  // namespace
+
+Routing route(const at::Tensor& logits, int64_t E, int64_t topk) { return route_rows(logits, E, topk, false, false); }
+
 Routing route_softmax(const at::Tensor& logits, int64_t E, int64_t topk, bool renormalize) {
-  const int64_t T = logits.size(0);
-  Routing rt = routing_buffers(logits, E, topk);
-  const at::Tensor probs = runtime::empty({T, E}, logits.options());
-  const at::Tensor order = runtime::empty({T, E}, logits.options().dtype(at::kInt));
-  const float* lp = logits.data_ptr<float>();
-  float* pp = probs.data_ptr<float>();
-  int32_t* op = order.data_ptr<int32_t>();
-  int32_t* ids = rt.ids.data_ptr<int32_t>();
-  float* gates = rt.gates.data_ptr<float>();
-  int32_t* off = rt.offsets.data_ptr<int32_t>();
-  int32_t* perm = rt.perm.data_ptr<int32_t>();
-  int32_t* inv = rt.inv.data_ptr<int32_t>();
-  if (logits.is_cuda()) {
-    GK_LAUNCH_CUDA("moe_route_softmax", logits,
-                   cuda::launch_moe_route_softmax(lp, pp, op, ids, gates, off, perm, inv, T, E, topk, renormalize,
-                                                  runtime::cuda_stream(logits)));
-  } else {
-    hostrt::launch("moe_route_softmax",
-                   {reads(logits), writes(probs), writes(order), writes(rt.ids), writes(rt.gates), writes(rt.offsets),
-                    writes(rt.perm), writes(rt.inv)},
-                   [=] { route_softmax_cpu(lp, pp, op, ids, gates, off, perm, inv, T, E, topk, renormalize); });
-  }
-  return rt;
+  return route_rows(logits, E, topk, true, renormalize);
 }
 
 at::Tensor gather(const at::Tensor& x, const Routing& rt, int64_t topk) {
