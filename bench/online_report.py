@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Tables and a plot of gk-online-bench's rows (examples/online_bench.cpp).
+"""Tables and a plot of gk-online-bench's rows (bench/online_bench.cpp).
 
     python3 bench/online_report.py docs/data/online_h200.json [--plot docs/online_h200.png]
 
 Prints the markdown tables of docs/performance.md's section "Online reload at
-8B and 30B-MoE shapes": the measurements, and each of issue 17's aims as a
-ratio measured within one run.
+8B and 30B-MoE shapes": the measurements, and each aim of the online reload
+(stage beside serving, a short commit pause, no recapture) as a ratio
+measured within one run.
 """
 import argparse
 import json

@@ -25,14 +25,23 @@
 include_guard(GLOBAL)
 
 # Torch, Boost and the definitions every Torch-using layer shares.
+#
+# Only imported targets, never ${TORCH_LIBRARIES} / ${TORCH_INCLUDE_DIRS}:
+# those hold absolute paths of this machine's libtorch and CUDA (libc10.so,
+# libnvrtc.so, site-packages/torch/include), which install(EXPORT) would
+# write into graphkeepTargets.cmake, so the installed package would work only
+# where it was built. Target names are resolved by the consumer's own
+# find_dependency(Torch) / find_dependency(CUDAToolkit) in graphkeepConfig.cmake.
+# `torch` carries Torch's include directories (system headers, as every
+# imported target's) and compile options; torch_library links the whole of
+# libtorch as Torch's own examples do; c10 (and c10_cuda) are used directly.
 add_library(graphkeep_torch INTERFACE)
 set_target_properties(graphkeep_torch PROPERTIES EXPORT_NAME torch_deps)
 target_compile_features(graphkeep_torch INTERFACE cxx_std_20)
-target_link_libraries(graphkeep_torch INTERFACE Boost::headers ${TORCH_LIBRARIES})
-target_include_directories(graphkeep_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+target_link_libraries(graphkeep_torch INTERFACE Boost::headers torch torch_library c10)
 if(GRAPHKEEP_CUDA)
   target_compile_definitions(graphkeep_torch INTERFACE GRAPHKEEP_WITH_CUDA=1)
-  target_link_libraries(graphkeep_torch INTERFACE CUDA::cudart)
+  target_link_libraries(graphkeep_torch INTERFACE c10_cuda CUDA::cudart)
 endif()
 
 # Torch headers cost ~10 s per file: the Torch-using layers share one

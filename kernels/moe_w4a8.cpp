@@ -1,8 +1,8 @@
-// Site 10: the W4A8 grouped-GEMM MoE layer (moe_w4a8.h).
+// Site 10: the W4A8 grouped-GEMM MoE, its experts object and its layer
+// (moe_w4a8.h).
 #include <graphkeep/kernels/moe_w4a8.h>
-#include <graphkeep/runtime/device.h>
 
-#include "cuda/moe_launch.h"
+#include "moe_grouped.h"
 #include "moe_layer_support.h"
 
 #include <string>
@@ -11,7 +11,48 @@
 namespace gk::kernels {
 using namespace detail;
 
-// --- site 10: W4A8 grouped GEMM, a/c/s stride arrays -----------------------------------
+// --- the experts object: a/c/s stride arrays, grouped W4A8 pipeline ------------------
+
+CutlassW4A8Experts::CutlassW4A8Experts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
+                                       int64_t group, c10::Device device)
+    : MoeExperts(num_experts, hidden, inter, topk), group_(group) {
+  GK_CHECK(DeclarationError, group > 0 && hidden % 8 == 0 && inter % 8 == 0 && hidden % group == 0 && inter % group == 0,
+           "CutlassW4A8Experts: hidden (", hidden, ") and inter (", inter,
+           ") must be multiples of 8 and of the group size (", group, ")");
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  a_strides1_ = at::full({num_experts}, hidden, opts);
+  a_strides2_ = at::full({num_experts}, inter, opts);
+  c_strides1_ = at::full({num_experts}, 2 * inter, opts);
+  c_strides2_ = at::full({num_experts}, hidden, opts);
+  s_strides1_ = at::full({num_experts}, 2 * inter, opts);
+  s_strides2_ = at::full({num_experts}, hidden, opts);
+}
+
+at::Tensor CutlassW4A8Experts::apply(const MoeCall& call) const {
+  const int64_t E = num_experts_, K = hidden_, N = inter_, topk = topk_, G = group_;
+  const at::Tensor& x = call.x;
+  GK_CHECK(WeightError,
+           x.dim() == 2 && x.size(1) == K && call.logits.dim() == 2 && call.logits.size(0) == x.size(0) &&
+               call.logits.size(1) == E && call.w13.sizes() == at::IntArrayRef({E, 2 * N, K / 8}) &&
+               call.w2.sizes() == at::IntArrayRef({E, K, N / 8}) &&
+               call.w13_scales.sizes() == at::IntArrayRef({E, K / G, 2 * N}) &&
+               call.w2_scales.sizes() == at::IntArrayRef({E, N / G, K}),
+           "CutlassW4A8Experts: unexpected shapes x ", x.sizes(), ", logits ", call.logits.sizes(), ", w13 ",
+           call.w13.sizes(), ", w2 ", call.w2.sizes(), ", w13_scales ", call.w13_scales.sizes(), ", w2_scales ",
+           call.w2_scales.sizes());
+  for (const at::Tensor* s : {&a_strides1_, &a_strides2_, &c_strides1_, &c_strides2_, &s_strides1_, &s_strides2_})
+    grouped::check_strides(*s, E, "a/c/s_strides");
+  const grouped::Routing rt = grouped::route(call.logits, E, topk);
+  const grouped::QuantRows a1 = grouped::quantize_rows(x, rt, topk);
+  const at::Tensor c1 = grouped::w4a8_grouped_gemm("moe_w4a8_gemm1", a1, call.w13, call.w13_scales, rt, a_strides1_,
+                                                   c_strides1_, s_strides1_, E, 2 * N, K, G);
+  const grouped::QuantRows a2 = grouped::quantize_act(c1, N);
+  const at::Tensor c2 = grouped::w4a8_grouped_gemm("moe_w4a8_gemm2", a2, call.w2, call.w2_scales, rt, a_strides2_,
+                                                   c_strides2_, s_strides2_, E, K, N, G);
+  return grouped::finalize(c2, rt, x.size(0), K, topk);
+}
+
+// --- the layer ---------------------------------------------------------------------
 
 W4A8Moe::W4A8Moe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group,
                  c10::Device device)
@@ -45,3 +86,5 @@ at::Tensor W4A8Moe::forward(const at::Tensor& x, const at::Tensor& logits) {
 }
 
 }  // namespace gk::kernels
+
+GRAPHKEEP_REGISTER_TYPE(gk::kernels::CutlassW4A8Experts);

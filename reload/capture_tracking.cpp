@@ -42,17 +42,19 @@ namespace gk {
 // second capture is the graph that is kept. Fail closed: a stale word that
 // happens to repeat is refused, as before.
 //
-// Repeating is common, though: the H200 runs at 8B shapes showed stale words
-// that are two halves, a 4-byte integer and 4 bytes of padding holding the
-// upper half of some pointer, and every pointer near it shares that upper
-// half, in both captures. Those words point into memory that no live
-// allocation covers (a free caching-allocator block): no tensor is there,
-// so no kernel can be reading one. Such raw words are therefore unstable too
+// Stale words can repeat, though: a 4-byte integer beside 4 bytes of
+// padding that hold the upper half of some pointer looks like an address
+// near every pointer that shares that upper half, and comes back in every
+// capture (docs/gpu-runs.md, the run of 2026-12-03 15:40 UTC, "half-pointer
+// stale words"). Such words point into memory that no live allocation
+// covers (a free caching-allocator block): no tensor is there, so no kernel
+// can be reading one. Raw words into free memory are therefore unstable too
 // (ReplayBackend::in_live_allocation; before and without the recapture). The
 // one read this lets through is a graph that reads memory freed before
 // track(): a tensor that died right after the capture, an engine bug that
 // recapturing would not fix either, since it would read whatever reuses the
 // block; graphkeep's promise is about reloads, and a reload cannot cause it.
+//
 // Note [Capture verdicts last]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // track() refuses a graph the manifest cannot vouch for (Note [Fail closed

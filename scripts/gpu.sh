@@ -1,32 +1,309 @@
 #!/usr/bin/env bash
-# The GPU run: builds graphkeep on the GPU machine against its PyTorch 2.11
-# (libtorch, CUDA 13, nvcc 13, g++ 13) and runs the tests labelled gpu.
-# See ../shared/device/README.md: the Debian packages of the header-only
-# dependencies travel in .devdeps/ (scripts/fetch-gpu-deps.sh fetches them).
+# The one entry point for the GPU machine: one suite per call, each a plain
+# function below (suite_<name>), nothing passed around as a string to evaluate.
 #
-#   bash scripts/gpu.sh                     build everything, run ctest -L gpu
-#   GK_TARGETS="test_sites" bash scripts/gpu.sh
-#   GK_AFTER="build/bench/bench_x ..." bash scripts/gpu.sh   extra commands after the tests
-# Logs go to $OUT (when set) so they come back from the device tool.
+#   bash scripts/gpu.sh deps     ON THE BUILD MACHINE: fills .devdeps/ (git-ignored)
+#                                with what the GPU machine lacks, to carry there
+#   bash scripts/gpu.sh test     build everything against the GPU machine's
+#                                libtorch, run ctest -L gpu
+#   bash scripts/gpu.sh hf       the engine on CUDA graphs against Hugging Face
+#                                transformers (dense, FP8, W4A16; tiny and medium)
+#   bash scripts/gpu.sh online   online reload at Llama-3-8B and Qwen3-30B-A3B shapes
+#   bash scripts/gpu.sh record   the recorded run behind docs/gpu-runs.md,
+#                                docs/sites.md and docs/performance.md
+#   bash scripts/gpu.sh python   the Python package: pip build, gpu pytest, audit cost
+#
+# The GPU machine has PyTorch 2.11 (libtorch, CUDA 13, nvcc 13, g++ 13) but
+# no package index: run `deps` here first, then every other suite there
+# through the device tool with carry [".devdeps"]. docs/gpu-runs.md records
+# every run.
+#
+# Knobs for every GPU suite:
+#   GK_BUILD_DIR   build directory (default /tmp/gk-build)
+#   GK_CMAKE_ARGS  extra arguments to the configure step
+#   GK_TARGETS     build only these targets (replaces the suite's list;
+#                  an empty suite list means everything)
+#   GK_CTEST_ARGS  replaces the suite's ctest selection, e.g. "-R test_sites"
+# Logs go to $OUT (when set) so they come back from the device tool. Further
+# commands after a suite go on the same command line, e.g.
+#   bash scripts/gpu.sh test; /tmp/gk-build/bench/bench_manifest_extract --benchmark_min_time=0.2
+#
+# Adding a suite: write a function suite_<name> below (build what it needs
+# with `build`, run its tests with `gpu_ctest`, then its own commands, and
+# return the tests' status), and add a line for it above.
+# shellcheck disable=SC2317 # the suites are called through "suite_$1"
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/gpu-env.sh
+cd "$(dirname "$0")/.." || exit 1
+REPO=$(pwd)
 BUILD=${GK_BUILD_DIR:-/tmp/gk-build}
 LOG=${OUT:-/tmp}
-{
-  echo "== $(date -u) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
-  echo "== g++ $(g++ -dumpversion), nvcc $(nvcc --version | tail -2 | head -1), torch $(python3 -c 'import torch;print(torch.__version__)')"
-} | tee "$LOG/gpu-env.txt"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${GK_CMAKE_ARGS:-} > "$LOG/configure.log" 2>&1 \
-  || { tail -50 "$LOG/configure.log"; exit 1; }
-targets=()
-for t in ${GK_TARGETS:-}; do targets+=(--target "$t"); done
-cmake --build "$BUILD" -j"$(nproc)" "${targets[@]}" > "$LOG/build.log" 2>&1 || { grep -E "error|Error" "$LOG/build.log" | head -40; exit 1; }
-echo "== build ok"
-ctest --test-dir "$BUILD" -L gpu --output-on-failure ${GK_CTEST_ARGS:-} 2>&1 | tee "$LOG/ctest-gpu.log"
-rc=${PIPESTATUS[0]}
-if [ -n "${GK_AFTER:-}" ]; then
-  echo "== after: $GK_AFTER"
-  (cd "$BUILD" && eval "$GK_AFTER") 2>&1 | tee "$LOG/after.log"
+
+# --- steps shared by the suites ------------------------------------------------
+
+# Unpacks the carried Debian packages (header-only dependencies) into
+# /tmp/devdeps and points CMake at them and at PyTorch's own libtorch.
+gpu_env() {
+  local deb torch_cmake
+  mkdir -p /tmp/devdeps
+  for deb in .devdeps/*.deb; do
+    [ -e "$deb" ] || { echo "gpu.sh: no .devdeps/*.deb: run 'bash scripts/gpu.sh deps' on the build machine and carry .devdeps" >&2; return 1; }
+    dpkg -x "$deb" /tmp/devdeps
+  done
+  torch_cmake=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)') || return 1
+  export CMAKE_PREFIX_PATH="$torch_cmake:/tmp/devdeps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export CPATH="/tmp/devdeps/usr/include${CPATH:+:$CPATH}"
+  export TORCH_CUDA_ARCH_LIST=9.0
+}
+
+# build [TARGET...]: configures $BUILD (RelWithDebInfo) and builds the targets
+# (all of them when none is given; GK_TARGETS replaces the list).
+build() {
+  local cmake_args=() names=("$@") targets=() t
+  gpu_env || return 1
+  {
+    echo "== $(date -u) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+    echo "== g++ $(g++ -dumpversion), nvcc $(nvcc --version | tail -2 | head -1), torch $(python3 -c 'import torch;print(torch.__version__)')"
+  } | tee "$LOG/gpu-env.txt"
+  read -ra cmake_args <<< "${GK_CMAKE_ARGS:-}"
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${cmake_args[@]}" > "$LOG/configure.log" 2>&1 \
+    || { tail -50 "$LOG/configure.log"; return 1; }
+  [ -n "${GK_TARGETS+set}" ] && read -ra names <<< "$GK_TARGETS"
+  for t in "${names[@]}"; do targets+=(--target "$t"); done
+  cmake --build "$BUILD" -j"$(nproc)" "${targets[@]}" > "$LOG/build.log" 2>&1 \
+    || { grep -E "error|Error" "$LOG/build.log" | head -40; return 1; }
+  echo "== build ok"
+}
+
+# gpu_ctest [CTEST ARG...]: runs the tests labelled gpu (GK_CTEST_ARGS
+# replaces the arguments); returns ctest's status.
+gpu_ctest() {
+  local args=("$@")
+  [ -n "${GK_CTEST_ARGS+set}" ] && read -ra args <<< "$GK_CTEST_ARGS"
+  ctest --test-dir "$BUILD" -L gpu --output-on-failure "${args[@]}" 2>&1 | tee "$LOG/ctest-gpu.log"
+  return "${PIPESTATUS[0]}"
+}
+
+# --- the suites ----------------------------------------------------------------
+
+# On the build machine: what the GPU machine lacks, into .devdeps/.
+#   *.deb    Boost 1.81, doctest, nlohmann-json, Google Benchmark, xxHash (Debian
+#            packages; `gpu_env` unpacks them there).
+#   wheels/  the oracle's Python packages (transformers and what it imports) at
+#            the versions installed here, for the GPU machine's Python 3.12:
+#            `hf` unpacks them there to build the medium-size references.
+#   hfref/   the tiny transformers references `hf` checks against (made here:
+#            the GPU machine has no package index; GK_HFREF=0 skips them).
+suite_deps() {
+  local pins a
+  mkdir -p .devdeps/wheels
+  ls /var/lib/apt/lists/*_Packages > /dev/null 2>&1 || apt-get update -qq
+  (cd .devdeps && apt-get download libboost1.81-dev doctest-dev nlohmann-json3-dev libbenchmark-dev libbenchmark1debian \
+      libxxhash-dev libxxhash0 2>&1 \
+    | grep -v 'unsandboxed') || true
+  ls .devdeps/*.deb > /dev/null || return 1
+  ls -la .devdeps
+  pins=$(python3 -m pip freeze 2>/dev/null | grep -iE '^(transformers|tokenizers|huggingface.hub|safetensors|regex|pyyaml|tqdm|requests|urllib3|idna|charset.normalizer|certifi|numpy|hf.xet|packaging|filelock)==')
+  # shellcheck disable=SC2086 # one requirement per word
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps -d .devdeps/wheels $pins --python-version 3.12 \
+    --only-binary=:all: --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    || return 1
+  du -sh .devdeps/wheels
+  if [ "${GK_HFREF:-1}" = 1 ]; then
+    for a in llama qwen3 qwen3_moe; do
+      echo "== tiny reference $a"
+      python3 tests/hf/make_reference.py --arch "$a" --out ".devdeps/hfref/$a" --dtype bfloat16 --steps 2 || return 1
+    done
+    python3 tests/hf/make_reference.py --arch llama --rope llama3 --out .devdeps/hfref/llama_rope_llama3 \
+      --dtype bfloat16 --steps 2 || return 1
+  fi
+}
+
+# Builds everything and runs every test labelled gpu.
+suite_test() {
+  build || return 1
+  gpu_ctest
+}
+
+# The engine with CUDA graphs against Hugging Face transformers, in dense, FP8
+# and W4A16, at two sizes of reference:
+#   tiny    carried in .devdeps/hfref/<arch> (made by `deps`);
+#   medium  160M parameters dense, 290M MoE (tests/hf/make_reference.py's
+#           SIZES): too large to carry, so made there, on its CPUs, with
+#           transformers unpacked from .devdeps/wheels, in the background while
+#           the C++ build runs; 3 training updates before step 0 (--warmup 3:
+#           a random initialization's logits are so small that relative
+#           differences there measure rounding noise). GK_MEDIUM=0 skips them.
+# Also: the stale-pointer test of the CUDA replay backend, 30 more FP8 engine
+# starts (the false capture refusal of docs/gpu-runs.md), one FP8 scale left
+# out of copy-back (must fail), and the RL demo in each format.
+suite_hf() {
+  local tiny=$REPO/.devdeps/hfref med=/tmp/gk-hfmed arches=(llama qwen3 qwen3_moe) formats=(dense fp8 w4a16)
+  local pids=() a f i w rc refused
+  if [ "${GK_MEDIUM:-1}" = 1 ] && ls .devdeps/wheels/*.whl > /dev/null 2>&1; then
+    rm -rf "$med" /tmp/gk-pyref && mkdir -p "$med" /tmp/gk-pyref
+    for w in .devdeps/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/gk-pyref; done
+    for a in "${arches[@]}"; do
+      PYTHONPATH=/tmp/gk-pyref python3 tests/hf/make_reference.py --arch "$a" --size medium --dtype bfloat16 \
+        --steps 2 --warmup 3 --threads 4 --out "$med/$a" > "$LOG/medref-$a.log" 2>&1 &
+      pids+=($!)
+    done
+  fi
+  build gk-hf-check gk-rl-demo test_cuda_graph test_cuda_graph_addresses || return 1
+  gpu_ctest -R cuda_graph
+  rc=$?
+  cd "$BUILD" || return 1
+  echo '== stale pointer in kernel-parameter padding'
+  ./tests/test_cuda_graph -s -tc='a stale pointer*' 2>&1 | grep -E 'MESSAGE|raw scan|ERROR|test cases|assertions' | head -8
+  for a in "${arches[@]}"; do for f in "${formats[@]}"; do
+    echo "== hf-check tiny $a $f"
+    ./examples/gk-hf-check --ref "$tiny/$a" --device cuda --format "$f" | tail -4
+  done; done
+  echo '== 30 more FP8 starts (3 archs x 10)'
+  refused=0
+  for i in $(seq 10); do for a in "${arches[@]}"; do
+    ./examples/gk-hf-check --ref "$tiny/$a" --device cuda --format fp8 > /tmp/start.log 2>&1 \
+      || { refused=$((refused + 1)); grep -m3 -E 'refused|node|error' /tmp/start.log; }
+  done; done
+  echo "FP8 starts failed: $refused of 30"
+  echo '== negative: one FP8 scale left out of copy-back'
+  ./examples/gk-hf-check --ref "$tiny/llama" --device cuda --format fp8 --unprotect model.layers.0.self_attn.qkv_.fp8_.scale_ | tail -3
+  for f in "${formats[@]}"; do
+    echo "== demo $f"
+    ./examples/gk-rl-demo --steps 3 --quant "$f" --work "/tmp/gk-demo-$f" | tail -6
+  done
+  if [ ${#pids[@]} -gt 0 ]; then
+    echo '== waiting for the medium references'
+    for i in "${!pids[@]}"; do
+      wait "${pids[$i]}"
+      echo "exit $?" >> "$LOG/medref-${arches[$i]}.log"
+      tail -5 "$LOG/medref-${arches[$i]}.log"
+    done
+    for a in "${arches[@]}"; do for f in "${formats[@]}"; do
+      echo "== hf-check medium $a $f"
+      ./examples/gk-hf-check --ref "$med/$a" --device cuda --format "$f" | tail -5
+    done; done
+  fi
+  return "$rc"
+}
+
+# Online reload: gk-online-bench at Llama-3-8B shapes (bf16, and FP8 made by
+# PWAL) and the Qwen3-30B-A3B-like MoE in streaming mode, then
+# gk-rl-demo --online on CUDA graphs. Rows go to $OUT/online_h200.json (one
+# JSON object per line). Narrower or more:
+#   GK_FORMATS="dense"   llama8b formats (default "dense fp8")
+#   GK_SLOTS=0           no 32-layer tiny run (graphkeep's host work per slot)
+#   GK_SAFETENSORS=0     llama8b dense without the safetensors-directory source
+#   GK_MOE=0             no MoE;  GK_MOE_ARGS="--stage-window-ms 12000" extra MoE args
+#   GK_DEMO=0            no demo
+#   e.g. GK_FORMATS=dense GK_MOE=0 GK_DEMO=0 GK_SAFETENSORS=0 GK_SLOTS=0 GK_TARGETS=gk-online-bench GK_CTEST_ARGS="-R none"
+suite_online() {
+  local json=$LOG/online_h200.json bench=./bench/gk-online-bench moe_args=() st=() f rc
+  read -ra moe_args <<< "${GK_MOE_ARGS:-}"
+  build gk-online-bench gk-rl-demo test_cuda_graph test_online_engine || return 1
+  gpu_ctest -R '(test_cuda_graph|test_online_engine_gpu)$'
+  rc=$?
+  cd "$BUILD" || return 1
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+  if [ "${GK_SLOTS:-1}" = 1 ]; then
+    # The 8B model's slot count (32 layers) with tiny tensors: graphkeep's own host work per slot.
+    echo '== gk-online-bench tiny --layers 32'
+    timeout 120 "$bench" --model tiny --layers 32 --reps 9 --stage-window-ms 500 --json "$json"
+  fi
+  for f in ${GK_FORMATS:-dense fp8}; do
+    st=()
+    [ "$f" = dense ] && [ "${GK_SAFETENSORS:-1}" = 1 ] && st=(--safetensors-dir /tmp/gk-st-8b)
+    echo "== gk-online-bench llama8b $f ${st[*]}"
+    timeout 240 "$bench" --model llama8b --format "$f" "${st[@]}" --json "$json"
+    rm -rf /tmp/gk-st-8b
+  done
+  if [ "${GK_MOE:-1}" = 1 ]; then
+    # Staging adopts the trainer's tensors, so it may fit beside the model;
+    # without the plain baseline (a second 57 GiB model does not fit). If it
+    # does not fit, the streaming reload alone.
+    echo '== gk-online-bench qwen3moe30b dense (no plain baseline)'
+    timeout 270 "$bench" --model qwen3moe30b --format dense --no-plain "${moe_args[@]}" --json "$json" || {
+      echo '== gk-online-bench qwen3moe30b dense (streaming only)'
+      timeout 240 "$bench" --model qwen3moe30b --format dense --streaming-only --json "$json"
+    }
+  fi
+  if [ "${GK_DEMO:-1}" = 1 ]; then
+    echo '== gk-rl-demo --online fp8'
+    ./examples/gk-rl-demo --online --steps 3 --quant fp8 --work /tmp/gk-demo-online | tail -8
+  fi
+  return "$rc"
+}
+
+# The recorded run: `test` (build everything, ctest -L gpu), the gpu tests
+# again verbosely (each site's child outcome), the RL demo on CUDA graphs, and
+# the GPU benchmarks. Only these files go to $OUT (the build's own logs go to
+# a temporary directory):
+#   gpu_ctest.txt gpu_tests.txt demo_cuda.txt demo_cuda_unprotected.txt
+#   gpu_reload.json plan_resolution.json manifest_extract.json
+suite_record() {
+  local R=$LOG rc
+  local LOG  # `build` and `gpu_ctest` log here instead (bash scopes dynamically)
+  LOG=$(mktemp -d)
+  suite_test > "$R/gpu_ctest.txt" 2>&1
+  rc=$?
+  ctest --test-dir "$BUILD" -L gpu -V 2>&1 \
+    | grep -E "TEST CASE|MESSAGE|child:|test cases:|assertions:|Test +#|Passed|Failed|Skipped" > "$R/gpu_tests.txt"
+  cd "$BUILD" || return 1
+  ./examples/gk-rl-demo --steps 5 > "$R/demo_cuda.txt" 2>&1
+  echo "exit $?" >> "$R/demo_cuda.txt"
+  ./examples/gk-rl-demo --steps 2 --quant fp8 --unprotect model.layers.0.self_attn.qkv_.fp8_.scale_ \
+    > "$R/demo_cuda_unprotected.txt" 2>&1
+  echo "exit $?" >> "$R/demo_cuda_unprotected.txt"
+  { ./bench/bench_reload --device cuda --reps 9 --json "$R/gpu_reload.json" &&
+    ./bench/bench_plan_resolution --benchmark_out="$R/plan_resolution.json" --benchmark_out_format=json \
+      --benchmark_min_time=0.2 &&
+    ./bench/bench_manifest_extract --benchmark_out="$R/manifest_extract.json" --benchmark_min_time=0.2
+  } > /dev/null 2>&1 || echo "a benchmark failed" >> "$R/gpu_ctest.txt"
+  tail -4 "$R/gpu_ctest.txt"
+  grep -c MESSAGE "$R/gpu_tests.txt"
+  tail -2 "$R/demo_cuda.txt" "$R/demo_cuda_unprotected.txt"
+  return "$rc"
+}
+
+# The Python package (tests/python): pip builds graphkeep against the GPU
+# machine's torch, then the gpu-marked pytest tests (the audit on a
+# transformers Llama and on the vLLM-like layer, the engine on CUDA) and the
+# audit's cost on the 35 decode graphs of an 8B-shaped decoder
+# (audit_cost.json). scikit-build-core, pybind11 and pytest are in the
+# machine's image; transformers comes from .devdeps/wheels.
+#   GK_PYTEST=0  the benchmark only;  GK_BENCH=0  the tests only
+suite_python() {
+  local w rc=0 brc=0 start
+  gpu_env || return 1
+  if ls .devdeps/wheels/*.whl > /dev/null 2>&1; then
+    rm -rf /tmp/gk-pysite && mkdir -p /tmp/gk-pysite
+    for w in .devdeps/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/gk-pysite; done
+    export PYTHONPATH=/tmp/gk-pysite${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  python3 -c 'import torch, transformers, scikit_build_core, pybind11, pytest; print("torch", torch.__version__, "transformers", transformers.__version__, "scikit-build-core", scikit_build_core.__version__, "pybind11", pybind11.__version__, "pytest", pytest.__version__)' \
+    2>&1 | tee "$LOG/gpu-python-env.txt"
+  start=$(date +%s)
+  python3 -m pip install --no-build-isolation --no-deps -Cbuild-dir=/tmp/gk-pybuild -Ccmake.build-type=Release . \
+    > "$LOG/pip-build.log" 2>&1 || { grep -E "error|Error" "$LOG/pip-build.log" | head -40; return 1; }
+  echo "== pip install took $(( $(date +%s) - start )) s"
+  if [ "${GK_PYTEST:-1}" = 1 ]; then
+    (cd /tmp && python3 -m pytest -q -p no:cacheprovider -rA -s -m gpu "$REPO/tests/python") 2>&1 | tee "$LOG/pytest-gpu.log"
+    rc=${PIPESTATUS[0]}
+  fi
+  if [ "${GK_BENCH:-1}" = 1 ]; then
+    (cd /tmp && python3 "$REPO/tests/python/bench_audit_cost.py" --out "$LOG/audit_cost.json") 2>&1 | tee "$LOG/audit-cost.log"
+    brc=${PIPESTATUS[0]}
+  fi
+  [ "$rc" -ne 0 ] && return "$rc"
+  return "$brc"
+}
+
+# --- dispatch ------------------------------------------------------------------
+
+suite=${1:-}
+if [ -z "$suite" ] || ! declare -F "suite_$suite" > /dev/null; then
+  echo "usage: bash scripts/gpu.sh SUITE   (suites: $(declare -F | sed -n 's/^declare -f suite_//p' | tr '\n' ' '))" >&2
+  exit 2
 fi
-exit "$rc"
+mkdir -p "$LOG"
+"suite_$suite" 2>&1 | tee "$LOG/gpu-$suite.log"
+exit "${PIPESTATUS[0]}"

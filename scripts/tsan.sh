@@ -3,7 +3,7 @@
 # (.ci/run calls this after scripts/sanitize.sh; scripts/setup.sh must have
 # run). The online reload stages on one thread while another replays the
 # captured graphs and commits between replays (Note [Online reload threading]
-# in reload/reload_engine.cpp); this is the run that checks the engine's own
+# in reload/staged_reload.cpp); this is the run that checks the engine's own
 # synchronisation. libtorch is not instrumented: what is reported from inside
 # it is suppressed by tests/tsan.supp, with the reason next to each entry.
 set -euo pipefail

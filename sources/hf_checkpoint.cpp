@@ -186,7 +186,8 @@ std::map<std::string, std::string> parse_index(const std::string& path, const st
     GK_CHECK(WeightError, !f.empty(), label, ": \"weight_map\" gives tensor ", quote(name),
              " an empty file name");
     // Shards are files of the checkpoint's own directory: a name that could
-    // lead elsewhere ("../x", "/etc/x", "sub/x") is refused.
+    // lead elsewhere (a parent-folder step, an absolute path, a subfolder) is
+    // refused.
     GK_CHECK(WeightError,
              f.find('/') == std::string::npos && f.find("..") == std::string::npos &&
                  f.find('\0') == std::string::npos,

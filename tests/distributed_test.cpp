@@ -18,6 +18,7 @@
 #include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/capture/replay.h>
 
+#include "temp_dir.h"
 #include "toy_model.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -31,7 +32,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -88,24 +88,7 @@ Group make_group(const std::string& store_path, int rank, int world) {
   return g;
 }
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = "/tmp/gk_dist_XXXXXX";
-    path = mkdtemp(tmpl.data()) ? tmpl : std::string();
-    REQUIRE_MESSAGE(!path.empty(), "mkdtemp failed");
-  }
-  ~TempDir() {
-    if (DIR* d = opendir(path.c_str())) {
-      while (dirent* e = readdir(d)) {
-        const std::string n = e->d_name;
-        if (n != "." && n != "..") unlink((path + "/" + n).c_str());
-      }
-      closedir(d);
-    }
-    rmdir(path.c_str());
-  }
-};
+using gk::testing::TempDir;
 
 // ---------------------------------------------------------------------------
 // The TP toy model: toy::ToyModel split over tp ranks. l1 is column-parallel

@@ -1,4 +1,4 @@
-// Fail closed on model shapes graphkeep's own models do not have (issue 14):
+// Fail closed on model shapes graphkeep's own models do not have:
 // several declared slots viewing one storage, a PWAL that writes captured
 // tensors in place and then fails, a failed PWAL that changed the object
 // tree, graphs the manifest cannot vouch for, and options that name no slot.
@@ -7,6 +7,7 @@
 // and bitwise equal to a freshly built model loaded with the last committed
 // weights, or replay is refused with an error that names the cause.
 #include "gk_test.h"
+#include "rig.h"
 
 #include <graphkeep/runtime/host_stream.h>
 #include <graphkeep/registry.h>
@@ -149,35 +150,18 @@ class ViewsModel : public torch::nn::Module {
   std::shared_ptr<ViewsLayer> l0, l1;
 };
 
-struct Rig {
-  std::shared_ptr<ViewsModel> model = std::make_shared<ViewsModel>();
-  at::Tensor input = at::linspace(-1.0, 1.0, 4), output;
-  gk::HostReplay graph{"views"};
-  std::unique_ptr<gk::ReloadEngine> engine;
-
-  explicit Rig(gk::ReloadOptions opts = {}) {
-    behaviours().clear();
-    gk::InMemorySource src(ViewsModel::checkpoint(0));
-    gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{opts});
-    engine->prepare();
-    engine->add_static_io("input", input);
-    graph.capture([&] { output = model->forward(input); });
-    engine->track(graph);
-  }
+struct Rig : gk::testing::Rig<ViewsModel, gk::HostReplay> {
+  explicit Rig(gk::ReloadOptions opts = {})
+      : gk::testing::Rig<ViewsModel, gk::HostReplay>(
+            [] {
+              auto m = std::make_shared<ViewsModel>();
+              behaviours().clear();
+              return m;
+            }(),
+            at::linspace(-1.0, 1.0, 4), [](ViewsModel&) { return ViewsModel::checkpoint(0); },
+            gk::testing::RigSetup().named("views").with(std::move(opts))) {}
   gk::ReloadReport reload(int step, const gk::ReloadOptions& o) {
-    gk::InMemorySource src(ViewsModel::checkpoint(step));
-    return engine->reload(src, o);
-  }
-  at::Tensor replay() {
-    engine->check_replay_allowed();
-    graph.replay();
-    return output.clone();
-  }
-  // What replay computes whether or not the engine allows it.
-  at::Tensor replay_unchecked() {
-    graph.replay();
-    return output.clone();
+    return gk::testing::Rig<ViewsModel, gk::HostReplay>::reload(ViewsModel::checkpoint(step), o);
   }
 };
 
@@ -653,7 +637,7 @@ TEST_CASE("a capture that records nothing, or reads none of the model's slots, i
   }
 }
 
-// Note [Capture verdicts last] in reload_engine.cpp. Before it, the first
+// Note [Capture verdicts last] in reload/capture_tracking.cpp. Before it, the first
 // successful reload() set the engine back to ready: verification re-checks
 // the recorded addresses only, and an empty manifest (or one of static I/O)
 // passes, so the refused graph replayed the old weights' output.

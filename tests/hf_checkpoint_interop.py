@@ -20,7 +20,7 @@ written by the reference implementations.
     index naming a tensor its shard lacks): the checker fails naming them.
 
 (a), (b) and (e) need `safetensors`, `numpy` and `torch` (scripts/setup.sh
-installs them): their absence is a failure. (c) and (d) are skipped with a
+installs them): their absence is a failure (tests/support/gk_interop.py). (c) and (d) are skipped with a
 note when their package is absent.
 """
 import json
@@ -29,71 +29,13 @@ import struct
 import subprocess
 import sys
 import tempfile
-import warnings
 
-warnings.filterwarnings("ignore", message=".*NumPy.*")  # torch warns when numpy is absent
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from gk_interop import DTYPES, Checks, describe, random_tensor, torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
-try:
-    import numpy  # noqa: F401  (safetensors.torch.save_file needs it)
-    import torch
-    from safetensors.torch import save_file
-except ImportError as e:  # pragma: no cover - environment problem
-    print(f"hf_checkpoint_interop: FAILED: cannot import the reference implementation ({e}).\n"
-          f"  Install it with scripts/setup.sh or: {sys.executable} -m pip install safetensors numpy",
-          file=sys.stderr)
-    sys.exit(1)
-
-DTYPES = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
-    "I32": torch.int32, "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F32": torch.float32, "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
-NAME_OF = {v: k for k, v in DTYPES.items()}
 INDEX = "model.safetensors.index.json"
-
-failures = []
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print(f"FAIL: {what}", file=sys.stderr)
-
-
-def tensor_bytes(t):
-    t = t.detach().contiguous()
-    if t.numel() == 0:
-        return b""
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def fnv1a64(data):
-    h = 0xCBF29CE484222325
-    for b in data:
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
-
-
-def describe(t):
-    shape = "[" + ",".join(str(s) for s in t.shape) + "]"
-    data = tensor_bytes(t)
-    return (NAME_OF[t.dtype], shape, str(len(data)), fnv1a64(data))
-
-
-def random_tensor(dtype, shape, gen):
-    """Random bit patterns (NaNs, infinities, subnormals) of `dtype`."""
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=gen, dtype=torch.uint8).bool()
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    n = 1
-    for s in shape:
-        n *= s
-    raw = torch.randint(0, 256, (n * itemsize,), generator=gen, dtype=torch.uint8)
-    return raw.view(dtype).reshape(shape)
+check = Checks()
 
 
 def run_checker(checker, directory):
@@ -287,8 +229,7 @@ def main():
         huggingface_hub_shards(checker, tmp, sd)
         transformers_llama(checker, tmp)
         broken_directories(checker, tmp, sd)
-    print(f"{checks - len(failures)} passed, {len(failures)} failed")
-    return 1 if failures else 0
+    return check.summary()
 
 
 if __name__ == "__main__":

@@ -5,11 +5,11 @@
 // shard at a time. tests/hf_checkpoint_interop.py reads directories written
 // by the reference (safetensors, transformers).
 #include "gk_test.h"
+#include "temp_dir.h"
 
 #include <graphkeep/sources/hf_checkpoint.h>
 #include <graphkeep/sources/safetensors_source.h>
 
-#include <dirent.h>
 #include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,37 +30,7 @@
 
 namespace {
 
-// A fresh directory, removed with its files (and links). POSIX only, as in
-// safetensors_test.cpp: libtorch.so's copy of std::filesystem interposes on
-// libstdc++'s and crashes.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/gk_hf_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    char real[PATH_MAX];
-    REQUIRE(::realpath(tmpl.c_str(), real) != nullptr);  // as /proc/self/maps names it
-    path = real;
-  }
-  ~TempDir() {
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (const dirent* e = ::readdir(d))
-        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
-          ::unlink(file(e->d_name).c_str());
-      ::closedir(d);
-    }
-    ::rmdir(path.c_str());
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return path + "/" + name; }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream out(file(name), std::ios::binary | std::ios::trunc);
-    out << text;
-    REQUIRE(out.good());
-  }
-};
+using gk::testing::TempDir;
 
 bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;

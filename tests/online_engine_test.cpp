@@ -1,5 +1,5 @@
 // The example engine (examples/engine) serving while the next weights stage:
-// issue 17's stress test on the real engine's decode graphs, on the CPU
+// the online reload's stress test on the real engine's decode graphs, on the CPU
 // replay backend (suite cpu) and on CUDA graphs (suite gpu, 1,000 rounds).
 // And what a request must never see: KV-cache rows at or past its length
 // (an earlier request's, or ones written under earlier, NaN weights).

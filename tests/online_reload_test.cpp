@@ -1,4 +1,4 @@
-// Online reload (issue 17): ReloadEngine::stage() loads, processes and checks
+// Online reload: ReloadEngine::stage() loads, processes and checks
 // new weights into new storage while the captured graphs keep replaying the
 // old ones; commit() copies them in between two replays; abort() or dropping
 // the staged object changes nothing. Positive cases against a plain reload
@@ -16,6 +16,7 @@
 #include <graphkeep/reload/staged_reload.h>
 #include <graphkeep/runtime/host_stream.h>
 
+#include "rig.h"
 #include "toy_model.h"
 
 #include <ATen/Parallel.h>
@@ -35,27 +36,12 @@
 
 namespace {
 
-struct Rig {
-  std::shared_ptr<toy::ToyModel> model;
-  at::Tensor input, output;
-  gk::HostReplay graph{"toy"};
-  std::unique_ptr<gk::ReloadEngine> engine;
-
-  explicit Rig(int64_t d = 8, int64_t h = 16) : model(std::make_shared<toy::ToyModel>(d, h)) {
-    gk::InMemorySource src(model->checkpoint(0));
-    gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model);
-    engine->prepare();
-    input = at::linspace(-1.0, 1.0, 3 * d).reshape({3, d});
-    engine->add_static_io("input", input);
-    graph.capture([&] { output = model->forward(input); });
-    engine->track(graph);
-  }
-  at::Tensor replay() {
-    engine->check_replay_allowed();
-    graph.replay();
-    return output.clone();
-  }
+struct Rig : gk::testing::Rig<toy::ToyModel, gk::HostReplay> {
+  explicit Rig(int64_t d = 8, int64_t h = 16)
+      : gk::testing::Rig<toy::ToyModel, gk::HostReplay>(std::make_shared<toy::ToyModel>(d, h),
+                                                        at::linspace(-1.0, 1.0, 3 * d).reshape({3, d}),
+                                                        [](toy::ToyModel& m) { return m.checkpoint(0); },
+                                                        gk::testing::RigSetup().named("toy")) {}
   at::Tensor eager() { return model->forward(input); }
   std::vector<gk::NamedTensor> weights(int step) const { return model->checkpoint(step); }
   gk::StagedReload stage(int step) {
@@ -80,7 +66,7 @@ std::vector<gk::NamedTensor> without(std::vector<gk::NamedTensor> v, const std::
 // ---------------------------------------------------------------------------
 // A layer whose PWAL writes its derived tensor in place once it exists: on a
 // reload that is the captured storage (Note [Undo by storage] in
-// reload/reload_engine.cpp). `head_` views the same storage; `busy_` is a
+// reload/storage_backups.h). `head_` views the same storage; `busy_` is a
 // zero-init workspace the graph writes while it replays (like a lock);
 // `hits` is a buffer the graph counts its replays in and PWAL leaves alone
 // (a cache: a commit must not revert it to its value at stage() time).
@@ -161,24 +147,12 @@ class InPlaceModel : public torch::nn::Module {
   std::shared_ptr<InPlaceLayer> l0, l1;
 };
 
-struct InPlaceRig {
-  std::shared_ptr<InPlaceModel> model = std::make_shared<InPlaceModel>();
-  at::Tensor input = at::linspace(-1.0, 1.0, 4), output;
-  gk::HostReplay graph{"in-place"};
-  std::unique_ptr<gk::ReloadEngine> engine;
-  InPlaceRig() {
-    gk::InMemorySource src(InPlaceModel::checkpoint(0));
-    gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model);
-    engine->prepare();
-    engine->add_static_io("input", input);
-    graph.capture([&] { output = model->forward(input); });
-    engine->track(graph);
-  }
-  at::Tensor replay() {
-    graph.replay();
-    return output.clone();
-  }
+struct InPlaceRig : gk::testing::Rig<InPlaceModel, gk::HostReplay> {
+  InPlaceRig()
+      : gk::testing::Rig<InPlaceModel, gk::HostReplay>(std::make_shared<InPlaceModel>(), at::linspace(-1.0, 1.0, 4),
+                                                       [](InPlaceModel&) { return InPlaceModel::checkpoint(0); },
+                                                       gk::testing::RigSetup().named("in-place")) {}
+  at::Tensor replay() { return replay_unchecked(); }
 };
 
 // A layer whose PWAL may drop an optional member and then fail: the object
@@ -254,22 +228,13 @@ std::vector<gk::NamedTensor> optional_checkpoint(int step) {
 // One layer of type Layer loaded with optional_checkpoint(0), prepared,
 // captured on the host backend and replayed once (`before`).
 template <class Layer>
-struct LayerRig {
-  std::shared_ptr<Layer> layer = std::make_shared<Layer>();
-  std::unique_ptr<gk::ReloadEngine> engine;
-  const at::Tensor input = at::linspace(-1.0, 1.0, 4);
-  at::Tensor output, before;
-  gk::HostReplay graph;
-  explicit LayerRig(const char* name) : graph(name) {
-    gk::InMemorySource first(optional_checkpoint(0));
-    gk::load_weights(*layer, first);
-    engine = std::make_unique<gk::ReloadEngine>(*layer);
-    engine->prepare();
-    engine->add_static_io("input", input);
-    graph.capture([this] { output = layer->forward(input); });
-    engine->track(graph);
-    graph.replay();
-    before = output.clone();
+struct LayerRig : gk::testing::Rig<Layer, gk::HostReplay> {
+  at::Tensor before;
+  explicit LayerRig(const char* name)
+      : gk::testing::Rig<Layer, gk::HostReplay>(std::make_shared<Layer>(), at::linspace(-1.0, 1.0, 4),
+                                                [](Layer&) { return optional_checkpoint(0); },
+                                                gk::testing::RigSetup().named(name)) {
+    before = this->replay_unchecked();
   }
 };
 

@@ -8,6 +8,7 @@
 #include <graphkeep/reload/manifest.h>
 #include <graphkeep/capture/replay.h>
 
+#include "rig.h"
 #include "toy_model.h"
 
 #include <cmath>
@@ -16,35 +17,17 @@
 namespace {
 
 template <class Model = toy::ToyModel>
-struct Rig {
-  std::shared_ptr<Model> model;
-  at::Tensor input, output;
-  gk::HostReplay graph{"toy"};
-  std::unique_ptr<gk::ReloadEngine> engine;
-
+struct Rig : gk::testing::Rig<Model, gk::HostReplay> {
+  // A graph the manifest cannot vouch for is refused at track() (kept
+  // tracked): the tests of hidden tensors read the message (track_error).
   explicit Rig(gk::ReloadOptions opts = {}, int64_t shards = 1, gk::testing::EngineHooks hooks = {})
-      : model(std::make_shared<Model>(8, 16, shards)) {
-    gk::InMemorySource src(model->checkpoint(0, shards));
-    gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{opts});
-    gk::testing::set_hooks(*engine, std::move(hooks));
-    engine->prepare();
-    input = at::linspace(-1.0, 1.0, 3 * 8).reshape({3, 8});
-    engine->add_static_io("input", input);
-    graph.capture([&] { output = model->forward(input); });
-    // A graph the manifest cannot vouch for is refused here (kept tracked):
-    // the tests of hidden tensors read the message.
-    track_error = gk::testing::message_of<gk::DriftError>([&] { engine->track(graph); });
-  }
-  std::string track_error;
-  at::Tensor replay() {
-    engine->check_replay_allowed();
-    graph.replay();
-    return output.clone();
-  }
+      : gk::testing::Rig<Model, gk::HostReplay>(std::make_shared<Model>(8, 16, shards),
+                                                at::linspace(-1.0, 1.0, 3 * 8).reshape({3, 8}),
+                                                [shards](Model& m) { return m.checkpoint(0, shards); },
+                                                gk::testing::RigSetup().named("toy").with(std::move(opts))
+                                                    .hooked(std::move(hooks)).keeping_track_error()) {}
   gk::ReloadReport reload(int step, int64_t shards = 1) {
-    gk::InMemorySource src(model->checkpoint(step, shards));
-    return engine->reload(src);
+    return gk::testing::Rig<Model, gk::HostReplay>::reload(this->model->checkpoint(step, shards));
   }
 };
 

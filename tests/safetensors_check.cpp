@@ -13,6 +13,8 @@
 
 #include <ATen/ATen.h>
 
+#include "tensor_digest.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -22,18 +24,7 @@
 
 namespace {
 
-std::string fnv1a64(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  const auto* p = static_cast<const unsigned char*>(c.const_data_ptr());
-  for (std::size_t i = 0; i < c.nbytes(); ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
+using gk::testing::fnv1a64;
 
 void print(const std::string& name, const at::Tensor& t, const char* how) {
   const auto dtype = gk::to_safetensors_dtype(t.scalar_type());

@@ -10,66 +10,20 @@ implementation (the `safetensors` PyPI package, installed by scripts/setup.sh).
 (b) a file written by gk::write_safetensors is loaded with
     safetensors.torch.load_file and compared with the same recipe built here.
 
-A missing `safetensors`, `numpy` (save_file needs it) or `torch` module is a failure, not a skip: setup.sh
-installs both, so their absence means the environment is broken.
+A missing `safetensors`, `numpy` (save_file needs it) or `torch` module is a
+failure, not a skip (tests/support/gk_interop.py).
 """
 import os
 import subprocess
 import sys
 import tempfile
-import warnings
 
-warnings.filterwarnings("ignore", message=".*NumPy.*")  # torch warns when numpy is absent
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+from gk_interop import DTYPES, Checks, describe, random_tensor, tensor_bytes, torch  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
-try:
-    import numpy  # noqa: F401  (safetensors.torch.save_file needs it)
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-except ImportError as e:  # pragma: no cover - environment problem
-    print(f"safetensors_interop: FAILED: cannot import the reference implementation ({e}).\n"
-          f"  Install it with scripts/setup.sh or: {sys.executable} -m pip install safetensors numpy",
-          file=sys.stderr)
-    sys.exit(1)
-
-DTYPES = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
-    "I32": torch.int32, "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F32": torch.float32, "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-}
-NAME_OF = {v: k for k, v in DTYPES.items()}
-
-failures = []
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print(f"FAIL: {what}", file=sys.stderr)
-
-
-def tensor_bytes(t):
-    t = t.contiguous()
-    if t.numel() == 0:
-        return b""
-    return bytes(t.reshape(-1).view(torch.uint8).tolist())
-
-
-def fnv1a64(data):
-    h = 0xCBF29CE484222325
-    for b in data:
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
-
-
-def describe(t):
-    shape = "[" + ",".join(str(s) for s in t.shape) + "]"
-    data = tensor_bytes(t)
-    return (NAME_OF[t.dtype], shape, str(len(data)), fnv1a64(data))
+check = Checks()
 
 
 def run_checker(checker, mode, path):
@@ -82,18 +36,6 @@ def run_checker(checker, mode, path):
         elif f[0] == "meta":
             meta[f[1]] = f[2]
     return p, tensors, meta
-
-
-def random_tensor(dtype, shape, gen):
-    """Random bit patterns (NaNs, infinities, subnormals) of `dtype`."""
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=gen, dtype=torch.uint8).bool()
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    n = 1
-    for s in shape:
-        n *= s
-    raw = torch.randint(0, 256, (n * itemsize,), generator=gen, dtype=torch.uint8)
-    return raw.view(dtype).reshape(shape)
 
 
 def recipe():
@@ -243,8 +185,7 @@ def main():
         python_to_cpp(checker, tmp)
         cpp_to_python(checker, tmp)
         hostile_headers(checker, tmp)
-    print(f"{checks - len(failures)} passed, {len(failures)} failed")
-    return 1 if failures else 0
+    return check.summary()
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 // Safetensors: the header parser against hostile bytes, the writer and the
 // memory-mapped source (round trips of every dtype, zero-copy lifetime).
 #include "gk_test.h"
+#include "temp_dir.h"
 
 #include <graphkeep/sources/safetensors_format.h>
 #include <graphkeep/sources/safetensors_source.h>
 
-#include <dirent.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -69,28 +69,7 @@ std::string entry(std::string_view dtype, std::string_view shape, std::uint64_t 
          ",\"data_offsets\":[" + std::to_string(b) + "," + std::to_string(e) + "]}";
 }
 
-// A fresh directory, removed with its files. POSIX only: libtorch.so exports
-// its own copy of std::filesystem's functions, which interpose on
-// libstdc++'s and crash (remove_all did, in this test).
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/gk_safetensors_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    if (DIR* d = ::opendir(path.c_str())) {
-      while (const dirent* e = ::readdir(d))
-        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
-          ::unlink(file(e->d_name).c_str());
-      ::closedir(d);
-    }
-    ::rmdir(path.c_str());
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
+using gk::testing::TempDir;
 
 // The file's size, or -1 when it does not exist.
 long long file_size(const std::string& path) {

@@ -4,7 +4,7 @@
 //   site 4   CUTLASS grouped GEMM stride arrays             gk::kernels::CutlassMoe / CutlassExperts
 //   site 10  W4A8 grouped GEMM a/c/s stride arrays          gk::kernels::W4A8Moe / CutlassW4A8Experts
 //   site 11  kernel-owned scratch (RDNA3 WNA16)             gk::kernels::Rdna3Wna16Moe / Rdna3Wna16Kernel
-// and the Qwen3-MoE experts (issue 16), site 4's stride arrays under
+// and the Qwen3-MoE experts, site 4's stride arrays under
 // softmax routing and a SiLU-gated activation:       gk::kernels::SwigluExperts
 #include "site_harness.h"
 
@@ -291,7 +291,7 @@ GK_TEST_CHILD(moe_site2_freed_shuffled_weight) {
 // its A and B addresses with a stride of ~9.2e18 elements: an illegal access.
 GK_TEST_CHILD(moe_site4_freed_strides) {
   return replay_after_reuse_child<CutlassModel>(
-      "moe.experts_.ab_strides2_", [](CutlassModel& m) { return m.experts().ab_strides2(); }, 0x7f);
+      "moe.experts_.strides_.ab_strides2", [](CutlassModel& m) { return m.experts().strides().ab_strides2; }, 0x7f);
 }
 
 // Site 10: the same with the freed s_strides1 (group-scale row stride of GEMM1).
@@ -323,8 +323,8 @@ TEST_SUITE("cpu") {
     };
     for (const Want& w : {Want{"ShuffledMoe", "w13_shuffled_", gk::Role::derived_weight, gk::Init::copy_new},
                           Want{"ShuffledMoe", "w2_shuffled_", gk::Role::derived_weight, gk::Init::copy_new},
-                          Want{"CutlassExperts", "ab_strides1_", gk::Role::metadata, gk::Init::copy_new},
-                          Want{"CutlassExperts", "c_strides2_", gk::Role::metadata, gk::Init::copy_new},
+                          Want{"CutlassExperts", "strides_.ab_strides1", gk::Role::metadata, gk::Init::copy_new},
+                          Want{"CutlassExperts", "strides_.c_strides2", gk::Role::metadata, gk::Init::copy_new},
                           Want{"CutlassW4A8Experts", "s_strides1_", gk::Role::metadata, gk::Init::copy_new},
                           Want{"W4A8Moe", "w13_packed_", gk::Role::derived_weight, gk::Init::copy_new},
                           Want{"W4A8Moe", "w13_scales_t_", gk::Role::scale, gk::Init::copy_new},
@@ -356,28 +356,28 @@ TEST_SUITE("cpu") {
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides: positive") { sites::positive<CutlassModel>(sites::cpu()); }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides: ab_strides1 and c_strides2 are one slot with two paths") {
     sites::Rig<CutlassModel> rig(sites::cpu());
-    const gk::PlannedSlot* s = find_slot(rig.engine->plan(), "moe.experts_.ab_strides1_");
+    const gk::PlannedSlot* s = find_slot(rig.engine->plan(), "moe.experts_.strides_.ab_strides1");
     REQUIRE(s != nullptr);
     REQUIRE(s->paths.size() == 2);
-    CHECK(s->paths[1].str() == "experts_.c_strides2_");
-    CHECK(find_slot(rig.engine->plan(), "moe.experts_.c_strides2_") == nullptr);
-    const void* captured = rig.model->experts().ab_strides1().data_ptr();
+    CHECK(s->paths[1].str() == "experts_.strides_.c_strides2");
+    CHECK(find_slot(rig.engine->plan(), "moe.experts_.strides_.c_strides2") == nullptr);
+    const void* captured = rig.model->experts().strides().ab_strides1.data_ptr();
     for (int step = 1; step <= 2; ++step) {
       CAPTURE(step);
       const auto* experts_before = &rig.model->experts();
       rig.reload(step);
       CHECK(&rig.model->experts() != experts_before);  // PWAL really rebuilt the experts object (both lived at once)
-      CHECK(rig.model->experts().ab_strides1().data_ptr() == captured);
-      CHECK(rig.model->experts().c_strides2().is_same(rig.model->experts().ab_strides1()));
+      CHECK(rig.model->experts().strides().ab_strides1.data_ptr() == captured);
+      CHECK(rig.model->experts().strides().c_strides2.is_same(rig.model->experts().strides().ab_strides1));
       CHECK(sites::same(rig.replay(), sites::fresh_output<CutlassModel>(sites::cpu(), step, rig.input), true));
     }
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides: negative (copy-back disabled: drift found, values unchanged)") {
-    sites::unprotected_drift_detected<CutlassModel>(sites::cpu(), "moe.experts_.ab_strides1_");
-    sites::unprotected_drift_detected<CutlassModel>(sites::cpu(), "moe.experts_.c_strides1_");
+    sites::unprotected_drift_detected<CutlassModel>(sites::cpu(), "moe.experts_.strides_.ab_strides1");
+    sites::unprotected_drift_detected<CutlassModel>(sites::cpu(), "moe.experts_.strides_.c_strides1");
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides: negative (undeclared)") {
-    sites::negative_undeclared<CutlassModel>(sites::cpu(), "moe.experts_.ab_strides2_");
+    sites::negative_undeclared<CutlassModel>(sites::cpu(), "moe.experts_.strides_.ab_strides2");
   }
 
   // Site 10
@@ -400,13 +400,13 @@ TEST_SUITE("cpu") {
     sites::negative_undeclared<Wna16Model>(sites::cpu(), "moe.kernel_.rdna3_w1_buf_");
   }
 
-  // The Qwen3-MoE experts (issue 16)
+  // The Qwen3-MoE experts
   TEST_CASE("Qwen3-MoE SwigluExperts: the catalog lists its stride arrays") {
     using R = gk::Registry<gk::kernels::MoeTypes>;
     int strides = 0;
     for (const auto& e : R::table()) {
       if (e.root != "SwigluExperts") continue;
-      for (const char* p : {"ab_strides1_", "ab_strides2_", "c_strides1_", "c_strides2_"})
+      for (const char* p : {"strides_.ab_strides1", "strides_.ab_strides2", "strides_.c_strides1", "strides_.c_strides2"})
         if (e.path_equals(p)) {
           CHECK(e.role.role == gk::Role::metadata);
           CHECK(e.role.effective_init() == gk::Init::copy_new);
@@ -421,17 +421,17 @@ TEST_SUITE("cpu") {
   }
   TEST_CASE("Qwen3-MoE SwigluExperts: PWAL rebuilds the experts object, the captured strides stay") {
     sites::Rig<SwigluModel> rig(sites::cpu());
-    const gk::PlannedSlot* s = find_slot(rig.engine->plan(), "moe.experts_.ab_strides1_");
+    const gk::PlannedSlot* s = find_slot(rig.engine->plan(), "moe.experts_.strides_.ab_strides1");
     REQUIRE(s != nullptr);
     REQUIRE(s->paths.size() == 2);
-    CHECK(s->paths[1].str() == "experts_.c_strides2_");
-    const void* captured = rig.model->experts().ab_strides2().data_ptr();
+    CHECK(s->paths[1].str() == "experts_.strides_.c_strides2");
+    const void* captured = rig.model->experts().strides().ab_strides2.data_ptr();
     for (int step = 1; step <= 2; ++step) {
       CAPTURE(step);
       const auto* before = &rig.model->experts();
       rig.reload(step);
       CHECK(&rig.model->experts() != before);
-      CHECK(rig.model->experts().ab_strides2().data_ptr() == captured);
+      CHECK(rig.model->experts().strides().ab_strides2.data_ptr() == captured);
       CHECK(rig.model->experts().norm_topk_prob());
       CHECK(sites::same(rig.replay(), sites::fresh_output<SwigluModel>(sites::cpu(), step, rig.input), true));
     }
@@ -440,11 +440,11 @@ TEST_SUITE("cpu") {
     // The strides are the same values after every PWAL, so a forced replay
     // still computes the right output from the old storage; the manifest
     // reports the moved address all the same and replay is refused.
-    sites::unprotected_drift_detected<SwigluModel>(sites::cpu(), "moe.experts_.ab_strides1_");
-    sites::unprotected_drift_detected<SwigluModel>(sites::cpu(), "moe.experts_.c_strides1_");
+    sites::unprotected_drift_detected<SwigluModel>(sites::cpu(), "moe.experts_.strides_.ab_strides1");
+    sites::unprotected_drift_detected<SwigluModel>(sites::cpu(), "moe.experts_.strides_.c_strides1");
   }
   TEST_CASE("Qwen3-MoE SwigluExperts: negative (undeclared)") {
-    sites::negative_undeclared<SwigluModel>(sites::cpu(), "moe.experts_.ab_strides2_");
+    sites::negative_undeclared<SwigluModel>(sites::cpu(), "moe.experts_.strides_.ab_strides2");
   }
   TEST_CASE("Qwen3-MoE SwigluExperts: equals transformers' sparse block, exact ties included") {
     // (experts, topk): 8/2 and 16/4 are the tiny and small reference models.
@@ -540,10 +540,10 @@ TEST_SUITE("gpu") {
     sites::positive<CutlassModel>(sites::gpu());
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides on CUDA graphs: negative (copy-back disabled)") {
-    sites::unprotected_drift_detected<CutlassModel>(sites::gpu(), "moe.experts_.ab_strides1_");
+    sites::unprotected_drift_detected<CutlassModel>(sites::gpu(), "moe.experts_.strides_.ab_strides1");
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides on CUDA graphs: negative (undeclared)") {
-    sites::negative_undeclared<CutlassModel>(sites::gpu(), "moe.experts_.ab_strides2_");
+    sites::negative_undeclared<CutlassModel>(sites::gpu(), "moe.experts_.strides_.ab_strides2");
   }
   TEST_CASE("site 4 CUTLASS grouped-GEMM strides on CUDA graphs: replay over freed strides fails") {
     const gk::testing::ChildResult r = gk::testing::run_child("moe_site4_freed_strides");
@@ -578,14 +578,14 @@ TEST_SUITE("gpu") {
   TEST_CASE("site 11 RDNA3 WNA16 scratch on CUDA graphs: negative (undeclared)") {
     sites::negative_undeclared<Wna16Model>(sites::gpu(), "moe.kernel_.rdna3_w1_buf_");
   }
-  // The Qwen3-MoE experts (issue 16)
+  // The Qwen3-MoE experts
   TEST_CASE("Qwen3-MoE SwigluExperts on CUDA graphs: positive") {
     sites::positive<SwigluModel>(sites::gpu());
     sites::positive<SwigluBf16Model>(sites::gpu());
   }
   TEST_CASE("Qwen3-MoE SwigluExperts on CUDA graphs: negative (copy-back disabled, undeclared)") {
-    sites::unprotected_drift_detected<SwigluModel>(sites::gpu(), "moe.experts_.ab_strides1_");
-    sites::negative_undeclared<SwigluModel>(sites::gpu(), "moe.experts_.ab_strides2_");
+    sites::unprotected_drift_detected<SwigluModel>(sites::gpu(), "moe.experts_.strides_.ab_strides1");
+    sites::negative_undeclared<SwigluModel>(sites::gpu(), "moe.experts_.strides_.ab_strides2");
   }
   TEST_CASE("Qwen3-MoE SwigluExperts: the CUDA kernel equals its CPU twin bit for bit") {
     for (const at::ScalarType wt : {at::kFloat, at::kBFloat16, at::kHalf}) {

@@ -1,4 +1,4 @@
-// The model-STRUCTURE fuzzer (issue 14, "the systematic part"). Random
+// The model-STRUCTURE fuzzer (the systematic part of failing closed). Random
 // registered models, built at run time from a fixed set of described
 // building blocks, are reloaded again and again with random weights, random
 // PWAL behaviours, injected faults and bad weight sets. After EVERY reload
@@ -51,6 +51,7 @@
 // impossible. Not exercised: MismatchPolicy::needs_recapture and
 // unprotected_slots (both end in a recapture, which has no fresh-model oracle).
 #include "gk_test.h"
+#include "rig.h"
 
 #include "engine/compare.h"
 
@@ -750,23 +751,16 @@ std::string values(const at::Tensor& t) {
 }
 
 // A model loaded with `w`, its engine prepared, its forward captured and tracked.
-struct Rig {
-  std::shared_ptr<FuzzModel> model;
-  at::Tensor input, output;
-  gk::HostReplay graph{"structure-fuzz"};  // outlives the engine
-  std::unique_ptr<gk::ReloadEngine> engine;
-
-  Rig(const ModelSpec& s, const std::vector<gk::NamedTensor>& w) : model(std::make_shared<FuzzModel>(s)) {
-    g_pwal.clear();
-    gk::InMemorySource src(w, "initial weights");
-    gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model);
-    engine->prepare();
-    input = at::linspace(-1.0, 1.0, M * D).reshape({M, D});
-    engine->add_static_io("input", input);
-    graph.capture([&] { output = model->forward(input); });
-    engine->track(graph);
-  }
+struct Rig : gk::testing::Rig<FuzzModel, gk::HostReplay> {
+  Rig(const ModelSpec& s, const std::vector<gk::NamedTensor>& w)
+      : gk::testing::Rig<FuzzModel, gk::HostReplay>(
+            [&] {
+              auto m = std::make_shared<FuzzModel>(s);
+              g_pwal.clear();
+              return m;
+            }(),
+            at::linspace(-1.0, 1.0, M * D).reshape({M, D}), [&](FuzzModel&) { return w; },
+            gk::testing::RigSetup().named("structure-fuzz").labelled("initial weights")) {}
 };
 
 // The INVARIANT. Returns "" when it holds, else what broke.

@@ -5,7 +5,7 @@
 // The runtime's cudaGraphKernelNodeGetParams fails (cudaErrorInvalidDeviceFunction)
 // for kernels of other libraries (cuBLAS, Triton), so everything here goes
 // through the driver API (cuGraphKernelNodeGetParams_v2, cuFuncGetParamInfo,
-// ...; see /work/shared/notes/cuda-graph-introspection.md).
+// ...; the CUDA Driver API reference, "Graph Management").
 // The driver functions are resolved once with cudaGetDriverEntryPointByVersion
 // instead of being linked: calling them directly would make every binary that
 // uses scan_graph depend on libcuda.so.1 at load time, so a GPU test binary

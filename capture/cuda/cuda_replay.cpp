@@ -61,7 +61,7 @@ namespace {
 //    into free caching-allocator blocks. in_live_allocation() below lets
 //    track() treat a raw word into memory no live allocation covers as stale.
 // Words caught by the last two become AddressClass::unstable in the manifest
-// (Note [Confirming raw addresses] in reload_engine.cpp).
+// (Note [Confirming raw addresses] in reload/capture_tracking.cpp).
 constexpr std::size_t kScrubBytes = std::size_t{512} << 10;
 // Never scrub closer than this to the end of the thread's stack.
 constexpr std::size_t kScrubReserve = std::size_t{64} << 10;

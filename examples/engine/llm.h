@@ -35,7 +35,7 @@
 //
 //   demo::HfConfig cfg = demo::read_hf_config(dir);
 //   auto lm = std::make_shared<demo::CausalLM>(cfg, device, demo::WeightFormat::fp8);
-//   ... gk::load_weights(*lm, source); then demo::LlmRunner (llm_runner.h) serves it.
+//   ... gk::load_weights(*lm, source); then demo::LlmEngine (llm_engine.h) serves it.
 #pragma once
 
 #include "hf_config.h"
@@ -200,7 +200,7 @@ class Mlp : public torch::nn::Module, public gk::ReloadableLayer {
 // experts object PWAL rebuilds on every load, as vLLM does: its per-expert
 // stride arrays are derived tensors at new addresses each time, which
 // graphkeep copies back into the storage the graphs captured
-// (model.layers.<i>.mlp.experts_.ab_strides1_ and the others).
+// (model.layers.<i>.mlp.experts_.strides_.ab_strides1 and the others).
 class SparseMoe : public torch::nn::Module, public gk::ReloadableLayer {
  public:
   SparseMoe(const HfConfig& c, c10::Device device);

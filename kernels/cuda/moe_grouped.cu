@@ -1,5 +1,5 @@
-// The CUTLASS-style grouped MoE pipeline of sites 4 (fp32 grouped GEMM with
-// ab/c stride arrays) and 10 (W4A8 grouped GEMM with a/c/s stride arrays),
+// The CUTLASS-style grouped MoE pipeline of sites 4 (grouped GEMM with ab/c
+// stride arrays) and 10 (W4A8 grouped GEMM with a/c/s stride arrays),
 // and of the Qwen3-MoE experts (softmax routing, SiLU-gated activation,
 // float32 / bfloat16 / float16 weights, site 4's stride arrays):
 // route -> gather (or quantize) -> grouped GEMM1 -> activation -> grouped
@@ -38,8 +38,11 @@ __global__ void moe_gather_kernel(const float* __restrict__ x, const int32_t* __
   for (int64_t c = threadIdx.x; c < K; c += blockDim.x) out[r * K + c] = x[t * K + c];
 }
 
-// grid (E, column blocks): each thread owns one output column of its group.
-__global__ void moe_grouped_gemm_nt_kernel(const float* __restrict__ a, const float* __restrict__ b,
+// The grouped GEMM of every experts object but site 10's, B stored as W::type
+// (float, or bfloat16 / float16 bits widened exactly). grid (E, column
+// blocks): each thread owns one output column of its group.
+template <class W>
+__global__ void moe_grouped_gemm_nt_kernel(const float* __restrict__ a, const typename W::type* __restrict__ b,
                                            float* __restrict__ c, const int32_t* __restrict__ offsets,
                                            const int64_t* __restrict__ a_strides,
                                            const int64_t* __restrict__ b_strides,
@@ -50,9 +53,18 @@ __global__ void moe_grouped_gemm_nt_kernel(const float* __restrict__ a, const fl
   const int64_t r0 = offsets[g], r1 = offsets[g + 1];
   const int64_t lda = a_strides[g], ldb = b_strides[g], ldc = c_strides[g];  // per group, from global memory
   const float* ag = a + r0 * kdim;
-  const float* bg = b + g * ncols * kdim;
+  const typename W::type* bg = b + g * ncols * kdim;
   float* cg = c + r0 * ncols;
-  for (int64_t r = 0; r < r1 - r0; ++r) cg[r * ldc + n] = dot(ag + r * lda, bg + n * ldb, kdim);
+  for (int64_t r = 0; r < r1 - r0; ++r) cg[r * ldc + n] = dot_w<W>(ag + r * lda, bg + n * ldb, kdim);
+}
+
+template <class W>
+void grouped_gemm_nt(const float* a, const void* b, float* c, const int32_t* offsets, const int64_t* a_strides,
+                     const int64_t* b_strides, const int64_t* c_strides, int64_t experts, int64_t ncols, int64_t kdim,
+                     cudaStream_t stream) {
+  dim3 grid(static_cast<unsigned>(experts), blocks_for(ncols));
+  moe_grouped_gemm_nt_kernel<W><<<grid, kThreads, 0, stream>>>(
+      a, static_cast<const typename W::type*>(b), c, offsets, a_strides, b_strides, c_strides, ncols, kdim);
 }
 
 __global__ void moe_act_kernel(const float* __restrict__ c1, float* __restrict__ h, int64_t M, int64_t N) {
@@ -123,33 +135,6 @@ __global__ void moe_route_softmax_kernel(const float* __restrict__ logits, float
   if (threadIdx.x == 0) sort_by_expert(ids, T * topk, E, offsets, perm, inv);
 }
 
-// moe_grouped_gemm_nt_kernel with B stored as W::type.
-template <class W>
-__global__ void moe_grouped_gemm_nt_w_kernel(const float* __restrict__ a, const typename W::type* __restrict__ b,
-                                             float* __restrict__ c, const int32_t* __restrict__ offsets,
-                                             const int64_t* __restrict__ a_strides,
-                                             const int64_t* __restrict__ b_strides,
-                                             const int64_t* __restrict__ c_strides, int64_t ncols, int64_t kdim) {
-  const int64_t g = blockIdx.x;
-  const int64_t n = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (n >= ncols) return;
-  const int64_t r0 = offsets[g], r1 = offsets[g + 1];
-  const int64_t lda = a_strides[g], ldb = b_strides[g], ldc = c_strides[g];  // per group, from global memory
-  const float* ag = a + r0 * kdim;
-  const typename W::type* bg = b + g * ncols * kdim;
-  float* cg = c + r0 * ncols;
-  for (int64_t r = 0; r < r1 - r0; ++r) cg[r * ldc + n] = dot_w<W>(ag + r * lda, bg + n * ldb, kdim);
-}
-
-template <class W>
-void grouped_gemm_nt_w(const float* a, const void* b, float* c, const int32_t* offsets, const int64_t* a_strides,
-                       const int64_t* b_strides, const int64_t* c_strides, int64_t experts, int64_t ncols,
-                       int64_t kdim, cudaStream_t stream) {
-  dim3 grid(static_cast<unsigned>(experts), blocks_for(ncols));
-  moe_grouped_gemm_nt_w_kernel<W><<<grid, kThreads, 0, stream>>>(
-      a, static_cast<const typename W::type*>(b), c, offsets, a_strides, b_strides, c_strides, ncols, kdim);
-}
-
 __global__ void moe_silu_act_kernel(const float* __restrict__ c1, float* __restrict__ h, int64_t M, int64_t N) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= M * N) return;
@@ -170,14 +155,6 @@ void launch_moe_gather_rows(const float* x, const int32_t* perm, float* out, int
   if (rows == 0) return;
   moe_gather_kernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, perm, out,
                                                                                                     hidden, topk);
-}
-
-void launch_moe_grouped_gemm_nt(const float* a, const float* b, float* c, const int32_t* offsets,
-                                const int64_t* a_strides, const int64_t* b_strides, const int64_t* c_strides,
-                                int64_t experts, int64_t ncols, int64_t kdim, void* stream) {
-  dim3 grid(static_cast<unsigned>(experts), blocks_for(ncols));
-  moe_grouped_gemm_nt_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      a, b, c, offsets, a_strides, b_strides, c_strides, ncols, kdim);
 }
 
 void launch_moe_act_rows(const float* c1, float* h, int64_t rows, int64_t inter, void* stream) {
@@ -222,20 +199,20 @@ void launch_moe_route_softmax(const float* logits, float* probs, int32_t* order,
       logits, probs, order, ids, gates, offsets, perm, inv, tokens, experts, topk, renormalize);
 }
 
-void launch_moe_grouped_gemm_nt_w(const float* a, const void* b, MoeWeightType b_type, float* c,
+void launch_moe_grouped_gemm_nt(const float* a, const void* b, MoeWeightType b_type, float* c,
                                   const int32_t* offsets, const int64_t* a_strides, const int64_t* b_strides,
                                   const int64_t* c_strides, int64_t experts, int64_t ncols, int64_t kdim,
                                   void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (b_type) {
     case MoeWeightType::f32:
-      grouped_gemm_nt_w<F32Weight>(a, b, c, offsets, a_strides, b_strides, c_strides, experts, ncols, kdim, s);
+      grouped_gemm_nt<F32Weight>(a, b, c, offsets, a_strides, b_strides, c_strides, experts, ncols, kdim, s);
       break;
     case MoeWeightType::bf16:
-      grouped_gemm_nt_w<Bf16Weight>(a, b, c, offsets, a_strides, b_strides, c_strides, experts, ncols, kdim, s);
+      grouped_gemm_nt<Bf16Weight>(a, b, c, offsets, a_strides, b_strides, c_strides, experts, ncols, kdim, s);
       break;
     case MoeWeightType::f16:
-      grouped_gemm_nt_w<F16Weight>(a, b, c, offsets, a_strides, b_strides, c_strides, experts, ncols, kdim, s);
+      grouped_gemm_nt<F16Weight>(a, b, c, offsets, a_strides, b_strides, c_strides, experts, ncols, kdim, s);
       break;
   }
 }

@@ -2,8 +2,8 @@
 // (2, 4, 10, 11) and of the Qwen3-MoE experts (SwigluExperts). Raw device
 // pointers in, work enqueued on `stream` (an opaque cudaStream_t). Shapes:
 // T tokens, E experts, K hidden, N intermediate, M = T * topk routed rows.
-// The CPU twins live in kernels/moe_experts.cpp and kernels/moe_layers.cpp
-// and use the same scalar code (moe_common.h).
+// The CPU twins live in kernels/moe_grouped.cpp, kernels/moe_shuffle.cpp and
+// kernels/moe_wna16.cpp and use the same scalar code (moe_common.h).
 #pragma once
 #include <cstdint>
 
@@ -34,15 +34,20 @@ void launch_moe_route(const float* logits, int32_t* ids, float* gates, int32_t* 
 // out[r] = x[perm[r] / topk]   ([M, K])
 void launch_moe_gather_rows(const float* x, const int32_t* perm, float* out, int64_t rows, int64_t hidden,
                             int64_t topk, void* stream);
+// The expert weights' storage type of launch_moe_grouped_gemm_nt.
+enum class MoeWeightType : int { f32 = 0, bf16 = 1, f16 = 2 };
 // Grouped GEMM, A row-major times B^T, per expert g over its rows
 // [offsets[g], offsets[g+1]): C_g[r * ldc + n] = sum_k A_g[r * lda + k] *
 // B_g[n * ldb + k], with lda = a_strides[g], ldb = b_strides[g], ldc =
 // c_strides[g] read from device memory per group (CUTLASS's ptr-array
 // grouped GEMM with Stride<int64_t, _1, _0>). Group bases: A_g = A +
 // offsets[g] * kdim, B_g = B + g * ncols * kdim, C_g = C + offsets[g] * ncols.
-void launch_moe_grouped_gemm_nt(const float* a, const float* b, float* c, const int32_t* offsets,
-                                const int64_t* a_strides, const int64_t* b_strides, const int64_t* c_strides,
-                                int64_t experts, int64_t ncols, int64_t kdim, void* stream);
+// A and C are float; B is of `b_type` (float, or bfloat16 / float16 bits),
+// each element widened exactly to float; the math in float32.
+void launch_moe_grouped_gemm_nt(const float* a, const void* b, MoeWeightType b_type, float* c,
+                                const int32_t* offsets, const int64_t* a_strides, const int64_t* b_strides,
+                                const int64_t* c_strides, int64_t experts, int64_t ncols, int64_t kdim,
+                                void* stream);
 // h[r, n] = softsign(c1[r, n]) * c1[r, N + n]   (vLLM's silu_and_mul)
 void launch_moe_act_rows(const float* c1, float* h, int64_t rows, int64_t inter, void* stream);
 // y[t] = sum_j gates[t*topk+j] * c2[inv[t*topk+j]]   (unpermute and reduce)
@@ -57,14 +62,6 @@ void launch_moe_finalize(const float* c2, const float* gates, const int32_t* inv
 void launch_moe_route_softmax(const float* logits, float* probs, int32_t* order, int32_t* ids, float* gates,
                               int32_t* offsets, int32_t* perm, int32_t* inv, int64_t tokens, int64_t experts,
                               int64_t topk, bool renormalize, void* stream);
-// The expert weights' storage type of launch_moe_grouped_gemm_nt_w.
-enum class MoeWeightType : int { f32 = 0, bf16 = 1, f16 = 2 };
-// launch_moe_grouped_gemm_nt with B of `b_type` (float, or bfloat16 / float16
-// bits), each element widened exactly to float; the math in float32.
-void launch_moe_grouped_gemm_nt_w(const float* a, const void* b, MoeWeightType b_type, float* c,
-                                  const int32_t* offsets, const int64_t* a_strides, const int64_t* b_strides,
-                                  const int64_t* c_strides, int64_t experts, int64_t ncols, int64_t kdim,
-                                  void* stream);
 // h[r, n] = silu(c1[r, n]) * c1[r, N + n]   (Qwen3-MoE's act_fn(gate) * up)
 void launch_moe_silu_act_rows(const float* c1, float* h, int64_t rows, int64_t inter, void* stream);
 

@@ -39,7 +39,7 @@ include/graphkeep/reload/manifest.h):
   ``confirm_with=`` (a second capture of the same forward), an unknown word
   the other capture does not repeat (same kernel, parameter, byte offset and
   address) is ``unstable`` too (Note [Confirming raw addresses] in
-  reload/reload_engine.cpp). Unstable words are not verified.
+  reload/capture_tracking.cpp). Unstable words are not verified.
 
 Everything but the scan and the allocator's state is plain Python over plain
 data (:func:`build_manifest`), so it runs and is tested without a GPU.

@@ -10,7 +10,7 @@
 // device tensors reach ReloadOptions::adopt_source_tensors as they are).
 // A trainer thread may then stage() while a serving thread decodes, as the
 // engine allows (Note [Online reload threading] in
-// reload/reload_engine.cpp); commit() belongs to the serving thread, between
+// reload/staged_reload.cpp); commit() belongs to the serving thread, between
 // two decode() calls. The engine is not for two decoding threads at once.
 #include "bindings.h"
 

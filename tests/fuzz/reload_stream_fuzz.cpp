@@ -13,6 +13,7 @@
 #include <graphkeep/reload/manifest.h>
 #include <graphkeep/capture/replay.h>
 
+#include "rig.h"
 #include "toy_model.h"
 #include "engine/compare.h"
 
@@ -34,23 +35,16 @@ struct Bytes {
   }
 };
 
-struct State {
-  std::shared_ptr<toy::ToyModel> model = std::make_shared<toy::ToyModel>(8, 16, /*shards=*/2);
-  std::unique_ptr<gk::ReloadEngine> engine;
-  gk::HostReplay graph{"fuzz"};
-  at::Tensor input = at::linspace(-1.0, 1.0, 2 * 8).reshape({2, 8}), output, expected;
+struct State : gk::testing::Rig<toy::ToyModel, gk::HostReplay> {
+  at::Tensor expected;
   int committed_step = 0;
 
-  State() {
-    gk::InMemorySource src(model->checkpoint(0, 2));
-    gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model);
-    engine->prepare();
-    engine->add_static_io("input", input);
-    graph.capture([&] { output = model->forward(input); });
-    engine->track(graph);
-    graph.replay();
-    expected = output.clone();
+  State()
+      : gk::testing::Rig<toy::ToyModel, gk::HostReplay>(std::make_shared<toy::ToyModel>(8, 16, /*shards=*/2),
+                                                        at::linspace(-1.0, 1.0, 2 * 8).reshape({2, 8}),
+                                                        [](toy::ToyModel& m) { return m.checkpoint(0, 2); },
+                                                        gk::testing::RigSetup().named("fuzz")) {
+    expected = replay_unchecked();
   }
 
   at::Tensor fresh(int step) {

@@ -1,5 +1,5 @@
 // libFuzzer target for the .safetensors header parser
-// (reload/safetensors_format.cpp). Built with clang++ and
+// (sources/safetensors_format.cpp). Built with clang++ and
 // -fsanitize=fuzzer,address,undefined by tests/fuzz/CMakeLists.txt and run by
 // the ctest fuzz.safetensors_header over tests/fuzz/corpus/safetensors.
 //

@@ -47,7 +47,7 @@ def main():
         return seen
 
     def header_layer(path):
-        # graphkeep/<layer>/x.h, or the two top-level headers
+        # graphkeep/<layer>/<header>.h, or the two top-level headers
         if path == "graphkeep/registry.h":
             return "registry"
         if path == "graphkeep/catalog.h":

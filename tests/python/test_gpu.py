@@ -1,6 +1,6 @@
 """graphkeep.audit and guard on real CUDA graphs (marked gpu: skipped without a CUDA
 device or without graphkeep's CUDA parts). Run on the GPU machine with
-scripts/gpu-python.sh.
+`bash scripts/gpu.sh python`.
 
 (a) A transformers Llama captured with torch.cuda.graph: the manifest is clean and
     names every parameter; after an in-place reload (load_state_dict copies) guard

@@ -1,6 +1,6 @@
 // tests/support/site_harness.h
 //
-// The shared harness of the failure-site tests (issue: the 13 known sites).
+// The shared harness of the failure-site tests (the 13 known sites).
 // A site is a one-layer model of the pattern:
 //
 //   struct MySiteModel : torch::nn::Module {
@@ -26,6 +26,7 @@
 #pragma once
 
 #include "gk_test.h"
+#include "rig.h"
 
 #include "engine/compare.h"
 
@@ -51,50 +52,22 @@ void sync(c10::Device device);
 // would leave the graph reading a freed temporary, which the manifest flags.
 at::Tensor slice(const at::Tensor& x, int64_t dim, int64_t start, int64_t len);
 
+// A site's model on `dev`, captured and tracked (gk::testing::Rig). A graph
+// reading a member treated as undeclared is refused at track() (Note [Fail
+// closed at capture]); the graph stays tracked and the message is kept in
+// track_error for the test.
 template <class Model>
-struct Rig {
-  c10::Device device;
-  std::shared_ptr<Model> model;
-  at::Tensor input, output;
-  std::unique_ptr<gk::ReplayBackend> graph;
-  std::unique_ptr<gk::ReloadEngine> engine;
-
+struct Rig : gk::testing::Rig<Model> {
   explicit Rig(c10::Device dev, gk::ReloadOptions opts = {}, gk::testing::EngineHooks hooks = {})
-      : device(dev), model(std::make_shared<Model>(dev)) {
-    gk::InMemorySource src(model->checkpoint(0));
-    gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{opts});
-    gk::testing::set_hooks(*engine, std::move(hooks));
-    engine->prepare();
-    input = model->example_input(dev);
-    engine->add_static_io("input", input);
-    // warm up outside the capture (library handles, lazy allocations)
-    (void)model->forward(input);
-    sync(dev);
-    graph = gk::make_replay(dev, "site");
-    graph->capture([&] { output = model->forward(input); });
-    // A graph reading a member treated as undeclared is refused here (Note
-    // [Fail closed at capture]); the graph stays tracked and the message is
-    // kept for the test.
-    track_error = gk::testing::message_of<gk::DriftError>([&] { engine->track(*graph); });
-  }
-  std::string track_error;
+      : Rig(std::make_shared<Model>(dev), dev, std::move(opts), std::move(hooks)) {}
 
-  // Replays (refused if the engine says so) and returns the output on CPU.
-  at::Tensor replay() {
-    engine->check_replay_allowed();
-    return replay_unchecked();
-  }
-  // Replays without asking the engine: what an engine without graphkeep does.
-  at::Tensor replay_unchecked() {
-    graph->replay();
-    sync(device);
-    return output.to(at::kCPU).clone();
-  }
-  gk::ReloadReport reload(int step) {
-    gk::InMemorySource src(model->checkpoint(step));
-    return engine->reload(src);
-  }
+  gk::ReloadReport reload(int step) { return gk::testing::Rig<Model>::reload(this->model->checkpoint(step)); }
+
+ private:
+  Rig(std::shared_ptr<Model> m, c10::Device dev, gk::ReloadOptions opts, gk::testing::EngineHooks hooks)
+      : gk::testing::Rig<Model>(m, m->example_input(dev), [](Model& x) { return x.checkpoint(0); },
+                                gk::testing::RigSetup().named("site").with(std::move(opts)).hooked(std::move(hooks))
+                                    .on(dev).warmed_up().keeping_track_error()) {}
 };
 
 // The output of a freshly built model with step's weights, run eagerly.
@@ -122,7 +95,7 @@ void positive(c10::Device dev, bool bitwise = true) {
   std::vector<std::uintptr_t> addresses;
   for (const auto& l : rig.engine->plan().layers())
     for (const auto& s : l.slots) addresses.push_back(s.storage_begin());
-  const gk::CaptureManifest* m = rig.engine->manifest(*rig.graph);
+  const gk::CaptureManifest* m = rig.engine->manifest(rig.graph);
   REQUIRE(m != nullptr);
   INFO("undeclared at capture: " << (m->undeclared().empty() ? "" : m->undeclared().front()));
   CHECK(m->count(gk::AddressClass::unknown) == 0);
@@ -208,7 +181,7 @@ template <class Model>
 void negative_undeclared(c10::Device dev, const std::string& member) {
   Rig<Model> rig(dev, {}, with_undeclared(member));
   CHECK(rig.engine->plan().find_slot(member) == nullptr);  // left out of the plan
-  const gk::CaptureManifest* m = rig.engine->manifest(*rig.graph);
+  const gk::CaptureManifest* m = rig.engine->manifest(rig.graph);
   REQUIRE(m != nullptr);
   CHECK(m->count(gk::AddressClass::unknown) > 0);
   bool named = false;

@@ -10,7 +10,7 @@
 //   if (!scan.unsupported.empty()) ... the scan is incomplete ...
 //
 // What is read (through the CUDA driver API, so kernels of every library are
-// readable, see docs in reload/cuda/cuda_graph_addresses.cpp):
+// readable, see the Notes in capture/cuda/cuda_graph_addresses.cpp):
 //   kernel nodes   every 8-byte-aligned word (aligned in the device parameter
 //                  layout) of every parameter, whether the node carries
 //                  `kernelParams` or an `extra` parameter buffer;

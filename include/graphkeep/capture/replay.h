@@ -81,7 +81,7 @@ class ReplayBackend {
   // For each address: false when the backend knows that no live allocation
   // covers it now (on CUDA: it lies in a free caching-allocator block), true
   // otherwise (unknown included). track() uses it to tell stale bytes from
-  // reads (Note [Confirming raw addresses] in reload_engine.cpp).
+  // reads (Note [Confirming raw addresses] in reload/capture_tracking.cpp).
   virtual std::vector<bool> in_live_allocation(const std::vector<std::uintptr_t>& addresses) const {
     return std::vector<bool>(addresses.size(), true);
   }

@@ -8,31 +8,22 @@
 // strides of the experts object that the reload destroyed (vLLM #41670: an
 // illegal memory access on H200).
 //
-//   Failure site 4, CutlassExperts (CUTLASS FP8 MoE, here in fp32): per
-//   expert e, int64 [E]
-//     ab_strides1 = K   A and B of GEMM1 [M,K] x w13[e]:[2N,K]^T -> [M,2N]
-//     c_strides1  = 2N  C of GEMM1
-//     ab_strides2 = N   A and B of GEMM2 [M,N] x w2[e]:[K,N]^T -> [M,K]
-//     c_strides2  = K   C of GEMM2: the *same tensor* as ab_strides1 (one
-//                       slot, two paths), exactly as vLLM allocates it
+// This header: the experts interface (MoeExperts, MoeCall), the grouped-GEMM
+// stride arrays of failure site 4 (GroupedGemmStrides, one aggregate for
+// every experts object that holds them), and the Qwen3-MoE / Mixtral experts
+// (SwigluExperts), whose layer is the example engine's SparseMoe. The
+// experts of the failure sites live with their layers: CutlassExperts (site
+// 4) in moe_cutlass.h, CutlassW4A8Experts (site 10) in moe_w4a8.h.
 //
-//   Failure site 10, CutlassW4A8Experts (CUTLASS W4A8 MoE): int4 weights packed
-//   8 per int32 word with per-group scales (dequantized in the kernel), int8
-//   activations with per-row scales; per expert e, int64 [E]
-//     a_strides1 = K, c_strides1 = 2N, s_strides1 = 2N   (GEMM1)
-//     a_strides2 = N, c_strides2 = K,  s_strides2 = K    (GEMM2)
-//   (s_strides: the row stride of the group-scale matrices [K/G, 2N] and
-//   [N/G, K] that PWAL transposes the checkpoint scales into).
+//   auto experts = std::make_unique<gk::kernels::SwigluExperts>(E, K, N, topk, /*norm_topk_prob=*/true, device);
+//   at::Tensor y = experts->apply({x, logits, w13, w2, {}, {}});   // x [T, K] -> y [T, K]
 //
-// SwigluExperts (below) runs site 4's pipeline with Qwen3-MoE's routing and
-// activation, for the example engine's Qwen3-MoE layer.
-//
-// The pipeline of all three (kernels/cuda/moe_grouped.cu, CPU twins in
-// kernels/moe_experts.cpp): route top-k and group the rows by expert ->
-// gather (site 10: quantize to int8) -> grouped GEMM1 -> softsign-gated
-// activation (site 10: + quantize; SwigluExperts: SiLU-gated) -> grouped
-// GEMM2 -> unpermute and reduce.
-// The per-call temporaries come from the capture pool, as in vLLM.
+// The pipeline of all of them (kernels/moe_grouped.h, CUDA kernels in
+// kernels/cuda/moe_grouped.cu): route top-k and group the rows by expert ->
+// gather (site 10: quantize to int8) -> grouped GEMM1 -> gated activation
+// (site 10: + quantize; SwigluExperts: SiLU-gated) -> grouped GEMM2 ->
+// unpermute and reduce. The per-call temporaries come from the capture pool,
+// as in vLLM.
 #pragma once
 
 #include <graphkeep/registry.h>
@@ -70,32 +61,32 @@ class MoeExperts {
   GRAPHKEEP_DESCRIBE(MoeExperts, num_experts_, hidden_, inter_, topk_)
 };
 
-// Site 4. w13: float [E, 2N, K] (rows: w1 then w3), w2: float [E, K, N].
-class CutlassExperts final : public MoeExperts {
- public:
-  CutlassExperts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
-
-  at::Tensor apply(const MoeCall& call) const override;
-
-  const at::Tensor& ab_strides1() const { return ab_strides1_; }
-  const at::Tensor& ab_strides2() const { return ab_strides2_; }
-  const at::Tensor& c_strides1() const { return c_strides1_; }
-  const at::Tensor& c_strides2() const { return c_strides2_; }
-
- private:
-  at::Tensor ab_strides1_;  // int64 [E] = K
-  at::Tensor ab_strides2_;  // int64 [E] = N
-  at::Tensor c_strides1_;   // int64 [E] = 2N
-  at::Tensor c_strides2_;   // int64 [E] = K, aliases ab_strides1_
-
-  GRAPHKEEP_DESCRIBE_DERIVED(CutlassExperts, (MoeExperts), (ab_strides1_, metadata), (ab_strides2_, metadata),
-                             (c_strides1_, metadata), (c_strides2_, metadata))
+// Site 4's per-expert stride arrays, int64 [E] each, as vLLM's CUTLASS MoE
+// allocates them:
+//   ab_strides1 = K   A and B of GEMM1 [M,K] x w13[e]:[2N,K]^T -> [M,2N]
+//   ab_strides2 = N   A and B of GEMM2 [M,N] x w2[e]:[K,N]^T -> [M,K]
+//   c_strides1  = 2N  C of GEMM1
+//   c_strides2  = K   C of GEMM2: the *same tensor* as ab_strides1 (one
+//                     slot, two paths)
+// Every PWAL builds new ones with its new experts object; the grouped GEMMs
+// read them from device memory per group.
+struct GroupedGemmStrides {
+  at::Tensor ab_strides1;
+  at::Tensor ab_strides2;
+  at::Tensor c_strides1;
+  at::Tensor c_strides2;
 };
+GRAPHKEEP_AGGREGATE(GroupedGemmStrides, (ab_strides1, gk::metadata), (ab_strides2, gk::metadata),
+                    (c_strides1, gk::metadata), (c_strides2, gk::metadata));
 
-// Qwen3-MoE / Mixtral experts (issue 16; the example engine's SparseMoe):
-// site 4's grouped pipeline and stride arrays (ab_strides1 aliased as
-// c_strides2, ab_strides2, c_strides1: the same slots, the same failure when
-// a captured graph reads the strides of a destroyed object), with
+// The strides of E experts of hidden size K and intermediate size N on `device`.
+GroupedGemmStrides make_grouped_gemm_strides(int64_t E, int64_t K, int64_t N, c10::Device device);
+// Throws gk::StateError unless each is a contiguous int64 [E].
+void check_grouped_gemm_strides(const GroupedGemmStrides& s, int64_t E);
+
+// Qwen3-MoE / Mixtral experts (the example engine's SparseMoe): site 4's
+// grouped pipeline and stride arrays (the same slots, the same failure when a
+// captured graph reads the strides of a destroyed object), with
 // transformers' Qwen3MoeSparseMoeBlock semantics:
 //   route    p = softmax(logits) over all E experts, in float32; the top-k of
 //            p in torch.topk's order on the CPU, ties included
@@ -119,46 +110,13 @@ class SwigluExperts final : public MoeExperts {
   at::Tensor apply(const MoeCall& call) const override;
 
   bool norm_topk_prob() const { return norm_topk_prob_; }
-  const at::Tensor& ab_strides1() const { return ab_strides1_; }
-  const at::Tensor& ab_strides2() const { return ab_strides2_; }
-  const at::Tensor& c_strides1() const { return c_strides1_; }
-  const at::Tensor& c_strides2() const { return c_strides2_; }
+  const GroupedGemmStrides& strides() const { return strides_; }
 
  private:
-  at::Tensor ab_strides1_;  // int64 [E] = K
-  at::Tensor ab_strides2_;  // int64 [E] = N
-  at::Tensor c_strides1_;   // int64 [E] = 2N
-  at::Tensor c_strides2_;   // int64 [E] = K, aliases ab_strides1_
+  GroupedGemmStrides strides_;
   bool norm_topk_prob_ = true;  // renormalize the top-k gates (configuration: checked across PWAL)
 
-  GRAPHKEEP_DESCRIBE_DERIVED(SwigluExperts, (MoeExperts), (ab_strides1_, metadata), (ab_strides2_, metadata),
-                             (c_strides1_, metadata), (c_strides2_, metadata), norm_topk_prob_)
-};
-
-// Site 10. w13: int32 [E, 2N, K/8] packed int4 (moe_common.h int4_at),
-// w2: int32 [E, K, N/8]; w13_scales: float [E, K/G, 2N], w2_scales: [E, N/G, K].
-class CutlassW4A8Experts final : public MoeExperts {
- public:
-  CutlassW4A8Experts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group,
-                     c10::Device device);
-
-  at::Tensor apply(const MoeCall& call) const override;
-
-  const at::Tensor& s_strides1() const { return s_strides1_; }
-  int64_t group() const { return group_; }
-
- private:
-  at::Tensor a_strides1_;  // int64 [E] = K
-  at::Tensor a_strides2_;  // int64 [E] = N
-  at::Tensor c_strides1_;  // int64 [E] = 2N
-  at::Tensor c_strides2_;  // int64 [E] = K
-  at::Tensor s_strides1_;  // int64 [E] = 2N
-  at::Tensor s_strides2_;  // int64 [E] = K
-  int64_t group_ = 0;      // quantization group size along the reduction dim
-
-  GRAPHKEEP_DESCRIBE_DERIVED(CutlassW4A8Experts, (MoeExperts), (a_strides1_, metadata), (a_strides2_, metadata),
-                             (c_strides1_, metadata), (c_strides2_, metadata), (s_strides1_, metadata),
-                             (s_strides2_, metadata), group_)
+  GRAPHKEEP_DESCRIBE_DERIVED(SwigluExperts, (MoeExperts), strides_, norm_topk_prob_)
 };
 
 }  // namespace gk::kernels

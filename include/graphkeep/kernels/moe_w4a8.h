@@ -4,10 +4,9 @@
 // int4 weights (two per byte, low nibble first, value = nibble - 8) with
 // per-group float scales; PWAL repacks the weights 8 per int32 word in the
 // kernel's interleaved nibble order, transposes the group scales into the
-// kernel's [groups, rows] layout, and rebuilds the experts object with its
-// a/c/s stride arrays (CutlassW4A8Experts, moe_experts.h). The kernel
-// dequantizes in its inner loop and reads every stride per group from
-// device memory.
+// kernel's [groups, rows] layout, and rebuilds the experts object,
+// CutlassW4A8Experts, with its a/c/s stride arrays. The kernel dequantizes
+// in its inner loop and reads every stride per group from device memory.
 //
 //   gk::kernels::W4A8Moe moe(/*experts=*/4, /*hidden=*/16, /*inter=*/8, /*topk=*/2, /*group=*/8, at::kCPU);
 //   at::Tensor y = moe.forward(x, logits);   // x: [T, K], logits: [T, E] -> y: [T, K]
@@ -22,6 +21,39 @@
 #include <memory>
 
 namespace gk::kernels {
+
+// Site 10's experts (CUTLASS W4A8 MoE): int4 weights packed 8 per int32 word
+// with per-group scales (dequantized in the kernel), int8 activations with
+// per-row scales. w13: int32 [E, 2N, K/8] packed int4 (moe_common.h int4_at),
+// w2: int32 [E, K, N/8]; w13_scales: float [E, K/G, 2N], w2_scales: [E, N/G, K].
+// Per expert e, int64 [E]:
+//   a_strides1 = K, c_strides1 = 2N, s_strides1 = 2N   (GEMM1)
+//   a_strides2 = N, c_strides2 = K,  s_strides2 = K    (GEMM2)
+// (s_strides: the row stride of the group-scale matrices [K/G, 2N] and
+// [N/G, K] that PWAL transposes the checkpoint scales into).
+class CutlassW4A8Experts final : public MoeExperts {
+ public:
+  CutlassW4A8Experts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group,
+                     c10::Device device);
+
+  at::Tensor apply(const MoeCall& call) const override;
+
+  const at::Tensor& s_strides1() const { return s_strides1_; }
+  int64_t group() const { return group_; }
+
+ private:
+  at::Tensor a_strides1_;  // int64 [E] = K
+  at::Tensor a_strides2_;  // int64 [E] = N
+  at::Tensor c_strides1_;  // int64 [E] = 2N
+  at::Tensor c_strides2_;  // int64 [E] = K
+  at::Tensor s_strides1_;  // int64 [E] = 2N
+  at::Tensor s_strides2_;  // int64 [E] = K
+  int64_t group_ = 0;      // quantization group size along the reduction dim
+
+  GRAPHKEEP_DESCRIBE_DERIVED(CutlassW4A8Experts, (MoeExperts), (a_strides1_, metadata), (a_strides2_, metadata),
+                             (c_strides1_, metadata), (c_strides2_, metadata), (s_strides1_, metadata),
+                             (s_strides2_, metadata), group_)
+};
 
 class W4A8Moe : public torch::nn::Module, public DescribedLayer<W4A8Moe> {
  public:

@@ -8,7 +8,7 @@
 //   w13_sf_mma, w2_sf_mma  the block scales swizzled into the 128x4 tile
 //                          layout the block-scaled MMA reads (per expert,
 //                          rows padded to 128 and scale columns to 4; see
-//                          nvfp4_sf_offset_128x4 in quant/cuda/nvfp4_codec.h);
+//                          nvfp4_sf_offset_128x4 in graphkeep/numerics/nvfp4_codec.h);
 //   fc1_input_scale        1 / max_e w13_input_scale  (quantizes the FC1 input)
 //   fc2_input_scale        1 / max_e w2_input_scale   (vLLM's _fc2_input_scale)
 // Without graphkeep a captured graph keeps un-swizzling the first PWAL's

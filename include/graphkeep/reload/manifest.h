@@ -15,7 +15,7 @@
 //              capture of the same forward did not repeat it in the same
 //              kernel parameter byte, or it points into memory no live
 //              allocation covers (mark_unstable, mark_unstable_if_free; Note
-//              [Confirming raw addresses] in reload_engine.cpp); not verified
+//              [Confirming raw addresses] in reload/capture_tracking.cpp); not verified
 // After a reload, verify() checks each address again before the next replay:
 //   moved      the owning slot (or the undeclared tensor's path) now points at
 //              other storage while the captured one lives: stale reads

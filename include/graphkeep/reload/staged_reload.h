@@ -17,7 +17,7 @@
 // reload changes) until it is committed, aborted or destroyed. It never
 // writes a captured storage: the graphs read the old values until commit().
 // Threading rules and failure guarantees: Note [Online reload threading] in
-// reload/reload_engine.cpp and docs/reload.md, "Online reload".
+// reload/staged_reload.cpp and docs/reload.md, "Online reload".
 #pragma once
 
 #include <graphkeep/reload/report.h>

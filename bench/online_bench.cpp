@@ -1,4 +1,4 @@
-// gk-online-bench: online reload at the sizes users serve (issue 17).
+// gk-online-bench: online reload at the sizes users serve.
 //
 // Builds the example engine (examples/engine) for a model shape with random
 // weights made on the device, captures its 35 decode graphs, and measures, in
@@ -44,12 +44,14 @@
 #include <graphkeep/runtime/device.h>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 #ifdef GRAPHKEEP_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -482,35 +484,62 @@ int main(int argc, char** argv) {
     }
     const double recapture_ms = eng.recapture();
 
-    auto num = [](double v, int prec) {
-      if (v < 0) return std::string("null");
-      char b[64];
-      std::snprintf(b, sizeof b, "%.*f", prec, v);
-      return std::string(b);
+    // One row, its keys in this order, numbers rounded to the digits a reader
+    // uses. `maybe` marks what a run may not measure (negative: null).
+    auto num = [](double v, int digits) {
+      const double scale = std::pow(10.0, digits);
+      return std::round(v * scale) / scale;
     };
-    char line[4096];
-    std::snprintf(
-        line, sizeof line,
-        "{\"model\": \"%s\", \"format\": \"%s\", \"weights_gib\": %.3f, \"graphs\": %zu, \"recapture_all_ms\": %.2f, "
-        "\"d2d_copy_ms\": %.3f, \"pinned_h2d_ms\": %.3f, \"reload_gpu_source_ms\": %.3f, "
-        "\"reload_gpu_source_copy_ms\": %.3f, \"reload_pinned_source_ms\": %s, \"reload_safetensors_ms\": %s, "
-        "\"tensors_adopted\": %zu, \"host_us_per_slot_copy\": %.2f, \"stage_adopts\": %s, "
-        "\"load_pwal_no_graphkeep_ms\": %s, \"stage_ms\": %s, \"pause_ms\": %s, \"decode_tok_s_idle\": %.1f, "
-        "\"decode_tok_s_during_stage\": %s, \"decode_steps_during_stage\": %lld, \"stages\": %d, \"peak_above_model_gib\": %.3f, "
-        "\"largest_layer_gib\": %.3f, \"host_us_per_slot\": %.2f, \"slots\": %zu, \"captured_gib\": %.3f, "
-        "\"reload_phases_ms\": {\"detach\": %.3f, \"load\": %.3f, \"pwal\": %.3f, \"check\": %.3f, "
-        "\"copy\": %.3f, \"verify\": %.3f}, \"reps\": %d, "
-        "\"addresses_verified\": %zu, \"drift\": %zu, \"batch\": %lld, \"streaming_only\": %s, \"stage_note\": \"%s\", \"high_priority_serving\": %s, \"stage_device_share\": %.2f, \"device\": \"%s\"}",
-        model.c_str(), format_name.c_str(), weights_bytes / GiB, eng.num_graphs(), recapture_ms, d2d, h2d, reload_ms,
-        gpu_copy.ms, num(device.is_cuda() ? pinned.ms : -1, 3).c_str(), num(safetensors_dir.empty() ? -1 : st.ms, 3).c_str(),
-        gpu.adopted, gpu_copy.host_us, adopt_stage ? "true" : "false",
-        num(plain_ms, 3).c_str(), num(stage_ms, 3).c_str(), num(pause_ms, 3).c_str(), idle, num(during, 1).c_str(),
-        static_cast<long long>(served), stage_count, peak_above, largest_layer / GiB,
-        host_us, plan.num_slots(), static_cast<double>(captured) / GiB, phases.detach_ms, phases.load_ms,
-        phases.pwal_ms, phases.check_ms, phases.copy_ms, phases.verify_ms, reps, verified, drift,
-        static_cast<long long>(batch), streaming_only ? "true" : "false", stage_note.c_str(),
-        opts.high_priority_serving ? "true" : "false", opts.stage_device_share, device.str().c_str());
-    std::printf("%s\n", line);
+    auto maybe = [&](double v, int digits) -> nlohmann::ordered_json {
+      if (v < 0) return nullptr;
+      return num(v, digits);
+    };
+    const nlohmann::ordered_json row = {
+        {"model", model},
+        {"format", format_name},
+        {"weights_gib", num(weights_bytes / GiB, 3)},
+        {"graphs", eng.num_graphs()},
+        {"recapture_all_ms", num(recapture_ms, 2)},
+        {"d2d_copy_ms", num(d2d, 3)},
+        {"pinned_h2d_ms", num(h2d, 3)},
+        {"reload_gpu_source_ms", num(reload_ms, 3)},
+        {"reload_gpu_source_copy_ms", num(gpu_copy.ms, 3)},
+        {"reload_pinned_source_ms", maybe(device.is_cuda() ? pinned.ms : -1, 3)},
+        {"reload_safetensors_ms", maybe(safetensors_dir.empty() ? -1 : st.ms, 3)},
+        {"tensors_adopted", gpu.adopted},
+        {"host_us_per_slot_copy", num(gpu_copy.host_us, 2)},
+        {"stage_adopts", adopt_stage},
+        {"load_pwal_no_graphkeep_ms", maybe(plain_ms, 3)},
+        {"stage_ms", maybe(stage_ms, 3)},
+        {"pause_ms", maybe(pause_ms, 3)},
+        {"decode_tok_s_idle", num(idle, 1)},
+        {"decode_tok_s_during_stage", maybe(during, 1)},
+        {"decode_steps_during_stage", served},
+        {"stages", stage_count},
+        {"peak_above_model_gib", num(peak_above, 3)},
+        {"largest_layer_gib", num(largest_layer / GiB, 3)},
+        {"host_us_per_slot", num(host_us, 2)},
+        {"slots", plan.num_slots()},
+        {"captured_gib", num(static_cast<double>(captured) / GiB, 3)},
+        {"reload_phases_ms",
+         {{"detach", num(phases.detach_ms, 3)},
+          {"load", num(phases.load_ms, 3)},
+          {"pwal", num(phases.pwal_ms, 3)},
+          {"check", num(phases.check_ms, 3)},
+          {"copy", num(phases.copy_ms, 3)},
+          {"verify", num(phases.verify_ms, 3)}}},
+        {"reps", reps},
+        {"addresses_verified", verified},
+        {"drift", drift},
+        {"batch", batch},
+        {"streaming_only", streaming_only},
+        {"stage_note", stage_note},
+        {"high_priority_serving", opts.high_priority_serving},
+        {"stage_device_share", num(opts.stage_device_share, 2)},
+        {"device", device.str()},
+    };
+    const std::string line = row.dump();
+    std::printf("%s\n", line.c_str());
     if (!json.empty()) std::ofstream(json, std::ios::app) << line << "\n";
     return drift == 0 ? 0 : 1;
   } catch (const std::exception& e) {
