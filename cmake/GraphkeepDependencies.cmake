@@ -13,6 +13,17 @@ if(NOT Torch_DIR AND Python3_Interpreter_FOUND)
     COMMAND ${Python3_EXECUTABLE} -c "import torch; print(torch.utils.cmake_prefix_path)"
     OUTPUT_VARIABLE _gk_torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
     ERROR_QUIET RESULT_VARIABLE _gk_torch_rc)
+  # Inside pip's isolated build environment (`pip install .`) torch is not
+  # importable: the extension must link the torch the user has installed
+  # (its libtorch ABI), never one pip would install for the build, so ask
+  # the same interpreter outside the isolation (python/CMakeLists.txt).
+  if(NOT _gk_torch_rc EQUAL 0 AND SKBUILD)
+    execute_process(
+      COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
+              ${Python3_EXECUTABLE} -c "import torch; print(torch.utils.cmake_prefix_path)"
+      OUTPUT_VARIABLE _gk_torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
+      ERROR_QUIET RESULT_VARIABLE _gk_torch_rc)
+  endif()
   if(_gk_torch_rc EQUAL 0 AND _gk_torch_prefix)
     list(APPEND CMAKE_PREFIX_PATH "${_gk_torch_prefix}")
   endif()

@@ -46,13 +46,45 @@ function(_gk_compiler_flags out)
   set(${out} ${_flags} PARENT_SCOPE)
 endfunction()
 
+# gk_add_output_test(<name> REGEX <regex> [EXIT <status>|NONZERO] [LABELS <labels...>]
+#                    COMMAND <command> [args...])
+# A test that passes only if <command> exits with <status> (default 0; NONZERO:
+# any failure status) AND its output matches <regex> (CMake regex syntax, as
+# PASS_REGULAR_EXPRESSION takes it; no semicolons). ctest ignores the exit
+# status of a test with PASS_REGULAR_EXPRESSION, so output-matched tests run
+# through tests/support/expect_output.cmake instead (Note [Output-matched
+# tests check the exit status] there). A <command> that names a target runs
+# that target's file.
+function(gk_add_output_test name)
+  cmake_parse_arguments(PARSE_ARGV 1 T "" "REGEX;EXIT" "LABELS;COMMAND")
+  if(NOT T_COMMAND OR "${T_REGEX}" STREQUAL "")
+    message(FATAL_ERROR "gk_add_output_test(${name}): REGEX and COMMAND are required")
+  endif()
+  if(T_REGEX MATCHES ";")
+    message(FATAL_ERROR "gk_add_output_test(${name}): the regex has a semicolon (a CMake list separator), use . instead")
+  endif()
+  if(NOT DEFINED T_EXIT)
+    set(T_EXIT 0)
+  endif()
+  list(GET T_COMMAND 0 _exe)
+  if(TARGET ${_exe})
+    list(REMOVE_AT T_COMMAND 0)
+    list(INSERT T_COMMAND 0 $<TARGET_FILE:${_exe}>)
+  endif()
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -DEXPECT_EXIT=${T_EXIT} "-DEXPECT_REGEX=${T_REGEX}"
+                                -P ${PROJECT_SOURCE_DIR}/tests/support/expect_output.cmake -- ${T_COMMAND})
+  if(T_LABELS)
+    set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
+  endif()
+endfunction()
+
 # gk_add_compile_check(<test name> <source path> <regex> [compiler flags...])
 # A test that compiles <source path> with the extra flags and passes only if
-# the compiler's output matches <regex> (label compile-fail).
+# the compiler fails and its output matches <regex> (label compile-fail).
 function(gk_add_compile_check name source regex)
   _gk_compiler_flags(_flags)
-  add_test(NAME ${name} COMMAND ${CMAKE_CXX_COMPILER} ${_flags} ${ARGN} ${source})
-  set_tests_properties(${name} PROPERTIES LABELS compile-fail PASS_REGULAR_EXPRESSION "${regex}")
+  gk_add_output_test(${name} REGEX "${regex}" EXIT NONZERO LABELS compile-fail
+                     COMMAND ${CMAKE_CXX_COMPILER} ${_flags} ${ARGN} ${source})
 endfunction()
 
 # gk_add_compile_fail(<name> <source> <regex>)

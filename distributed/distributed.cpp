@@ -814,7 +814,7 @@ DistributedReload::~DistributedReload() = default;
 
 DistributedReport DistributedReload::reload(WeightSource& source) {
   Impl& m = *impl_;
-  ReloadOptions o = m.options.reload ? *m.options.reload : (m.engine ? m.engine->options() : ReloadOptions{});
+  ReloadOptions o = m.options.reload ? *m.options.reload : (m.engine ? m.engine->options().defaults : ReloadOptions{});
   o.mode = ReloadMode::transactional;
   auto* bsrc = dynamic_cast<BroadcastSource*>(&source);
   const c10::Device dev = m.options.device ? *m.options.device : (bsrc ? bsrc->config().device : c10::Device(c10::kCPU));

@@ -6,7 +6,9 @@
 // (DIR/reference.safetensors). This tool serves DIR/step0 with the engine,
 // compares its logits with transformers' (prefill eagerly, then decode
 // through the captured graphs, teacher-forced), then reloads each next step
-// *without recapture* and compares again.
+// *without recapture* and compares again. It also compares the engine's
+// rotary tables with transformers', bitwise (the served model's, and each
+// rope_scaling preset's: DIR/rope/<name>/config.json).
 //
 //   gk-hf-check --ref DIR [--format dense|fp8|w4a16] [--device cpu|cuda] [--prefill P] [--tol X]
 //               [--unprotect SLOT] [--bad-reload DIR]...
@@ -21,16 +23,20 @@
 // tolerance (the negative check).
 //
 // A step passes when max |engine - reference| <= tol * max(1, max |reference|)
-// over every compared logit. Prints one line per step and "HF-CHECK PASS" or
+// over every compared logit, and every logit on both sides is finite (a NaN
+// or Inf fails the step: demo::MaxDiff, examples/engine/compare.h). Prints one line per step and "HF-CHECK PASS" or
 // "HF-CHECK FAIL"; the exit status is 0 only on a pass.
+#include "engine/compare.h"
 #include "engine/llm_engine.h"
 
 #include <graphkeep/reload/errors.h>
+#include <graphkeep/reload/testing.h>
 #include <graphkeep/runtime/device.h>
 #include <graphkeep/sources/safetensors_source.h>
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -65,17 +71,63 @@ at::Tensor need(const std::map<std::string, at::Tensor>& ref, const std::string&
   return it->second;
 }
 
+// The logits of one phase of a step against the reference: the largest
+// difference (NaN-aware: a NaN or Inf on either side fails the step) and how
+// many argmaxes agree.
 struct Compare {
-  double max_abs = 0, max_ref = 0;
+  demo::MaxDiff diff;
   std::int64_t argmax_equal = 0, argmax_total = 0;
   void add(const at::Tensor& got, const at::Tensor& want) {
-    max_abs = std::max(max_abs, (got - want).abs().max().item<double>());
-    max_ref = std::max(max_ref, want.abs().max().item<double>());
+    diff.add(got, want);
     argmax_equal += got.argmax(-1).eq(want.argmax(-1)).sum().item<std::int64_t>();
     argmax_total += got.size(0);
   }
-  double rel() const { return max_abs / std::max(1.0, max_ref); }
+  // "max|diff| X (rel Y), argmax A/B", and ", N non-finite" when there are any.
+  std::string summary() const {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "max|diff| %.3g (rel %.3g), argmax %lld/%lld", diff.max_abs(), diff.rel(),
+                  static_cast<long long>(argmax_equal), static_cast<long long>(argmax_total));
+    std::string out = buf;
+    if (diff.nonfinite() > 0) out += ", " + std::to_string(diff.nonfinite()) + " non-finite";
+    return out;
+  }
 };
+
+// The engine's rotary tables against transformers' (make_reference.py's
+// rope.* tensors), bitwise: the served model's (its first max_len
+// positions), and those the engine computes for each rope_scaling preset
+// (ref/rope/<name>/config.json). One line; `ok` false when any differs.
+std::string check_rope(const demo::LlmEngine& eng, const std::map<std::string, at::Tensor>& ref,
+                       const std::filesystem::path& dir, bool& ok) {
+  if (!ref.count("rope.cos")) return "rope: the reference has no rotary tables (made by an older make_reference.py)";
+  auto same = [&](const demo::RopeTables& got, const std::string& prefix) {
+    const at::Tensor cos = need(ref, prefix + ".cos"), sin = need(ref, prefix + ".sin");
+    const std::int64_t n = got.cos.size(0);
+    return n <= cos.size(0) && demo::bitwise_equal(got.cos.to(at::kCPU), cos.narrow(0, 0, n)) &&
+           demo::bitwise_equal(got.sin.to(at::kCPU), sin.narrow(0, 0, n));
+  };
+  std::vector<std::string> good, bad;
+  (same(eng.rope_tables(), "rope") ? good : bad).push_back("the served model's (" + eng.config().rope_scaling.type + ", " +
+                                                           std::to_string(eng.rope_tables().cos.size(0)) + " positions)");
+  std::vector<std::filesystem::path> presets;
+  if (std::filesystem::is_directory(dir / "rope"))
+    for (const auto& e : std::filesystem::directory_iterator(dir / "rope")) presets.push_back(e.path());
+  std::sort(presets.begin(), presets.end());
+  for (const auto& p : presets) {
+    const std::string name = p.filename().string();
+    const std::int64_t n = need(ref, "rope." + name + ".cos").size(0);
+    const demo::RopeTables t = demo::make_rope_tables(demo::read_hf_config(p.string()), n, c10::kCPU);
+    (same(t, "rope." + name) ? good : bad).push_back(name + " (" + std::to_string(n) + " positions)");
+  }
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& x : v) out += (out.empty() ? "" : ", ") + x;
+    return out;
+  };
+  ok = bad.empty();
+  if (ok) return "rope: tables bitwise equal to transformers': " + join(good);
+  return "rope: tables DIFFER from transformers': " + join(bad) + " | OUT OF TOLERANCE";
+}
 
 // `text` followed by `rel` as "%.3g" prints it.
 std::string concat_rel(const std::string& text, double rel) {
@@ -158,11 +210,13 @@ int main(int argc, char** argv) {
           }
         }
         if (!a.bad_reloads.empty()) how += "; " + std::to_string(a.bad_reloads.size()) + " bad reloads refused";
+        bool rope_ok = true;
+        std::printf("%s\n", check_rope(*eng, ref, a.ref, rope_ok).c_str());
+        pass = pass && rope_ok;
       } else {
-        gk::ReloadOptions ro = eng->reload_engine().options();
-        if (!a.unprotect.empty()) ro.unprotected_slots = {a.unprotect};
+        if (!a.unprotect.empty()) gk::testing::set_hooks(eng->reload_engine(), gk::testing::unprotect({a.unprotect}));
         try {
-          const gk::ReloadReport r = eng->reload(dir, ro);
+          const gk::ReloadReport r = eng->reload(dir);
           char buf[160];
           std::snprintf(buf, sizeof buf, "reloaded in %.1f ms without recapture, drift %zu, %zu addresses verified",
                         r.times.total_ms, r.drift, r.addresses_verified);
@@ -184,7 +238,7 @@ int main(int argc, char** argv) {
         const at::Tensor pos = at::full({B}, t, at::kLong);
         decode.add(eng->decode(tokens.select(1, t), pos, checked), want.select(1, t));
       }
-      const bool ok = prefill.rel() <= tol && decode.rel() <= tol;
+      const bool ok = prefill.diff.within(tol) && decode.diff.within(tol);
       // The scale of the comparison, from transformers alone: for the dense
       // format its own rounding error in the checkpoint's dtype (its logits
       // against float32 on the same weights, where the reference recorded
@@ -194,7 +248,7 @@ int main(int argc, char** argv) {
         Compare f;
         const std::int64_t V = want.size(-1);
         f.add(want.reshape({-1, V}), need(ref, s + "." + other_key).to(at::kFloat).reshape({-1, V}));
-        return concat_rel(" | transformers " + label + ": rel ", f.rel());
+        return concat_rel(" | transformers " + label + ": rel ", f.diff.rel());
       };
       std::string floor;
       if (format == demo::WeightFormat::dense && ref.count(s + ".logits_f32"))
@@ -202,13 +256,8 @@ int main(int argc, char** argv) {
       else if (format != demo::WeightFormat::dense)
         floor = reference_gap("logits", a.format + " vs dense");
       pass = pass && ok;
-      std::printf(
-          "%s: %s | prefill (eager) max|diff| %.3g (rel %.3g), argmax %lld/%lld | decode (graphs) max|diff| %.3g "
-          "(rel %.3g), argmax %lld/%lld%s | %s\n",
-          s.c_str(), how.c_str(), prefill.max_abs, prefill.rel(), static_cast<long long>(prefill.argmax_equal),
-          static_cast<long long>(prefill.argmax_total), decode.max_abs, decode.rel(),
-          static_cast<long long>(decode.argmax_equal), static_cast<long long>(decode.argmax_total), floor.c_str(),
-          ok ? "ok" : "OUT OF TOLERANCE");
+      std::printf("%s: %s | prefill (eager) %s | decode (graphs) %s%s | %s\n", s.c_str(), how.c_str(),
+                  prefill.summary().c_str(), decode.summary().c_str(), floor.c_str(), ok ? "ok" : "OUT OF TOLERANCE");
     }
     std::printf("HF-CHECK %s\n", pass ? "PASS" : "FAIL");
     return pass ? 0 : 1;

@@ -381,7 +381,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       return m;
     };
-    gk::ReloadOptions adopt = eng.reload_engine().options(), copy = adopt;
+    gk::ReloadOptions adopt = eng.reload_engine().options().defaults, copy = adopt;
     adopt.adopt_source_tensors = true;
     copy.adopt_source_tensors = false;
     Measured gpu, gpu_copy, pinned, st;

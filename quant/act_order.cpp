@@ -76,8 +76,9 @@ at::Tensor MacheteLinearMethod::apply(const at::Tensor& x, const at::Tensor& sca
 
 MacheteW4A16Linear::MacheteW4A16Linear(int64_t in, int64_t out, int64_t group_size, c10::Device device)
     : in_(in), out_(out), group_size_(group_size) {
-  GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
-           "MacheteW4A16Linear: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
+  GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0, "MacheteW4A16Linear: in = ", in,
+           " (the rows of qweight [in/8, out] and of scales [in/group_size, out]) must be a multiple of 8 and of "
+           "group_size ", group_size);
   qweight_ = checkpoint_param("qweight", {in / 8, out}, at::kInt, device);
   scales_ = checkpoint_param("scales", {in / group_size, out}, at::kFloat, device);
   g_idx_ = checkpoint_param("g_idx", {in}, at::kInt, device);

@@ -95,8 +95,8 @@ QuantizedMlaAttention::QuantizedMlaAttention(int64_t heads, int64_t dn, int64_t 
                                              MlaWeightFormat format, c10::Device device, float softmax_scale)
     : heads_(heads), dn_(dn), dv_(dv), latent_(latent), format_(format), softmax_scale_(softmax_scale) {
   GK_CHECK(WeightError, format != MlaWeightFormat::mxfp4 || (dn % kMxBlock == 0 && latent % kMxBlock == 0),
-           "QuantizedMlaAttention: mxfp4 needs dn and latent to be multiples of ", kMxBlock, ", got dn=", dn,
-           " latent=", latent);
+           "QuantizedMlaAttention: mxfp4 blocks of ", kMxBlock, " along kv_b_proj's rows per head (dn) and its "
+           "columns (latent) need both to be multiples of ", kMxBlock, ", got dn=", dn, " latent=", latent);
   kv_b_proj_ = checkpoint_param("kv_b_proj", {heads * (dn + dv), latent}, at::kFloat, device);
 }
 

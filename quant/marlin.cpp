@@ -10,11 +10,20 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <string>
 
 namespace gk::quant {
 namespace {
 
 namespace m = marlin;
+
+// `kernel` and, when given, the checkpoint tensor it is built from: the
+// subject of a refusal ("MarlinW4A16Kernel for model.layers.0.mlp.down_proj.weight").
+std::string subject(std::string_view kernel, std::string_view name) {
+  std::string out(kernel);
+  if (!name.empty()) out.append(" for ").append(name);
+  return out;
+}
 
 // The CPU twin of marlin_splitk_kernel: the blocks of a unit run in slice
 // order, so the bounded spin of the GPU is decided at once. When slice s runs
@@ -68,9 +77,10 @@ m::SplitK make_split(const at::Tensor& workspace, const MarlinSplitK& split, int
   return c;
 }
 
-void check_split(const MarlinSplitK& split, int64_t k, int64_t k_align, std::string_view kernel) {
-  GK_CHECK(WeightError, split.tile_n > 0 && split.slices > 0 && k % (split.slices * k_align) == 0, kernel, ": K = ", k, " must split into ", split.slices, " slices of a multiple of ", k_align,
-           " channels (tile_n ", split.tile_n, ")");
+void check_split(const MarlinSplitK& split, int64_t k, int64_t k_align, std::string_view who) {
+  GK_CHECK(WeightError, split.tile_n > 0 && split.slices > 0 && k % (split.slices * k_align) == 0, who,
+           ": its input size K = ", k, " must split into ", split.slices, " slices of a multiple of ", k_align,
+           " channels (MarlinSplitK: slices ", split.slices, ", tile_n ", split.tile_n, ")");
 }
 
 void check_input(const at::Tensor& x, int64_t k, const at::Tensor& like, std::string_view kernel) {
@@ -138,12 +148,13 @@ at::Tensor marlin_make_workspace(int64_t locks, c10::Device device) {
 // ---------------------------------------------------------------------------
 // Site 5
 // ---------------------------------------------------------------------------
-MarlinW4A16Kernel::MarlinW4A16Kernel(const at::Tensor& qweight, const at::Tensor& g_idx, MarlinSplitK split)
+MarlinW4A16Kernel::MarlinW4A16Kernel(const at::Tensor& qweight, const at::Tensor& g_idx, MarlinSplitK split,
+                                     std::string_view name)
     : size_k_(g_idx.size(0)), size_n_(qweight.size(1)), split_(split) {
-  GK_CHECK(WeightError, qweight.dim() == 2 && qweight.size(0) * 8 == size_k_ && g_idx.scalar_type() == at::kInt,
-           "MarlinW4A16Kernel: qweight must be [K/8, N] for g_idx [K] int32, got ", qweight.sizes(), " and ",
-           g_idx.sizes());
-  check_split(split, size_k_, 1, "marlin_w4a16");
+  const std::string who = subject("MarlinW4A16Kernel", name);
+  GK_CHECK(WeightError, qweight.dim() == 2 && qweight.size(0) * 8 == size_k_ && g_idx.scalar_type() == at::kInt, who,
+           ": qweight must be [K/8, N] for g_idx [K] int32, got ", qweight.sizes(), " and ", g_idx.sizes());
+  check_split(split, size_k_, 1, who);
   const at::Tensor perm = at::argsort(g_idx, /*stable=*/true);
   g_idx_sort_indices_ = perm.to(at::kInt).contiguous();
   qweight_ = pack_int_rows(unpack_int_rows(qweight, 8, 4).index_select(0, perm), 8, 4);
@@ -165,8 +176,9 @@ at::Tensor MarlinW4A16Kernel::apply(const at::Tensor& x, const at::Tensor& scale
 MarlinW4A16Linear::MarlinW4A16Linear(int64_t in, int64_t out, int64_t group_size, c10::Device device,
                                      MarlinSplitK split)
     : in_(in), out_(out), group_size_(group_size), split_(split) {
-  GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
-           "MarlinW4A16Linear: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
+  GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0, "MarlinW4A16Linear: in = ", in,
+           " (the rows of qweight [in/8, out] and of scales [in/group_size, out]) must be a multiple of 8 and of "
+           "group_size ", group_size);
   qweight_ = checkpoint_param("qweight", {in / 8, out}, at::kInt, device);
   scales_ = checkpoint_param("scales", {in / group_size, out}, at::kFloat, device);
   g_idx_ = checkpoint_param("g_idx", {in}, at::kInt, device);
@@ -183,12 +195,14 @@ at::Tensor MarlinW4A16Linear::forward(const at::Tensor& x) {
 // ---------------------------------------------------------------------------
 // Site 6: FP8
 // ---------------------------------------------------------------------------
-MarlinFp8Kernel::MarlinFp8Kernel(const at::Tensor& weight, const at::Tensor& weight_scale, MarlinSplitK split)
+MarlinFp8Kernel::MarlinFp8Kernel(const at::Tensor& weight, const at::Tensor& weight_scale, MarlinSplitK split,
+                                 std::string_view name)
     : size_k_(weight.size(1)), size_n_(weight.size(0)), split_(split) {
-  GK_CHECK(WeightError, weight.scalar_type() == at::kFloat8_e4m3fn && weight_scale.numel() == size_n_,
-           "MarlinFp8Kernel: weight must be float8_e4m3fn [N, K] with weight_scale [N], got ",
-           weight.scalar_type(), " ", weight.sizes(), " and ", weight_scale.sizes());
-  check_split(split, size_k_, 4, "marlin_fp8");
+  const std::string who = subject("MarlinFp8Kernel", name);
+  GK_CHECK(WeightError, weight.scalar_type() == at::kFloat8_e4m3fn && weight_scale.numel() == size_n_, who,
+           ": weight must be float8_e4m3fn [N, K] with weight_scale [N], got ", weight.scalar_type(), " ",
+           weight.sizes(), " and ", weight_scale.sizes());
+  check_split(split, size_k_, 4, who);
   qweight_ = pack_int_rows(weight.view(at::kByte).t(), 4, 8);
   scales_ = weight_scale.to(at::kFloat).reshape({size_n_}).clone();
   workspace_ = marlin_make_workspace((size_n_ + split.tile_n - 1) / split.tile_n, weight.device());
@@ -220,16 +234,16 @@ at::Tensor MarlinFp8Linear::forward(const at::Tensor& x) { return kernel_->apply
 // Site 6: FP4
 // ---------------------------------------------------------------------------
 MarlinFp4Kernel::MarlinFp4Kernel(const at::Tensor& weight, const at::Tensor& weight_scale,
-                                 const at::Tensor& weight_scale_2, MarlinSplitK split)
+                                 const at::Tensor& weight_scale_2, MarlinSplitK split, std::string_view name)
     : size_k_(weight.size(1) * 2), size_n_(weight.size(0)), split_(split) {
+  const std::string who = subject("MarlinFp4Kernel", name);
   GK_CHECK(WeightError,
            weight.scalar_type() == at::kByte && weight_scale.scalar_type() == at::kFloat8_e4m3fn &&
                weight_scale.dim() == 2 && weight_scale.size(0) == size_n_ && weight_scale.size(1) * kBlock == size_k_ &&
                weight_scale_2.numel() == 1,
-           "MarlinFp4Kernel: weight must be uint8 [N, K/2], weight_scale float8_e4m3fn [N, K/16] and "
-           "weight_scale_2 [1], got ",
+           who, ": weight must be uint8 [N, K/2], weight_scale float8_e4m3fn [N, K/16] and weight_scale_2 [1], got ",
            weight.sizes(), ", ", weight_scale.sizes(), " and ", weight_scale_2.sizes());
-  check_split(split, size_k_, 8, "marlin_fp4");
+  check_split(split, size_k_, 8, who);
   const at::Tensor b = weight.to(at::kLong);
   const at::Tensor nibbles =
       at::stack({at::bitwise_and(b, 15), at::bitwise_right_shift(b, 4)}, 2).reshape({size_n_, size_k_});
@@ -253,7 +267,8 @@ at::Tensor MarlinFp4Kernel::apply(const at::Tensor& x) const {
 MarlinFp4Linear::MarlinFp4Linear(int64_t in, int64_t out, c10::Device device, MarlinSplitK split)
     : in_(in), out_(out), split_(split) {
   GK_CHECK(WeightError, in % MarlinFp4Kernel::kBlock == 0, "MarlinFp4Linear: in = ", in,
-           " must be a multiple of ", MarlinFp4Kernel::kBlock);
+           " (the columns of weight [out, in/2] and of weight_scale [out, in/", MarlinFp4Kernel::kBlock,
+           "]) must be a multiple of ", MarlinFp4Kernel::kBlock);
   weight_ = checkpoint_param("weight", {out, in / 2}, at::kByte, device);
   weight_scale_ = checkpoint_param("weight_scale", {out, in / MarlinFp4Kernel::kBlock}, at::kFloat8_e4m3fn, device);
   weight_scale_2_ = checkpoint_param("weight_scale_2", {1}, at::kFloat, device);
@@ -269,14 +284,15 @@ at::Tensor MarlinFp4Linear::forward(const at::Tensor& x) { return kernel_->apply
 // Site 6: MoE
 // ---------------------------------------------------------------------------
 MarlinMoeKernel::MarlinMoeKernel(const at::Tensor& w, const at::Tensor& scales, int64_t group_size,
-                                 MarlinSplitK split)
+                                 MarlinSplitK split, std::string_view name)
     : experts_(w.size(0)), size_k_(w.size(1) * 8), size_n_(w.size(2)), group_size_(group_size), split_(split) {
+  const std::string who = subject("MarlinMoeKernel", name);
   GK_CHECK(WeightError,
            w.dim() == 3 && scales.dim() == 3 && scales.size(0) == experts_ && scales.size(1) * group_size == size_k_ &&
                scales.size(2) == size_n_,
-           "MarlinMoeKernel: w must be [E, K/8, N] and scales [E, K/", group_size, ", N], got ", w.sizes(),
-           " and ", scales.sizes());
-  check_split(split, size_k_, 1, "marlin_moe");
+           who, ": w must be [E, K/8, N] and scales [E, K/", group_size, ", N], got ", w.sizes(), " and ",
+           scales.sizes());
+  check_split(split, size_k_, 1, who);
   qweight_ = w.transpose(1, 2).clone(at::MemoryFormat::Contiguous);  // [E, N, K/8]
   scales_ = scales.clone(at::MemoryFormat::Contiguous);
   workspace_ = marlin_make_workspace(experts_ * ((size_n_ + split.tile_n - 1) / split.tile_n), w.device());
@@ -300,8 +316,9 @@ at::Tensor MarlinMoeKernel::apply(const at::Tensor& x, const at::Tensor& expert_
 MarlinMoeLayer::MarlinMoeLayer(int64_t experts, int64_t in, int64_t out, int64_t group_size, c10::Device device,
                                MarlinSplitK split)
     : experts_(experts), in_(in), out_(out), group_size_(group_size), split_(split) {
-  GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0,
-           "MarlinMoeLayer: in = ", in, " must be a multiple of 8 and of group_size ", group_size);
+  GK_CHECK(WeightError, in % 8 == 0 && group_size > 0 && in % group_size == 0, "MarlinMoeLayer: in = ", in,
+           " (the rows of w [experts, in/8, out] and of scales [experts, in/group_size, out]) must be a multiple of 8 "
+           "and of group_size ", group_size);
   gate_ = checkpoint_param("gate", {experts, in}, at::kFloat, device);
   w_ = checkpoint_param("w", {experts, in / 8, out}, at::kInt, device);
   scales_ = checkpoint_param("scales", {experts, in / group_size, out}, at::kFloat, device);

@@ -92,8 +92,8 @@ at::Tensor unswizzle_sf_128x4(const at::Tensor& swizzled, int64_t m, int64_t ksf
 B12xNvfp4Moe::B12xNvfp4Moe(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device)
     : experts_(experts), hidden_(hidden), inter_(intermediate) {
   GK_CHECK(WeightError, hidden % kNvfp4Block == 0 && intermediate % kNvfp4Block == 0,
-           "B12xNvfp4Moe: hidden and intermediate sizes must be multiples of ", kNvfp4Block, ", got ", hidden, " and ",
-           intermediate);
+           "B12xNvfp4Moe: hidden and intermediate sizes (the packed dims of w13_weight, w2_weight and their "
+           "block scales) must be multiples of ", kNvfp4Block, ", got ", hidden, " and ", intermediate);
   const int64_t E = experts, K = hidden, N = intermediate;
   w13_weight_ = checkpoint_param("w13_weight", {E, 2 * N, K / 2}, at::kByte, device);
   w13_weight_scale_ = checkpoint_param("w13_weight_scale", {E, 2 * N, K / kNvfp4Block}, at::kByte, device);

@@ -47,8 +47,8 @@ void nvfp4_cutlass_moe_cpu(const float* x, const float* gate, const std::uint8_t
 Nvfp4CutlassMoe::Nvfp4CutlassMoe(int64_t experts, int64_t hidden, int64_t intermediate, c10::Device device)
     : experts_(experts), hidden_(hidden), inter_(intermediate) {
   GK_CHECK(WeightError, hidden % kNvfp4Block == 0 && intermediate % kNvfp4Block == 0,
-           "Nvfp4CutlassMoe: hidden and intermediate sizes must be multiples of ", kNvfp4Block, ", got ", hidden,
-           " and ", intermediate);
+           "Nvfp4CutlassMoe: hidden and intermediate sizes (the packed dims of w13_weight, w2_weight and their "
+           "block scales) must be multiples of ", kNvfp4Block, ", got ", hidden, " and ", intermediate);
   const int64_t E = experts, K = hidden, N = intermediate;
   w13_weight_ = checkpoint_param("w13_weight", {E, 2 * N, K / 2}, at::kByte, device);
   w13_weight_scale_ = checkpoint_param("w13_weight_scale", {E, 2 * N, K / kNvfp4Block}, at::kByte, device);
@@ -74,7 +74,8 @@ void Nvfp4CutlassMoe::process_weights_after_loading() {
   for (int64_t e = 0; e < experts_; ++e) {
     const float in13 = i13.data_ptr<float>()[e], in2 = i2.data_ptr<float>()[e];
     GK_CHECK(WeightError, in13 > 0.f && in2 > 0.f, "Nvfp4CutlassMoe: expert ", e,
-             " has a non-positive input global scale (", in13, ", ", in2, ")");
+             " has a non-positive input global scale: w13_input_global_scale[", e, "] = ", in13,
+             ", w2_input_global_scale[", e, "] = ", in2);
     alphas1.data_ptr<float>()[e] = fmul(in13, g13.data_ptr<float>()[e]);
     alphas2.data_ptr<float>()[e] = fmul(in2, g2.data_ptr<float>()[e]);
     gscale1.data_ptr<float>()[e] = fdiv(1.f, in13);

@@ -21,8 +21,8 @@ CompressedTensorsW8A8Int8::CompressedTensorsW8A8Int8(const at::Tensor& weight_sc
       size_n_(std::accumulate(shard_rows_.begin(), shard_rows_.end(), int64_t{0})) {
   const auto shards = static_cast<int64_t>(shard_rows_.size());
   GK_CHECK(WeightError, weight_scale.numel() == shards && input_scale.numel() == shards,
-           "CompressedTensorsW8A8Int8: expected one weight and one input scale per shard (", shards,
-           "), got ", weight_scale.sizes(), " and ", input_scale.sizes());
+           "CompressedTensorsW8A8Int8: expected one weight_scale and one input_scale per shard (", shards,
+           "), got weight_scale ", weight_scale.sizes(), " and input_scale ", input_scale.sizes());
   // static per-tensor activation scale: the largest of the shards' (vLLM: input_scale.max())
   input_scale_ = input_scale.to(at::kFloat).max().reshape({1}).clone();
   // per-tensor weight scales per shard -> per output channel (convert_to_channelwise)
@@ -70,7 +70,8 @@ W8A8Int8Linear::W8A8Int8Linear(int64_t in, std::vector<std::string> shard_names,
                                c10::Device device)
     : in_(in), shard_names_(std::move(shard_names)), shard_rows_(std::move(shard_rows)) {
   GK_CHECK(WeightError, !shard_names_.empty() && shard_names_.size() == shard_rows_.size(),
-           "W8A8Int8Linear: give one row count per shard name");
+           "W8A8Int8Linear: give one row count per shard name (", shard_names_.size(), " shard_names, ",
+           shard_rows_.size(), " shard_rows)");
   // Per shard s, concatenated: weight [N, in] int8, weight_scale [S] and input_scale [S] float32.
   std::vector<CheckpointTensor> w, ws, is;
   for (std::size_t s = 0; s < shard_names_.size(); ++s) {

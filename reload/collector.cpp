@@ -23,7 +23,7 @@ namespace {
 // role, tensor, resolve)` and `on_flag(message)`; for a member the walk
 // cannot look into (opaque, an unregistered dynamic type), also
 // `on_blind(member)`, the flag's text without its "opaque: " head. A member
-// the plan left out by ReloadOptions::undeclared_members is reported with the
+// the plan left out by gk::testing::EngineHooks::undeclared_members is reported with the
 // role not_graph_visible (Note [Members treated as undeclared] in
 // slot_plan.cpp).
 struct ModelWalk {

@@ -224,7 +224,7 @@ class ConfigCollector final : public Walker {
 
 // Note [Members treated as undeclared]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// ReloadOptions::undeclared_members makes the plan forget declared members,
+// gk::testing::EngineHooks::undeclared_members makes the plan forget declared members,
 // for the negative tests that show what an undeclared tensor does: the graphs
 // read addresses no slot owns (unknown at capture), and a reload frees or
 // moves them. The names are checked against the complete plan before any is
@@ -237,7 +237,7 @@ void leave_out_undeclared(SlotPlan& plan, const std::vector<std::string>& names)
   for (const std::string& name : names) {
     const PlannedSlot* s = plan.find_slot(name);
     GK_CHECK(StateError, s != nullptr, detail::unknown_slot_message(plan, "undeclared_members", name));
-    GK_CHECK(StateError, s->kind == PlannedSlot::Kind::declared, "ReloadOptions::undeclared_members names '", name,
+    GK_CHECK(StateError, s->kind == PlannedSlot::Kind::declared, "gk::testing::EngineHooks::undeclared_members names '", name,
              "', a ", s->kind == PlannedSlot::Kind::parameter ? "parameter" : "buffer",
              " of its module: only a declared member can be treated as undeclared (parameters and buffers are "
              "always in the plan)");

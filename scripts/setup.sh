@@ -26,6 +26,10 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   echo "setup: installing torch==$TORCH_VERSION (pip)"
   "$PY" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
 fi
+# The Python package's build and test tools (scripts/test-python.sh): pip
+# builds graphkeep with scikit-build-core and pybind11, pytest runs tests/python.
+"$PY" -c "import scikit_build_core, pybind11, pytest" 2>/dev/null ||
+  "$PY" -m pip install --quiet --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" "pytest>=7"
 # Optional Python packages used by some tests (reference implementations).
 # A pinned entry (pkg==version) is reinstalled when the installed version differs
 # (transformers: the oracle of tests/hf/make_reference.py).

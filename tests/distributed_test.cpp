@@ -12,6 +12,8 @@
 // CPU: what runs on the GPU is the communication path (see docs/distributed.md).
 #include "gk_test.h"
 
+#include <optional>
+
 #include <graphkeep/distributed/distributed.h>
 #include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/capture/replay.h>
@@ -436,31 +438,29 @@ int child_main() {
   }
   const int tp1 = c.rank_of_tp(1);
   // (c) failures on one rank abort the reload on every rank; old weights stay.
-  auto with_fault = [&](std::string stage, std::string layer) {
-    gk::DistributedOptions o;
-    o.reload = engine ? engine->options() : gk::ReloadOptions{};
-    if (c.tp_rank == 1)
-      o.reload->fault_hook = [stage, layer](std::string_view s, const std::string& l) {
-        if (s == stage && l == layer) throw std::runtime_error("injected " + std::string(s) + " failure on " + l);
-      };
-    return o;
+  // A fault injected on rank tp1 only (graphkeep/reload/testing.h), for one scope.
+  auto fault_on_tp1 = [&](gk::testing::Stage stage, std::string layer) {
+    return gk::testing::ScopedHooks(c.tp_rank == 1 ? engine.get() : nullptr, gk::testing::fault_at(stage, layer));
   };
   {
-    gk::DistributedReload faulty(coll, engine.get(), with_fault("pwal", "l2"));
+    const auto hooks = fault_on_tp1(gk::testing::Stage::pwal, "l2");
+    gk::DistributedReload faulty(coll, engine.get(), {});
     refused("c-pwal", [&] { return faulty.reload(*source_for(4)); }, tp1, "injected pwal failure on l2");
     check_step("c-pwal", 3);
     c.ok("c-pwal");
   }
   {
     // before reading anything: the failing rank drains the whole broadcast
-    gk::DistributedReload faulty(coll, engine.get(), with_fault("detach", "l1"));
+    const auto hooks = fault_on_tp1(gk::testing::Stage::detach, "l1");
+    gk::DistributedReload faulty(coll, engine.get(), {});
     refused("c-detach", [&] { return faulty.reload(*source_for(4)); }, tp1, "injected detach failure on l1");
     check_step("c-detach", 3);
     c.ok("c-detach");
   }
   {
     // after every layer's checks, in the last stage before the vote
-    gk::DistributedReload faulty(coll, engine.get(), with_fault("commit", "l1"));
+    const auto hooks = fault_on_tp1(gk::testing::Stage::commit, "l1");
+    gk::DistributedReload faulty(coll, engine.get(), {});
     refused("c-commit", [&] { return faulty.reload(*source_for(4)); }, tp1, "injected commit failure on l1");
     check_step("c-commit", 3);
     c.ok("c-commit");
@@ -500,7 +500,8 @@ int child_main() {
   // the failing rank undoes its commit, the others keep the new weights;
   // every rank learns it and replay is refused until a reload succeeds.
   {
-    gk::DistributedReload faulty(coll, engine.get(), with_fault("copy", "l2"));
+    std::optional<gk::testing::ScopedHooks> hooks(fault_on_tp1(gk::testing::Stage::copy, "l2"));
+    gk::DistributedReload faulty(coll, engine.get(), {});
     try {
       faulty.reload(*source_for(5));
       c.fail("e", "the reload succeeded");
@@ -519,6 +520,7 @@ int child_main() {
       c.expect(at::equal(p, fresh_partial(c.tp_rank == 1 ? 3 : 5, c.tp_rank, input)), "e",
                "unexpected weights after the divergence");
     }
+    hooks.reset();  // the fault was for `faulty`'s reload only
     reload("e", source_for(6));  // the shared DistributedReload: no divergence recorded there
     check_step("e", 6);
     c.ok("e");
@@ -749,12 +751,12 @@ TEST_CASE("one rank over Gloo: the distributed reload commits, or rolls back and
     CHECK(at::equal(out, full_output(1, input)));
   }
   {
-    gk::DistributedOptions o;
-    o.reload = engine.options();
-    o.reload->fault_hook = [](std::string_view s, const std::string& l) {
-      if (s == "pwal" && l == "l2") throw std::runtime_error("injected");
+    gk::testing::EngineHooks h;
+    h.fault = [](gk::testing::Stage s, const std::string& l) {
+      if (s == gk::testing::Stage::pwal && l == "l2") throw std::runtime_error("injected");
     };
-    gk::DistributedReload faulty(g.pg, &engine, o);
+    const gk::testing::ScopedHooks hooks(&engine, std::move(h));
+    gk::DistributedReload faulty(g.pg, &engine, {});
     auto full = source(2, w);
     gk::BroadcastSource b(g.pg, full_manifest(), gk::ShardRules(), {}, full.get());
     try {
@@ -775,7 +777,7 @@ TEST_CASE("one rank over Gloo: the distributed reload commits, or rolls back and
   {
     // a user before_commit runs before the vote; throwing from it aborts
     gk::DistributedOptions o;
-    o.reload = engine.options();
+    o.reload = engine.options().defaults;
     int calls = 0;
     o.reload->before_commit = [&] { ++calls; };
     gk::DistributedReload d2(gk::Collective(g.backend), &engine, o);
@@ -796,8 +798,12 @@ TEST_CASE("the engine's before_commit hook: once, after every check, before the 
   gk::ReloadOptions opts;
   opts.mode = gk::ReloadMode::transactional;
   std::vector<std::string> log;
-  opts.fault_hook = [&](std::string_view s, const std::string& l) { log.push_back(std::string(s) + ":" + l); };
-  gk::ReloadEngine engine(*model, opts);
+  gk::ReloadEngine engine(*model, {opts});
+  gk::testing::EngineHooks hooks;
+  hooks.fault = [&](gk::testing::Stage s, const std::string& l) {
+    log.push_back(std::string(gk::testing::to_string(s)) + ":" + l);
+  };
+  gk::testing::set_hooks(engine, hooks);
   engine.prepare();
   const at::Tensor input = test_input();
   engine.add_static_io("input", input);

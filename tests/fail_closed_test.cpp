@@ -159,7 +159,7 @@ struct Rig {
     behaviours().clear();
     gk::InMemorySource src(ViewsModel::checkpoint(0));
     gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model, opts);
+    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{opts});
     engine->prepare();
     engine->add_static_io("input", input);
     graph.capture([&] { output = model->forward(input); });
@@ -231,10 +231,15 @@ TEST_CASE("a transactional reload that fails after committing views of one stora
   gk::ReloadOptions o = with_mode(gk::ReloadMode::transactional);
   int commits = 0;
   // Fail at the second layer's commit: the first layer's commit is undone.
-  o.fault_hook = [&](std::string_view stage, const std::string&) {
-    if (stage == "copy" && ++commits == 2) throw std::runtime_error("injected fault at the second commit");
+  gk::testing::EngineHooks h;
+  h.fault = [&](gk::testing::Stage stage, const std::string&) {
+    if (stage == gk::testing::Stage::copy && ++commits == 2)
+      throw std::runtime_error("injected fault at the second commit");
   };
-  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), std::runtime_error, "injected fault at the second commit");
+  {
+    const gk::testing::ScopedHooks hooks(rig.engine.get(), h);
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), std::runtime_error, "injected fault at the second commit");
+  }
   CHECK(rig.engine->state() == gk::EngineState::ready);
   CHECK(rig.replay().equal(old));
   CHECK(rig.reload(2, with_mode(gk::ReloadMode::transactional)).drift == 0);
@@ -648,27 +653,114 @@ TEST_CASE("a capture that records nothing, or reads none of the model's slots, i
   }
 }
 
+// Note [Capture verdicts last] in reload_engine.cpp. Before it, the first
+// successful reload() set the engine back to ready: verification re-checks
+// the recorded addresses only, and an empty manifest (or one of static I/O)
+// passes, so the refused graph replayed the old weights' output.
+TEST_CASE("a graph refused at capture stays refused across reload(), stage() and commit() until untrack()") {
+  const at::Tensor input = at::ones({4});
+  at::Tensor output;
+  SUBCASE("a forward of plain ATen ops: reload() keeps replay refused") {
+    auto model = std::make_shared<EagerModel>();
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    gk::HostReplay graph("eager");
+    graph.capture([&] { output = model->forward(input); });
+    CHECK_THROWS_AS(engine.track(graph), gk::DriftError);
+    for (int step = 1; step <= 2; ++step) {
+      gk::InMemorySource next({{"weight", at::full({4}, static_cast<float>(step)), 0}});
+      GK_CHECK_THROWS_WITH_SUBSTR(engine.reload(next), gk::DriftError,
+                                  "graph 'eager' was refused at capture and is still tracked");
+      CHECK(engine.state() == gk::EngineState::drift);
+      GK_CHECK_THROWS_WITH_SUBSTR(engine.check_replay_allowed(), gk::DriftError, "recorded no launch");
+      CHECK(model->weight.equal(at::full({4}, static_cast<float>(step))));  // the weights did load
+    }
+    // The verdict ends with the graph.
+    engine.untrack(graph);
+    CHECK(engine.replay_allowed());
+    gk::InMemorySource again({{"weight", at::full({4}, 3.0f), 0}});
+    CHECK(engine.reload(again).drift == 0);
+    CHECK(engine.replay_allowed());
+  }
+  SUBCASE("a graph that reads no slot: stage() is refused, and a reload stays refused") {
+    auto model = std::make_shared<RawModel>();
+    gk::InMemorySource src = raw_weights(0);
+    gk::load_weights(*model, src);
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    engine.add_static_io("input", input);
+    gk::HostReplay graph("copy");
+    graph.capture([&] {
+      output = gk::hostrt::empty({4}, input.options());
+      const float* x = input.data_ptr<float>();
+      float* y = output.data_ptr<float>();
+      gk::hostrt::launch("copy", {gk::hostrt::reads(input), gk::hostrt::writes(output)}, [=] {
+        for (int i = 0; i < 4; ++i) y[i] = x[i];
+      });
+    });
+    CHECK_THROWS_AS(engine.track(graph), gk::DriftError);
+    gk::InMemorySource s1 = raw_weights(1);
+    GK_CHECK_THROWS_WITH_SUBSTR(engine.stage(s1), gk::StateError, "stage() refused: the engine is drift");
+    gk::InMemorySource s2 = raw_weights(2);
+    GK_CHECK_THROWS_WITH_SUBSTR(engine.reload(s2), gk::DriftError, "reads none of the model's 2 slots");
+    CHECK_FALSE(engine.replay_allowed());
+    // A second, good graph does not lift the first one's verdict.
+    gk::HostReplay good("good");
+    good.capture([&] { output = model->layer->forward(input); });
+    engine.allow_address_range("kernel block", model->layer->kernel().block(), 4 * sizeof(float), "a workspace");
+    engine.track(good);
+    CHECK_FALSE(engine.replay_allowed());
+    engine.untrack(graph);
+    CHECK(engine.replay_allowed());  // the good graph verifies
+    gk::InMemorySource s3 = raw_weights(3);
+    gk::StagedReload staged = engine.stage(s3);
+    const gk::ReloadReport r = engine.commit(std::move(staged));
+    CHECK(r.drift == 0);
+    CHECK(r.addresses_verified > 0);
+    CHECK(engine.replay_allowed());
+    // (No replay: PWAL gave the kernel a new raw block, and the allowed range
+    // names the freed one; only the reload's verdicts are under test here.)
+  }
+  SUBCASE("a graph refused between stage() and commit(): the commit is refused and replay stays refused") {
+    auto model = std::make_shared<EagerModel>();
+    gk::ReloadEngine engine(*model);
+    engine.prepare();
+    gk::InMemorySource next({{"weight", at::full({4}, 2.0f), 0}});
+    gk::StagedReload staged = engine.stage(next);
+    gk::HostReplay graph("eager");
+    graph.capture([&] { output = model->forward(input); });
+    CHECK_THROWS_AS(engine.track(graph), gk::DriftError);
+    CHECK_THROWS_AS(engine.commit(std::move(staged)), gk::StateError);
+    CHECK(model->weight.equal(at::ones({4})));
+    CHECK_FALSE(engine.replay_allowed());
+  }
+}
+
 TEST_CASE("unprotected_slots must name slots: an unknown name is an error that suggests the closest") {
   Rig rig;
   const std::vector<std::string> names = rig.engine->slot_names();
   CHECK(std::find(names.begin(), names.end(), "l0.head_") != names.end());
   CHECK(std::find(names.begin(), names.end(), "l1.experts_[1].w") != names.end());
   CHECK(std::find(names.begin(), names.end(), "l0.bias") != names.end());
-  // At reload: the model is untouched and replay stays allowed.
-  gk::ReloadOptions o;
+  // On a prepared engine: refused at once, the engine keeps no hook, the
+  // model is untouched and replay stays allowed.
+  gk::testing::EngineHooks o;
   o.unprotected_slots = {"l0.haed_"};
-  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), gk::StateError,
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::testing::set_hooks(*rig.engine, o), gk::StateError,
                               "unprotected_slots names 'l0.haed_', which is no slot of the model; closest: 'l0.head_'");
-  CHECK(rig.engine->state() == gk::EngineState::ready);
-  CHECK(rig.replay().equal(fresh(0, rig.input)));
-  // At prepare(), for the engine's own options.
-  gk::ReloadEngine other(*rig.model, o);
+  CHECK(gk::testing::hooks(*rig.engine).unprotected_slots.empty());
+  CHECK(rig.reload(1, {}).drift == 0);
+  CHECK(rig.replay().equal(fresh(1, rig.input)));
+  // At prepare(), for an engine not yet prepared.
+  gk::ReloadEngine other(*rig.model);
+  gk::testing::set_hooks(other, o);
   CHECK_THROWS_AS(other.prepare(), gk::StateError);
   // A real name is accepted and disables that slot's copy-back. The graph
   // reads the storage through full_, which was copied; the head_ view moved
   // anyway, and a moved view of a storage a graph reads is drift.
   o.unprotected_slots = {"l0.head_"};
-  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(1, o), gk::DriftError, "l0.head_ now points at other storage");
+  gk::testing::set_hooks(*rig.engine, o);
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(2, {}), gk::DriftError, "l0.head_ now points at other storage");
 }
 
 TEST_CASE("a graph destroyed while tracked is dropped and reported, never used") {

@@ -1,9 +1,12 @@
 // The example engine (examples/engine) serving while the next weights stage:
 // issue 17's stress test on the real engine's decode graphs, on the CPU
 // replay backend (suite cpu) and on CUDA graphs (suite gpu, 1,000 rounds).
+// And what a request must never see: KV-cache rows at or past its length
+// (an earlier request's, or ones written under earlier, NaN weights).
 #include "gk_test.h"
 
 #include "engine/checkpoint_writer.h"
+#include "engine/compare.h"
 #include "engine/llm_engine.h"
 
 #include <graphkeep/reload/reload_engine.h>
@@ -12,6 +15,10 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -49,8 +56,8 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     gk::InMemorySource a(weights[0]);
     eng.reload(a);
   }
-  REQUIRE_FALSE(at::equal(expected[0], expected[1]));
-  REQUIRE(at::equal(eng.decode(tokens, pos), expected[0]));
+  REQUIRE_FALSE(demo::bitwise_equal(expected[0], expected[1]));
+  REQUIRE(demo::bitwise_equal(eng.decode(tokens, pos), expected[0]));
   {
     // A trainer that keeps the engine's layout hands over whole parameters
     // (fused q/k/v and gate/up) by parameter name: the parameters of a second
@@ -70,10 +77,10 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     gk::InMemorySource src(whole);
     const gk::ReloadReport r = eng.reload(src);
     CHECK(r.tensors_adopted == whole.size());
-    CHECK(at::equal(eng.decode(tokens, pos), expected[1]));
+    CHECK(demo::bitwise_equal(eng.decode(tokens, pos), expected[1]));
     gk::InMemorySource a(weights[0]);
     eng.reload(a);
-    REQUIRE(at::equal(eng.decode(tokens, pos), expected[0]));
+    REQUIRE(demo::bitwise_equal(eng.decode(tokens, pos), expected[0]));
   }
   const std::uint64_t version0 = eng.reload_engine().weight_version();
 
@@ -119,7 +126,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     const at::Tensor out = eng.decode(tokens, pos);
     ++steps;
     during_stage += staging_at_start || stages_begun.load() != begun ? 1 : 0;
-    if (!at::equal(out, expected[current.load()])) ++wrong;
+    if (!demo::bitwise_equal(out, expected[current.load()])) ++wrong;
     std::optional<gk::StagedReload> s;
     int target = 0;
     {
@@ -163,18 +170,314 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   CHECK(during_stage > 0);
   CHECK(eng.reload_engine().weight_version() == version0 + static_cast<std::uint64_t>(commits));
   CHECK(eng.reload_engine().state() == gk::EngineState::ready);
-  CHECK(at::equal(eng.decode(tokens, pos), expected[current.load()]));
+  CHECK(demo::bitwise_equal(eng.decode(tokens, pos), expected[current.load()]));
+}
+
+// The built-in tiny model as Llama (no q/k norms), Qwen3 and Qwen3-MoE.
+std::vector<demo::HfConfig> tiny_configs() {
+  demo::HfConfig qwen3 = demo::builtin_tiny_config(), llama = qwen3, moe = qwen3;
+  llama.model_type = "llama";
+  moe.model_type = "qwen3_moe";
+  moe.num_experts = 8;
+  moe.num_experts_per_tok = 2;
+  moe.moe_intermediate_size = 32;
+  moe.norm_topk_prob = true;
+  return {llama, qwen3, moe};
+}
+
+// Every row of every layer's KV cache set to NaN, +Inf or -Inf (keys and
+// values in a different pattern): what rows written under NaN weights hold.
+void poison_kv_cache(demo::LlmEngine& eng) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const demo::KvCache& c : eng.kv_caches()) {
+    const std::int64_t rows = c.k.size(0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      c.k[r].fill_(r % 3 == 0 ? nan : r % 3 == 1 ? inf : -inf);
+      c.v[r].fill_(r % 2 == 0 ? nan : -inf);
+    }
+  }
+}
+
+// One request of `prompt`'s rows (each its own sequence): prefill each
+// sequence's first `p` tokens, then decode the rest, first through the decode
+// graphs, then eagerly. Returns every logits tensor in order.
+std::vector<at::Tensor> serve_request(demo::LlmEngine& eng, const at::Tensor& prompt, std::int64_t p) {
+  std::vector<at::Tensor> out;
+  const std::int64_t B = prompt.size(0), T = prompt.size(1);
+  for (std::int64_t b = 0; b < B; ++b) out.push_back(eng.prefill(b, prompt[b].narrow(0, 0, p)));
+  for (std::int64_t t = p; t < T; ++t) {
+    const at::Tensor pos = at::full({B}, t, at::kLong);
+    out.push_back(t < (p + T) / 2 ? eng.decode(prompt.select(1, t), pos) : eng.decode_eager(prompt.select(1, t), pos));
+  }
+  return out;
+}
+
+void stale_kv_rows_never_reach_logits(const c10::Device device) {
+  // Attention reads the whole static cache of the sequence and weights the
+  // rows past the token's position 0; 0 * NaN = NaN, so those rows must be
+  // left out, not weighted 0 (Note [Stale KV rows] in examples/engine/llm.cpp).
+  // A used engine whose cache holds an earlier, longer request and then NaN
+  // and Inf everywhere must serve a new request bitwise as a fresh engine
+  // does, eagerly and through the captured decode graphs (the CPU replay
+  // backend, or CUDA graphs).
+  at::NoGradGuard no_grad;
+  for (const demo::HfConfig& c : tiny_configs()) {
+    CAPTURE(c.model_type);
+    const std::vector<gk::NamedTensor> weights = demo::random_weights(c, 7);
+    demo::LlmEngineOptions opts;
+    opts.batch_sizes = {1, 2, 4};
+    opts.max_len = 16;
+    gk::InMemorySource w1(weights), w2(weights);
+    demo::LlmEngine fresh(c, device, demo::WeightFormat::dense, w1, opts);
+    demo::LlmEngine used(c, device, demo::WeightFormat::dense, w2, opts);
+    REQUIRE(used.num_graphs() == 3);
+    const at::Tensor earlier = at::arange(3 * 16, at::kLong).mul(11).remainder(c.vocab_size).view({3, 16});
+    (void)serve_request(used, earlier, 10);
+    poison_kv_cache(used);
+    const at::Tensor prompt = at::arange(3 * 10, at::kLong).mul(5).add(3).remainder(c.vocab_size).view({3, 10});
+    const std::vector<at::Tensor> want = serve_request(fresh, prompt, 4);
+    const std::vector<at::Tensor> got = serve_request(used, prompt, 4);
+    REQUIRE(got.size() == 9);  // 3 prefills, 3 decode steps through graphs, 3 eager
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(i);
+      CHECK(demo::bitwise_equal(got[i], want[i]));  // and finite
+    }
+    // The poison is still there past the request's length (row seq * max_len + position).
+    CHECK(at::isnan(used.kv_caches()[0].v[12]).all().item<bool>());
+    CHECK(at::isinf(used.kv_caches()[1].k[2 * 16 + 14]).all().item<bool>());
+  }
+}
+
+// The built-in config written to a fresh directory, the first `from` in its
+// config.json text replaced by `to`, read back with demo::read_hf_config.
+demo::HfConfig read_edited_config(const std::string& name, const std::string& from, const std::string& to) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("gk_hf_config_test_" + name)).string();
+  demo::write_hf_config(demo::builtin_tiny_config(), dir);
+  const std::string file = dir + "/config.json";
+  std::string text;
+  {
+    std::ifstream in(file);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  std::ofstream(file) << text;
+  return demo::read_hf_config(dir);
 }
 
 }  // namespace
 
+TEST_CASE("the comparisons of the checks fail on NaN and Inf, in the output or in the reference") {
+  // What gk-hf-check, the demo, these tests and the fuzzers compare with
+  // (examples/engine/compare.h). The idiom it replaces passes NaN:
+  const at::Tensor want = at::linspace(-2, 2, 12).view({3, 4});
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  CHECK(std::max(0.0, (want.clone().fill_(nan) - want).abs().max().item<double>()) == 0.0);
+  CHECK(demo::max_keep_nan(0.0, nan) != demo::max_keep_nan(0.0, nan));
+  {
+    demo::MaxDiff same;
+    same.add(want, want.clone());
+    CHECK(same.equal());
+    CHECK(same.within(0));
+    CHECK(same.nonfinite() == 0);
+    CHECK(demo::bitwise_equal(want, want.clone()));
+    CHECK(demo::all_close(want, want + 1e-6, 1e-3, 1e-3));
+    demo::MaxDiff off;
+    off.add(want, want + 0.5);
+    CHECK_FALSE(off.equal());
+    CHECK(off.within(0.5 / 2.5));  // max |diff| 0.5 against max |reference| 2.5
+    CHECK_FALSE(off.within(0.19));
+    CHECK_FALSE(demo::bitwise_equal(want, want + 0.5));
+    CHECK_FALSE(demo::all_close(want, want + 0.5, 1e-3, 1e-3));
+    demo::MaxDiff shape;
+    shape.add(want, want.view({4, 3}));
+    CHECK_FALSE(shape.within(1));
+  }
+  for (const double bad : {nan, inf, -inf}) {
+    CAPTURE(bad);
+    for (const bool in_reference : {false, true}) {
+      CAPTURE(in_reference);
+      for (const bool all : {false, true}) {
+        CAPTURE(all);
+        at::Tensor poisoned = want.clone();
+        if (all)
+          poisoned.fill_(bad);
+        else
+          poisoned[1][2] = bad;
+        const at::Tensor& got = in_reference ? want : poisoned;
+        const at::Tensor& ref = in_reference ? poisoned : want;
+        demo::MaxDiff d;
+        d.add(got, ref);
+        CHECK(d.nonfinite() == (all ? 12 : 1));
+        CHECK_FALSE(d.finite());
+        CHECK_FALSE(d.within(1e30));
+        CHECK_FALSE(d.equal());
+        CHECK_FALSE(std::isfinite(d.rel()));
+        // Non-finite on both sides, even the same value, is no match.
+        demo::MaxDiff both;
+        both.add(poisoned, poisoned.clone());
+        CHECK_FALSE(both.within(1e30));
+        CHECK_FALSE(both.equal());
+        CHECK_FALSE(demo::bitwise_equal(got, ref));
+        CHECK_FALSE(demo::bitwise_equal(poisoned, poisoned.clone()));
+        CHECK_FALSE(demo::bitwise_equal(poisoned, poisoned));  // at::equal's same-storage shortcut
+        CHECK_FALSE(demo::all_close(got, ref, 1e30, 1e30));
+        CHECK_FALSE(demo::all_close(poisoned, poisoned.clone(), 1e-3, 1e-3));
+        // An earlier finite pair does not hide a later non-finite one, nor the other way round.
+        demo::MaxDiff later, finite_only, merged;
+        later.add(want, want);
+        later.add(got, ref);
+        later.add(want, want);
+        CHECK_FALSE(later.within(1e30));
+        finite_only.add(want, want);
+        merged.add(finite_only);
+        merged.add(later);
+        CHECK_FALSE(merged.within(1e30));
+      }
+    }
+  }
+}
+
+TEST_CASE("config.json: rope scalings are read as transformers reads them; what the engine cannot serve is refused by name") {
+  const std::string null_rope = "\"rope_scaling\": null";
+  CHECK(read_edited_config("default", null_rope, null_rope).rope_scaling == demo::RopeScaling{});
+  {
+    const demo::HfConfig c =
+        read_edited_config("linear", null_rope, R"("rope_scaling": {"rope_type": "linear", "factor": 2.0})");
+    CHECK(c.rope_scaling.type == "linear");
+    CHECK(c.rope_scaling.factor == 2.0);
+  }
+  {  // the older key, and both keys (as transformers' config writes them)
+    CHECK(read_edited_config("dynamic", null_rope, R"("rope_scaling": {"type": "dynamic", "factor": 4})")
+              .rope_scaling.type == "dynamic");
+    CHECK(read_edited_config("dynamic2", null_rope,
+                             R"("rope_scaling": {"type": "dynamic", "rope_type": "dynamic", "factor": 4})")
+              .rope_scaling.factor == 4.0);
+  }
+  const std::string llama31 = R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, )"
+                              R"("high_freq_factor": 4.0, "original_max_position_embeddings": 8192)";
+  {
+    const demo::HfConfig c = read_edited_config("llama3", null_rope, "\"rope_scaling\": " + llama31 + "}");
+    CHECK(c.rope_scaling.type == "llama3");
+    CHECK(c.rope_scaling.original_max_position_embeddings == 8192);
+    CHECK(c.rope_scaling.high_freq_factor == 4.0);
+    // Written back and read again: the same.
+    const std::string dir = (std::filesystem::temp_directory_path() / "gk_hf_config_test_roundtrip").string();
+    demo::write_hf_config(c, dir);
+    CHECK(demo::read_hf_config(dir).rope_scaling == c.rope_scaling);
+  }
+  // Refusals: each names the field, says the engine cannot serve the model
+  // when the field is one it does not implement, and never advises editing
+  // the config (serving without it gives other logits: hf.check.llama_rope_llama3.plain_rope).
+  struct Bad {
+    const char* name;
+    std::string from, to, says;
+    bool unsupported;  // "the engine cannot serve this model"
+  };
+  const std::vector<Bad> bad = {
+      {"yarn", null_rope, R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})", "rope_scaling.rope_type 'yarn'",
+       true},
+      {"longrope", null_rope, R"("rope_scaling": {"type": "longrope", "factor": 4.0})",
+       "rope_scaling.rope_type 'longrope'", true},
+      {"no_type", null_rope, R"("rope_scaling": {"factor": 4.0})", "has no 'rope_type'", true},
+      {"types_differ", null_rope, R"("rope_scaling": {"type": "linear", "rope_type": "dynamic", "factor": 2.0})",
+       "rope_scaling.rope_type 'dynamic' and rope_scaling.type 'linear' differ", true},
+      {"missing", null_rope, R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0})",
+       "the field 'rope_scaling.original_max_position_embeddings' is missing", false},
+      {"extra", null_rope, "\"rope_scaling\": " + llama31 + ", \"attention_factor\": 0.5}",
+       "unsupported field 'rope_scaling.attention_factor' = 0.5", true},
+      {"factor", null_rope, R"("rope_scaling": {"rope_type": "linear", "factor": 0})", "rope_scaling.factor is 0", true},
+      {"not_object", null_rope, R"("rope_scaling": "llama3")", "the field 'rope_scaling' has the value \"llama3\"",
+       true},
+      {"partial", null_rope, R"("rope_scaling": null, "partial_rotary_factor": 0.5)",
+       "unsupported value 0.5 of the field 'partial_rotary_factor'", true},
+      {"bias", "\"attention_bias\": false", "\"attention_bias\": true",
+       "unsupported value true of the field 'attention_bias'", true},
+      {"model_type", "\"model_type\": \"qwen3\"", "\"model_type\": \"mistral\"", "unsupported model_type 'mistral'",
+       true},
+  };
+  for (const Bad& b : bad) {
+    CAPTURE(b.name);
+    std::string message;
+    try {
+      (void)read_edited_config(b.name, b.from, b.to);
+    } catch (const gk::WeightError& e) {
+      message = e.message();
+    }
+    CAPTURE(message);
+    CHECK(message.find("config.json") != std::string::npos);
+    CHECK(message.find(b.says) != std::string::npos);
+    CHECK((message.find("the engine cannot serve this model") != std::string::npos) == b.unsupported);
+    CHECK(message.find("remove") == std::string::npos);
+    CHECK(message.find("set it") == std::string::npos);
+  }
+}
+
+TEST_CASE("a format the model's sizes do not fit is refused naming the tensor and the config field") {
+  // W4A16 groups K input channels by 128 (K itself below 128): an
+  // intermediate_size of 160 fits no group, and down_proj's K is it.
+  at::NoGradGuard no_grad;
+  const c10::Device cpu(c10::kCPU);
+  demo::HfConfig c = demo::builtin_tiny_config();
+  c.intermediate_size = 160;
+  const std::vector<gk::NamedTensor> weights = demo::random_weights(c, 3);
+  demo::LlmEngineOptions eager;
+  eager.batch_sizes = {};
+  auto refusal = [&](const demo::HfConfig& cfg, const std::vector<gk::NamedTensor>& w, demo::WeightFormat f) {
+    gk::InMemorySource src(w);
+    try {
+      demo::LlmEngine eng(cfg, cpu, f, src, eager);
+    } catch (const gk::WeightError& e) {
+      return std::string(e.message());
+    }
+    return std::string();
+  };
+  const std::string msg = refusal(c, weights, demo::WeightFormat::w4a16);
+  CAPTURE(msg);
+  CHECK(msg.find("model.layers.0.mlp.down_proj.weight: the w4a16 format needs the input size K = 160 "
+                 "(intermediate_size) to be a multiple of 8 and of its group size 128") == 0);
+  CHECK(msg.find("the engine cannot serve this model in w4a16") != std::string::npos);
+  // The same model serves in the other formats.
+  CHECK(refusal(c, weights, demo::WeightFormat::dense).empty());
+  CHECK(refusal(c, weights, demo::WeightFormat::fp8).empty());
+  // A hidden size of 100 fits no W4A16 group of q, k, v (fused) nor of gate, up: the first named is qkv's.
+  demo::HfConfig h = demo::builtin_tiny_config();
+  h.hidden_size = 100;
+  const std::string hmsg = refusal(h, demo::random_weights(h, 3), demo::WeightFormat::w4a16);
+  CAPTURE(hmsg);
+  CHECK(hmsg.find("model.layers.0.self_attn.q_proj.weight + model.layers.0.self_attn.k_proj.weight + "
+                  "model.layers.0.self_attn.v_proj.weight: the w4a16 format needs the input size K = 100 "
+                  "(hidden_size)") == 0);
+  // The quant kernel names what it is built from when told.
+  const at::Tensor g_idx = at::zeros({64}, at::kInt);
+  std::string kmsg;
+  try {
+    gk::quant::MarlinW4A16Kernel(at::zeros({4, 16}, at::kInt), g_idx, gk::quant::MarlinSplitK{},
+                                 "model.layers.3.mlp.down_proj.weight");
+  } catch (const gk::WeightError& e) {
+    kmsg = e.message();
+  }
+  CAPTURE(kmsg);
+  CHECK(kmsg.find("MarlinW4A16Kernel for model.layers.3.mlp.down_proj.weight: qweight must be [K/8, N] for g_idx [K] "
+                  "int32, got [4, 16] and [64]") == 0);
+}
+
 TEST_SUITE("cpu") {
+TEST_CASE("KV-cache rows at or past a sequence's length (NaN, Inf, earlier requests') never reach its logits") {
+  stale_kv_rows_never_reach_logits(c10::Device(c10::kCPU));
+}
+
 TEST_CASE("the example engine decodes while another thread stages; every step is A or B, bitwise (CPU replay)") {
   serve_while_staging(c10::Device(c10::kCPU), 300);
 }
 }
 
 TEST_SUITE("gpu") {
+TEST_CASE("gpu: KV-cache rows at or past a sequence's length never reach its logits (CUDA graphs)") {
+  stale_kv_rows_never_reach_logits(c10::Device(c10::kCUDA, 0));
+}
+
 TEST_CASE("gpu: the example engine decodes on CUDA graphs while another thread stages 1,000 times; every step is A or B") {
   serve_while_staging(c10::Device(c10::kCUDA, 0), 1000);
 }

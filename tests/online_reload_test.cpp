@@ -472,10 +472,9 @@ TEST_CASE("refused commits and stages name the cause and change nothing") {
     o.on_mismatch = gk::MismatchPolicy::needs_recapture;
     gk::InMemorySource src(rig.weights(1));
     GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->stage(src, o), gk::StateError, "needs_recapture cannot be staged");
-    gk::ReloadOptions u;
-    u.unprotected_slots = {"l1.kernel_.scale_"};
+    const gk::testing::ScopedHooks unprotected(rig.engine.get(), gk::testing::unprotect({"l1.kernel_.scale_"}));
     gk::InMemorySource src2(rig.weights(1));
-    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->stage(src2, u), gk::StateError, "unprotected_slots");
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->stage(src2), gk::StateError, "unprotected_slots");
     unchanged(0);
   }
 }

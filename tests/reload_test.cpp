@@ -10,6 +10,7 @@
 
 #include "toy_model.h"
 
+#include <cmath>
 #include <memory>
 
 namespace {
@@ -21,10 +22,12 @@ struct Rig {
   gk::HostReplay graph{"toy"};
   std::unique_ptr<gk::ReloadEngine> engine;
 
-  explicit Rig(gk::ReloadOptions opts = {}, int64_t shards = 1) : model(std::make_shared<Model>(8, 16, shards)) {
+  explicit Rig(gk::ReloadOptions opts = {}, int64_t shards = 1, gk::testing::EngineHooks hooks = {})
+      : model(std::make_shared<Model>(8, 16, shards)) {
     gk::InMemorySource src(model->checkpoint(0, shards));
     gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model, opts);
+    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{opts});
+    gk::testing::set_hooks(*engine, std::move(hooks));
     engine->prepare();
     input = at::linspace(-1.0, 1.0, 3 * 8).reshape({3, 8});
     engine->add_static_io("input", input);
@@ -79,9 +82,7 @@ TEST_CASE("prepare() plans parameters, buffers and declared slots, aliases merge
 }
 
 TEST_CASE("the negative baseline: without copy-back a rebuilt kernel escapes and replay reads stale memory") {
-  gk::ReloadOptions opts;
-  opts.unprotected_slots = {"l1.kernel_.scale_"};
-  Rig<> rig(opts);
+  Rig<> rig({}, 1, gk::testing::unprotect({"l1.kernel_.scale_"}));
   const at::Tensor before = rig.replay();
   CHECK(equal_bits(before, fresh_output(0, rig.input)));
   // The reload finishes, but the manifest sees the moved slot and refuses replay.
@@ -327,17 +328,15 @@ TEST_CASE("a PWAL that changes a slot's layout fails closed, or reports needs_re
 
 TEST_CASE("faults injected at every stage leave no captured address uncovered") {
   for (auto mode : {gk::ReloadMode::transactional, gk::ReloadMode::streaming}) {
-    for (std::string stage : {"detach", "load", "pwal", "check", "copy", "commit"}) {
+    for (gk::testing::Stage stage : {gk::testing::Stage::detach, gk::testing::Stage::load, gk::testing::Stage::pwal,
+                                     gk::testing::Stage::check, gk::testing::Stage::copy, gk::testing::Stage::commit}) {
       for (std::string layer : {"l1", "norm", "l2"}) {
-        CAPTURE(stage);
+        CAPTURE(gk::testing::to_string(stage));
         CAPTURE(layer);
         CAPTURE(static_cast<int>(mode));
         gk::ReloadOptions opts;
         opts.mode = mode;
-        opts.fault_hook = [&](std::string_view s, const std::string& l) {
-          if (s == stage && l == layer) throw std::runtime_error("injected fault at " + stage);
-        };
-        Rig<> rig(opts);
+        Rig<> rig(opts, 1, gk::testing::fault_at(stage, layer));
         const at::Tensor old = rig.replay();
         bool threw = false;
         try {
@@ -345,7 +344,7 @@ TEST_CASE("faults injected at every stage leave no captured address uncovered") 
         } catch (const std::runtime_error&) {
           threw = true;
         }
-        if (stage == "commit" && mode == gk::ReloadMode::streaming) {
+        if (stage == gk::testing::Stage::commit && mode == gk::ReloadMode::streaming) {
           CHECK_FALSE(threw);  // streaming has no separate commit stage
           continue;
         }
@@ -362,11 +361,8 @@ TEST_CASE("faults injected at every stage leave no captured address uncovered") 
           CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::StateError);
         }
         // recovery
-        rig.engine->reload(*std::make_unique<gk::InMemorySource>(rig.model->checkpoint(2)), [&] {
-          gk::ReloadOptions o = opts;
-          o.fault_hook = nullptr;
-          return o;
-        }());
+        gk::testing::set_hooks(*rig.engine, {});
+        rig.engine->reload(*std::make_unique<gk::InMemorySource>(rig.model->checkpoint(2)), opts);
         CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
       }
     }
@@ -376,10 +372,10 @@ TEST_CASE("faults injected at every stage leave no captured address uncovered") 
 // The toy model's lock workspaces, treated as undeclared (as if RowScaleKernel
 // declared them gk::not_graph_visible): the negative tests of a tensor the
 // registry does not know.
-gk::ReloadOptions locks_undeclared() {
-  gk::ReloadOptions o;
-  o.undeclared_members = {"l1.kernel_.locks_", "l2.kernel_.locks_"};
-  return o;
+gk::testing::EngineHooks locks_undeclared() {
+  gk::testing::EngineHooks h;
+  h.undeclared_members = {"l1.kernel_.locks_", "l2.kernel_.locks_"};
+  return h;
 }
 
 TEST_CASE("the manifest classifies every captured address, and catches a tensor hidden from the registry") {
@@ -397,12 +393,12 @@ TEST_CASE("the manifest classifies every captured address, and catches a tensor 
   {
     // Fail closed at capture: track() refuses the graph and names the
     // undeclared tensor with the role it was (wrongly) given.
-    Rig<> rig(locks_undeclared());
+    Rig<> rig({}, 1, locks_undeclared());
     CHECK(rig.engine->plan().num_slots() == 11 - 2);
     CHECK(rig.engine->plan().undeclared() == locks_undeclared().undeclared_members);
     CHECK(rig.track_error.find("replay refused at capture") != std::string::npos);
     CHECK(rig.track_error.find("in the undeclared tensor l1.kernel_.locks_ (role not_graph_visible: treated as "
-                               "undeclared by ReloadOptions::undeclared_members)") != std::string::npos);
+                               "undeclared by gk::testing::EngineHooks::undeclared_members)") != std::string::npos);
     CHECK(rig.engine->state() == gk::EngineState::drift);
     CHECK_THROWS_AS(rig.engine->check_replay_allowed(), gk::DriftError);
     const gk::CaptureManifest* m = rig.engine->manifest(rig.graph);
@@ -411,7 +407,7 @@ TEST_CASE("the manifest classifies every captured address, and catches a tensor 
     const auto undeclared = m->undeclared();
     REQUIRE(undeclared.size() == 2);
     CHECK(undeclared[0].find("l1.kernel_.locks_ (role not_graph_visible: treated as undeclared by "
-                             "ReloadOptions::undeclared_members)") != std::string::npos);
+                             "gk::testing::EngineHooks::undeclared_members)") != std::string::npos);
     // After the reload PWAL's new kernel holds new locks; the captured ones are freed.
     try {
       rig.reload(1);
@@ -428,7 +424,7 @@ TEST_CASE("the manifest classifies every captured address, and catches a tensor 
 }
 
 TEST_CASE("the collector reports every reachable tensor and flags what the plan does not cover") {
-  Rig<> rig(locks_undeclared());
+  Rig<> rig({}, 1, locks_undeclared());
   gk::CollectorReport r = gk::collect_tensors(*rig.model, &rig.engine->plan());
   CHECK(r.tensors.size() == 3 + 2 * 5);  // weight, gamma, weight + per layer weight_ alias and 4 kernel tensors
   CHECK(r.count(gk::CollectedTensor::Coverage::not_graph_visible) == 2);
@@ -436,7 +432,7 @@ TEST_CASE("the collector reports every reachable tensor and flags what the plan 
   bool named = false;
   for (const auto& f : r.flags)
     named = named || f == "not graph-visible: l2.kernel_.locks_ (treated as undeclared by "
-                          "ReloadOptions::undeclared_members)";
+                          "gk::testing::EngineHooks::undeclared_members)";
   CHECK(named);
   // without the plan the collector knows nothing of the option: the locks are declared workspaces
   CHECK(gk::collect_tensors(*rig.model).count(gk::CollectedTensor::Coverage::not_graph_visible) == 0);
@@ -453,10 +449,11 @@ TEST_CASE("undeclared_members must name declared members: a misspelt name is an 
   auto m = std::make_shared<toy::ToyModel>();
   gk::InMemorySource src(m->checkpoint(0));
   gk::load_weights(*m, src);
-  gk::ReloadOptions o;
+  gk::testing::EngineHooks o;
   o.undeclared_members = {"l1.kernel_.locks_", "l2.kernel_.lcoks_"};
   {
-    gk::ReloadEngine engine(*m, o);
+    gk::ReloadEngine engine(*m);
+    gk::testing::set_hooks(engine, o);
     GK_CHECK_THROWS_WITH_SUBSTR(engine.prepare(), gk::StateError,
                                 "undeclared_members names 'l2.kernel_.lcoks_', which is no slot of the model; "
                                 "closest: 'l2.kernel_.locks_'");
@@ -464,14 +461,16 @@ TEST_CASE("undeclared_members must name declared members: a misspelt name is an 
   }
   // A parameter (or buffer) is always in the plan.
   o.undeclared_members = {"l1.weight"};
-  GK_CHECK_THROWS_WITH_SUBSTR(gk::ReloadEngine(*m, o).prepare(), gk::StateError,
+  gk::ReloadEngine engine(*m);
+  gk::testing::set_hooks(engine, o);
+  GK_CHECK_THROWS_WITH_SUBSTR(engine.prepare(), gk::StateError,
                               "names 'l1.weight', a parameter of its module: only a declared member");
-  // The plan is built by prepare(): a reload's own options cannot change the members it left out.
-  Rig<> rig(locks_undeclared());
-  gk::ReloadOptions other;
-  other.undeclared_members = {"l1.kernel_.locks_"};
-  GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(src, other), gk::StateError,
-                              "undeclared_members of a reload() call differ from the engine's");
+  // The plan is built by prepare(): hooks set later take effect at the next prepare().
+  Rig<> rig({}, 1, locks_undeclared());
+  gk::testing::set_hooks(*rig.engine, {});
+  CHECK(rig.engine->plan().undeclared() == locks_undeclared().undeclared_members);
+  rig.engine->prepare();
+  CHECK(rig.engine->plan().undeclared().empty());
 }
 
 TEST_CASE("reload() before prepare() and prepare() on bad declarations are clear errors") {
@@ -622,10 +621,11 @@ TEST_CASE("adopt_source_tensors: a matching source tensor becomes the parameter,
   // What l1's PWAL reads: the source's tensor itself, or a copy of it.
   const void* pwal_reads = nullptr;
   gk::ReloadOptions copying, adopt = adopting();
-  for (gk::ReloadOptions* o : {&copying, &adopt})
-    o->fault_hook = [&](std::string_view stage, const std::string& layer) {
-      if (stage == "pwal" && layer == "l1") pwal_reads = rig.model->l1->weight().data_ptr();
-    };
+  gk::testing::EngineHooks watch;
+  watch.fault = [&](gk::testing::Stage stage, const std::string& layer) {
+    if (stage == gk::testing::Stage::pwal && layer == "l1") pwal_reads = rig.model->l1->weight().data_ptr();
+  };
+  gk::testing::set_hooks(*rig.engine, watch);
 
   // The negative control: by default every tensor is copied into a fresh parameter.
   gk::InMemorySource copy_src(ck);
@@ -788,4 +788,142 @@ TEST_CASE("after_layer runs once per layer after its checks, in reload() and sta
   CHECK_THROWS_WITH_AS(rig.engine->stage(bad, o), "pacing gave up", std::runtime_error);
   CHECK(rig.engine->state() == gk::EngineState::ready);
   CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
+}
+
+namespace {
+// Parameters of every dtype the check reads bit by bit, in a plain module.
+class Dtypes : public torch::nn::Module {
+ public:
+  Dtypes() {
+    for (at::ScalarType t : kTypes)
+      register_parameter(name(t), at::zeros({3, 37}, at::TensorOptions().dtype(t)), /*requires_grad=*/false);
+  }
+  static std::string name(at::ScalarType t) { return std::string("w_") + c10::toString(t); }
+  static std::vector<gk::NamedTensor> weights(float v) {
+    std::vector<gk::NamedTensor> w;
+    for (at::ScalarType t : kTypes) w.push_back({name(t), at::full({3, 37}, v).to(t)});
+    return w;
+  }
+  static constexpr at::ScalarType kTypes[] = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
+                                              at::kFloat8_e4m3fn, at::kFloat8_e5m2};
+};
+}  // namespace
+
+TEST_CASE("non-finite checkpoint values are refused by name before PWAL, in every float dtype, unless allowed") {
+  SUBCASE("the first load: NaN, +inf and -inf anywhere in a tensor of each dtype") {
+    for (at::ScalarType t : Dtypes::kTypes) {
+      for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+        if (t == at::kFloat8_e4m3fn && std::isinf(bad)) continue;  // e4m3fn has no infinity (saturates to NaN)
+        for (std::int64_t at_element : {0, 36, 110}) {
+          CAPTURE(c10::toString(t));
+          CAPTURE(bad);
+          CAPTURE(at_element);
+          Dtypes m;
+          auto w = Dtypes::weights(1.0f);
+          for (auto& nt : w)
+            if (nt.name == Dtypes::name(t)) nt.value.reshape({-1})[at_element] = bad;
+          gk::InMemorySource src(w, "weights.safetensors");
+          const std::string msg = gk::testing::message_of<gk::WeightError>([&] { gk::load_weights(m, src); });
+          CHECK(msg.find("weight '" + Dtypes::name(t) + "' from weights.safetensors holds a non-finite value") !=
+                std::string::npos);
+          CHECK(msg.find(gk::detail::concat(" at element ", at_element, " of parameter")) != std::string::npos);
+          CHECK(msg.find("ReloadOptions::allow_non_finite") != std::string::npos);
+        }
+      }
+    }
+    // Finite extremes are not mistaken for infinity: the largest finite value of each dtype.
+    Dtypes m;
+    auto w = Dtypes::weights(1.0f);
+    for (auto& nt : w)
+      if (nt.value.is_floating_point())
+        nt.value.fill_(nt.value.scalar_type() == at::kFloat8_e4m3fn ? 448.0
+                       : nt.value.scalar_type() == at::kFloat8_e5m2 ? -57344.0
+                                                                     : -65504.0);
+    gk::InMemorySource ok(w);
+    CHECK_NOTHROW(gk::load_weights(m, ok));
+  }
+  SUBCASE("a reload and a stage refuse it, naming the checkpoint tensor of a fused parameter; nothing changes") {
+    Rig<FusedModel> rig(adopting(gk::ReloadMode::transactional));
+    const at::Tensor old = rig.replay();
+    for (bool staged : {false, true}) {
+      for (bool adopt : {false, true}) {
+        CAPTURE(staged);
+        CAPTURE(adopt);
+        auto ck = rig.model->checkpoint(1);
+        ck[1].value[4][2] = std::nan("");  // fused.k.weight, row 4 of 5: element 4 * 8 + 2 of k, 7 * 8 + 2 of qk
+        gk::ReloadOptions o = adopting(gk::ReloadMode::transactional);
+        o.adopt_source_tensors = adopt;
+        gk::InMemorySource src(ck);
+        const std::string msg = gk::testing::message_of<gk::WeightError>([&] {
+          if (staged)
+            (void)rig.engine->stage(src, o);
+          else
+            (void)rig.engine->reload(src, o);
+        });
+        CHECK(msg.find("weight 'fused.k.weight' from in-memory weights holds a non-finite value (nan at element 58 "
+                       "of parameter 'fused.qk' [8, 8])") != std::string::npos);
+        CHECK(rig.engine->state() == gk::EngineState::ready);
+        CHECK(equal_bits(rig.replay(), old));
+      }
+    }
+  }
+  SUBCASE("allowed: NaN weights are served, and the next good reload serves a fresh model's output") {
+    Rig<> rig;
+    auto ck = rig.model->checkpoint(1);
+    for (auto& nt : ck) nt.value.fill_(std::nan(""));
+    gk::ReloadOptions o;
+    o.allow_non_finite = true;
+    gk::InMemorySource src(ck);
+    const gk::ReloadReport r = rig.engine->reload(src, o);
+    CHECK(r.drift == 0);
+    CHECK(rig.replay().isnan().all().item<bool>());
+    rig.reload(2);
+    CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
+  }
+}
+
+// Note [Adopted tensors are hashed]. A write through a raw pointer moves no
+// version counter: before the content check the commit was accepted and
+// served the written parameter with the derived tensors of staging time.
+TEST_CASE("an adopted tensor written through a raw pointer between stage() and commit() makes the commit stale") {
+  Rig<FusedModel> rig;
+  const at::Tensor old = rig.replay();
+  auto whole = rig.model->whole(2);  // the fused parameter and scale.weight, both adoptable
+  auto poke = [&] {  // what a custom kernel or an optimizer's foreach step does: no counter moves
+    auto* p = static_cast<float*>(whole[0].value.data_ptr());
+    p[5] += 1.0f;
+  };
+  SUBCASE("negative: with the check off, the commit serves a mix that matches neither weight set") {
+    gk::ReloadOptions o = adopting(gk::ReloadMode::transactional);
+    o.check_adopted_content = false;
+    gk::InMemorySource src(whole);
+    gk::StagedReload staged = rig.engine->stage(src, o);
+    CHECK(staged.report().tensors_adopted == 2);
+    const std::int64_t version = whole[0].value._version();
+    poke();
+    CHECK(whole[0].value._version() == version);  // invisible to the version counter
+    CHECK_NOTHROW(rig.engine->commit(std::move(staged)));
+    const at::Tensor served = rig.replay();
+    CHECK_FALSE(equal_bits(served, fresh_fused_output(2, rig.input)));
+    CHECK_FALSE(equal_bits(served, old));
+  }
+  SUBCASE("positive: by default the commit is refused, naming the weight, and nothing changes") {
+    gk::InMemorySource src(whole);
+    gk::StagedReload staged = rig.engine->stage(src, adopting(gk::ReloadMode::transactional));
+    CHECK(staged.report().times.hash_ms > 0);
+    poke();
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->commit(std::move(staged)), gk::StateError,
+                                "weight 'fused.qk' was adopted from the source (ReloadOptions::adopt_source_tensors) "
+                                "and its bytes changed since staging (content hash ");
+    CHECK(rig.engine->state() == gk::EngineState::ready);
+    CHECK(equal_bits(rig.replay(), old));
+    staged.abort();
+    // Without a write the same commit goes through and equals a fresh model.
+    auto again = rig.model->whole(3);
+    gk::InMemorySource src3(again);
+    staged = rig.engine->stage(src3, adopting(gk::ReloadMode::transactional));
+    const gk::ReloadReport r = rig.engine->commit(std::move(staged));
+    CHECK(r.tensors_adopted == 2);
+    CHECK(equal_bits(rig.replay(), fresh_fused_output(3, rig.input)));
+  }
 }

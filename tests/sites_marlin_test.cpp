@@ -26,7 +26,7 @@ static_assert(kW4Table[1].path_equals("g_idx_sort_indices_") && kW4Table[1].role
 static_assert(kW4Table[2].path_equals("workspace_") && kW4Table[2].role.role == gk::Role::workspace &&
               kW4Table[2].role.effective_init() == gk::Init::zero);
 // (The negative tests treat that workspace as undeclared through
-// ReloadOptions::undeclared_members, an engine's choice at run time: the
+// gk::testing::EngineHooks::undeclared_members, an engine's choice at run time: the
 // class's declaration above stays what it is. See the test "site 5 Marlin
 // W4A16: treating the lock workspace as undeclared leaves the class's
 // declaration alone".)
@@ -306,9 +306,7 @@ void garbage_locks_then_reload(c10::Device dev) {
 // anyway times out.
 template <class Model>
 void locks_unprotected(c10::Device dev, const std::string& slot) {
-  gk::ReloadOptions opts;
-  opts.unprotected_slots = {slot};
-  sites::Rig<Model> rig(dev, opts);
+  sites::Rig<Model> rig(dev, {}, gk::testing::unprotect({slot}));
   const at::Tensor captured = rig.model->workspace();  // keeps the captured storage alive
   captured.fill_(kGarbage);
   sites::sync(dev);
@@ -322,7 +320,7 @@ void locks_unprotected(c10::Device dev, const std::string& slot) {
 }  // namespace
 
 // GPU child scenarios: reload with a member treated as undeclared
-// (ReloadOptions::undeclared_members), so the reload frees the captured
+// (gk::testing::EngineHooks::undeclared_members), so the reload frees the captured
 // tensor, then replay anyway.
 GK_TEST_CHILD(marlin_hidden_locks) {
   return sites::replay_after_hidden_reload_child<MarlinW4A16Model>("layer.kernel_.workspace_");
@@ -348,7 +346,7 @@ TEST_SUITE("cpu") {
   }
   TEST_CASE("site 5 Marlin W4A16: treating the lock workspace as undeclared leaves the class's declaration alone") {
     const std::string ws = "layer.kernel_.workspace_";
-    sites::Rig<MarlinW4A16Model> rig(sites::cpu(), sites::with_undeclared(ws));
+    sites::Rig<MarlinW4A16Model> rig(sites::cpu(), {}, sites::with_undeclared(ws));
     CHECK(rig.engine->plan().find_slot(ws) == nullptr);
     CHECK(rig.engine->plan().find_slot("layer.kernel_.g_idx_sort_indices_") != nullptr);
     // The collector reports it as not graph-visible, with the option as its reason.

@@ -216,7 +216,7 @@ const gk::PlannedSlot* find_slot(const gk::SlotPlan& plan, const std::string& na
 }
 
 // GPU child scenario: reload with `member` (a full slot name) treated as
-// undeclared (ReloadOptions::undeclared_members), so the reload frees the
+// undeclared (gk::testing::EngineHooks::undeclared_members), so the reload frees the
 // captured storage of the tensor `hidden` returns; then let the
 // caching allocator hand the freed block to new tensors filled with the byte
 // `fill` (as any other owner's data would be), replay anyway, as an engine
@@ -231,7 +231,7 @@ int replay_after_reuse_child(const std::string& member, const std::function<at::
   try {
     gk::ReloadOptions opts;
     opts.verify = false;
-    sites::Rig<Model> rig(sites::gpu(), sites::with_undeclared(member, opts));
+    sites::Rig<Model> rig(sites::gpu(), opts, sites::with_undeclared(member));
     std::uintptr_t begin = 0;
     int64_t bytes = 0;
     {

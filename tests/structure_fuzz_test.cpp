@@ -52,6 +52,8 @@
 // unprotected_slots (both end in a recapture, which has no fresh-model oracle).
 #include "gk_test.h"
 
+#include "engine/compare.h"
+
 #include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/capture/replay.h>
 
@@ -785,7 +787,7 @@ std::string check_invariant(Rig& rig, const at::Tensor& expected, bool& allowed)
   } catch (const std::exception& e) {
     return std::string("replay is allowed but threw: ") + e.what();
   }
-  if (!at::equal(rig.output, expected))
+  if (!demo::bitwise_equal(rig.output, expected))
     return "replay is allowed but differs from a fresh model loaded with the last committed weights\n    replay: " +
            values(rig.output) + "\n    fresh:  " + values(expected);
   g_counts["after: replay allowed and equal"] += 1;
@@ -805,10 +807,13 @@ Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::Name
   o.mode = op.mode;
   o.restore_in_place_writes = op.restore_in_place_writes;
   o.adopt_source_tensors = adopting();
+  gk::testing::EngineHooks hooks;
   if (!op.fault_stage.empty())
-    o.fault_hook = [stage = op.fault_stage, layer = op.fault_layer](std::string_view s, const std::string& l) {
-      if (s == stage && l == layer) throw std::runtime_error("injected fault at " + stage + "@" + layer);
+    hooks.fault = [stage = op.fault_stage, layer = op.fault_layer](gk::testing::Stage s, const std::string& l) {
+      if (gk::testing::to_string(s) == stage && l == layer)
+        throw std::runtime_error("injected fault at " + stage + "@" + layer);
     };
+  const gk::testing::ScopedHooks scoped(&engine, std::move(hooks));
   g_pwal = op.pwal;
   g_notes.clear();
   g_must_fail = false;
@@ -976,7 +981,7 @@ TEST_CASE("the oracle sees every declared slot: a stale value in any captured st
     sf::Rig rig(spec, w);
     const at::Tensor expected = sf::fresh_output(spec, w, rig.input);
     rig.graph.replay();
-    REQUIRE(at::equal(rig.output, expected));
+    REQUIRE(demo::bitwise_equal(rig.output, expected));
     for (const auto& l : rig.engine->plan().layers())
       for (const auto& s : l.slots) {
         if (!s.defined() || s.role.effective_init() == gk::Init::preserve) continue;  // scratch: never read before written
@@ -985,12 +990,12 @@ TEST_CASE("the oracle sees every declared slot: a stale value in any captured st
         const at::Tensor old = e.clone();
         e.add_(1);
         rig.graph.replay();
-        CHECK_FALSE(at::equal(rig.output, expected));
+        CHECK_FALSE(demo::bitwise_equal(rig.output, expected));
         e.copy_(old);
         ++slots;
       }
     rig.graph.replay();
-    CHECK(at::equal(rig.output, expected));
+    CHECK(demo::bitwise_equal(rig.output, expected));
   }
   MESSAGE("perturbed " << slots << " captured slots; each changed the replayed output");
 }

@@ -4,9 +4,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace demo {
 namespace {
@@ -16,6 +19,7 @@ using nlohmann::json;
 struct Reader {
   const json& j;
   std::string file;
+  std::string prefix = "";  // before each key in messages ("rope_scaling.")
 
   const json* find(const char* key) const {
     auto it = j.find(key);
@@ -24,11 +28,11 @@ struct Reader {
   template <class T>
   T get(const char* key) const {
     const json* v = find(key);
-    GK_CHECK(gk::WeightError, v != nullptr, file, ": the field '", key, "' is missing");
+    GK_CHECK(gk::WeightError, v != nullptr, file, ": the field '", prefix, key, "' is missing");
     try {
       return v->get<T>();
     } catch (const json::exception& e) {
-      GK_THROW(gk::WeightError, file, ": the field '", key, "' has the value ", v->dump(), ", which is not a ",
+      GK_THROW(gk::WeightError, file, ": the field '", prefix, key, "' has the value ", v->dump(), ", which is not a ",
                std::is_same_v<T, bool> ? "boolean" : std::is_floating_point_v<T> ? "number" : std::is_integral_v<T> ? "integer" : "string");
     }
   }
@@ -46,16 +50,68 @@ struct Reader {
       same = v->get<T>() == ok;
     } catch (const json::exception&) {
     }
-    GK_CHECK(gk::WeightError, same, file, ": unsupported value ", v->dump(), " of the field '", key, "' (",
-             why, "; the engine implements ", json(ok).dump(), ")");
+    GK_CHECK(gk::WeightError, same, file, ": unsupported value ", v->dump(), " of the field '", prefix, key, "' (",
+             why, "; the engine implements ", json(ok).dump(), "): the engine cannot serve this model");
   }
 };
+
+// config.json's rope_scaling as transformers 4.57 reads it
+// (modeling_rope_utils.py): the type from "rope_type" or the older "type",
+// the keys its computation requires. A type the engine does not implement
+// (yarn, longrope, ...) and a key the type does not use are refused: the
+// engine cannot tell what the model's authors meant by them.
+RopeScaling parse_rope_scaling(const json& field, const std::string& file) {
+  GK_CHECK(gk::WeightError, field.is_object(), file, ": the field 'rope_scaling' has the value ", field.dump(),
+           ", which is not an object: the engine cannot serve this model");
+  const Reader r{field, file, "rope_scaling."};
+  RopeScaling rs;
+  const json* rope_type = r.find("rope_type");
+  const json* legacy = r.find("type");
+  GK_CHECK(gk::WeightError, rope_type != nullptr || legacy != nullptr, file, ": the field 'rope_scaling' = ",
+           field.dump(), " has no 'rope_type' (nor 'type'): the engine cannot serve this model");
+  rs.type = r.get<std::string>(rope_type != nullptr ? "rope_type" : "type");
+  if (rope_type != nullptr && legacy != nullptr) {
+    GK_CHECK(gk::WeightError, r.get<std::string>("type") == rs.type, file, ": rope_scaling.rope_type '", rs.type,
+             "' and rope_scaling.type '", r.get<std::string>("type"), "' differ: the engine cannot serve this model");
+  }
+  std::vector<std::string> keys{"rope_type", "type"};
+  if (rs.type == "linear" || rs.type == "dynamic" || rs.type == "llama3") {
+    rs.factor = r.get<double>("factor");
+    GK_CHECK(gk::WeightError, std::isfinite(rs.factor) && rs.factor > 0, file, ": rope_scaling.factor is ", rs.factor,
+             "; it must be a positive number: the engine cannot serve this model");
+    keys.push_back("factor");
+  }
+  // transformers 4.57 accepts it for dynamic and computes without it (its scaling uses max_position_embeddings).
+  if (rs.type == "dynamic") keys.push_back("original_max_position_embeddings");
+  if (rs.type == "llama3") {
+    rs.low_freq_factor = r.get<double>("low_freq_factor");
+    rs.high_freq_factor = r.get<double>("high_freq_factor");
+    rs.original_max_position_embeddings = r.get<std::int64_t>("original_max_position_embeddings");
+    GK_CHECK(gk::WeightError, rs.low_freq_factor > 0 && rs.high_freq_factor > rs.low_freq_factor, file,
+             ": rope_scaling.low_freq_factor (", rs.low_freq_factor, ") and rope_scaling.high_freq_factor (",
+             rs.high_freq_factor, ") must satisfy 0 < low < high: the engine cannot serve this model");
+    GK_CHECK(gk::WeightError, rs.original_max_position_embeddings > 0, file,
+             ": rope_scaling.original_max_position_embeddings is ", rs.original_max_position_embeddings,
+             "; it must be positive: the engine cannot serve this model");
+    keys.insert(keys.end(), {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  }
+  GK_CHECK(gk::WeightError, rs.type == "default" || rs.type == "linear" || rs.type == "dynamic" || rs.type == "llama3",
+           file, ": unsupported rope_scaling.rope_type '", rs.type, "' = ", field.dump(),
+           " (the engine implements default, linear, dynamic and llama3): the engine cannot serve this model");
+  for (const auto& item : field.items()) {
+    if (item.value().is_null() || std::find(keys.begin(), keys.end(), item.key()) != keys.end()) continue;
+    GK_THROW(gk::WeightError, file, ": unsupported field 'rope_scaling.", item.key(), "' = ", item.value().dump(),
+             " (the engine's rope_type '", rs.type, "' has no such parameter): the engine cannot serve this model");
+  }
+  return rs;
+}
 
 at::ScalarType parse_dtype(const std::string& s, const std::string& file) {
   if (s == "float32") return at::kFloat;
   if (s == "bfloat16") return at::kBFloat16;
   if (s == "float16") return at::kHalf;
-  GK_THROW(gk::WeightError, file, ": unsupported torch_dtype '", s, "' (float32, bfloat16 or float16)");
+  GK_THROW(gk::WeightError, file, ": unsupported torch_dtype '", s,
+           "' (the engine implements float32, bfloat16 and float16): the engine cannot serve this model");
 }
 
 const char* dtype_name(at::ScalarType t) {
@@ -68,6 +124,17 @@ const char* dtype_name(at::ScalarType t) {
 }
 
 }  // namespace
+
+std::string RopeScaling::to_json() const {
+  if (type == "default") return "null";
+  json j{{"rope_type", type}, {"factor", factor}};
+  if (type == "llama3") {
+    j["low_freq_factor"] = low_freq_factor;
+    j["high_freq_factor"] = high_freq_factor;
+    j["original_max_position_embeddings"] = original_max_position_embeddings;
+  }
+  return j.dump();
+}
 
 std::int64_t HfConfig::num_parameters() const {
   const std::int64_t h = hidden_size, d = head_dim;
@@ -95,7 +162,8 @@ HfConfig read_hf_config(const std::string& dir) {
   HfConfig c;
   c.model_type = r.get<std::string>("model_type");
   GK_CHECK(gk::WeightError, c.model_type == "llama" || c.model_type == "qwen3" || c.model_type == "qwen3_moe", file,
-           ": unsupported model_type '", c.model_type, "' (the engine implements llama, qwen3 and qwen3_moe)");
+           ": unsupported model_type '", c.model_type,
+           "' (the engine implements llama, qwen3 and qwen3_moe): the engine cannot serve this model");
   c.vocab_size = r.get<std::int64_t>("vocab_size");
   c.hidden_size = r.get<std::int64_t>("hidden_size");
   c.num_hidden_layers = r.get<std::int64_t>("num_hidden_layers");
@@ -124,9 +192,10 @@ HfConfig read_hf_config(const std::string& dir) {
   r.require<bool>("use_sliding_window", false, "sliding-window attention");
   r.require<double>("attention_dropout", 0.0, "dropout at inference");
   r.require<std::int64_t>("pretraining_tp", 1, "tensor-parallel slicing of the pretraining");
-  if (const json* rs = r.find("rope_scaling"))
-    GK_THROW(gk::WeightError, file, ": unsupported field 'rope_scaling' = ", rs->dump(),
-             " (the engine implements plain RoPE; remove it or set it to null)");
+  r.require<double>("partial_rotary_factor", 1.0, "rotary embedding over part of each head");
+  if (const json* rs = r.find("rope_scaling")) c.rope_scaling = parse_rope_scaling(*rs, file);
+  GK_CHECK(gk::WeightError, c.max_position_embeddings > 0, file, ": the field 'max_position_embeddings' is ",
+           c.max_position_embeddings, "; it must be positive");
 
   if (c.is_moe()) {
     c.num_experts = r.get<std::int64_t>("num_experts");
@@ -140,7 +209,7 @@ HfConfig read_hf_config(const std::string& dir) {
     if (const json* dense = r.find("mlp_only_layers")) {
       GK_CHECK(gk::WeightError, dense->is_array() && dense->empty(), file,
                ": unsupported field 'mlp_only_layers' = ", dense->dump(),
-               " (the engine implements MoE on every layer)");
+               " (the engine implements MoE on every layer): the engine cannot serve this model");
     }
     c.intermediate_size = r.get<std::int64_t>("intermediate_size", 0);
   } else {
@@ -169,6 +238,7 @@ void write_hf_config(const HfConfig& c, const std::string& dir) {
          {"tie_word_embeddings", c.tie_word_embeddings},
          {"attention_bias", false},
          {"torch_dtype", dtype_name(c.dtype)}};
+  j["rope_scaling"] = json::parse(c.rope_scaling.to_json());
   if (c.is_moe()) {
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.num_experts_per_tok;

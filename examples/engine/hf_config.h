@@ -1,12 +1,15 @@
 // examples/engine/hf_config.h
 //
 // The architecture and sizes of a Hugging Face decoder, read from its
-// config.json. The engine supports the Llama / Qwen3 family and Qwen3-MoE;
-// anything that would change the computation and that the engine does not
-// implement (another model_type, attention or MLP biases, rope scaling,
-// sliding windows, shared experts, dense layers inside a MoE model, another
-// activation) is a gk::WeightError naming the file, the field and its value.
-// Fields that do not change the computation (token ids, architectures,
+// config.json. The engine supports the Llama / Qwen3 family and Qwen3-MoE,
+// with plain RoPE or the rope scalings "linear", "dynamic" and "llama3"
+// (Llama 3.1+) as transformers 4.57 computes them; anything that would
+// change the computation and that the engine does not implement (another
+// model_type, attention or MLP biases, another rope scaling, partial
+// rotary embeddings, sliding windows, shared experts, dense layers inside a
+// MoE model, another activation) is a gk::WeightError naming the file, the
+// field and its value, and saying the engine cannot serve the model. Fields
+// that do not change the computation (token ids, architectures,
 // transformers_version, ...) are ignored.
 //
 //   demo::HfConfig c = demo::read_hf_config("ckpt/step0");   // ckpt/step0/config.json
@@ -20,6 +23,19 @@
 
 namespace demo {
 
+// config.json's rope_scaling: how the rotary frequencies are scaled
+// (transformers' modeling_rope_utils.py; Note [Rope scaling as transformers
+// computes it] in llm.cpp). type "default" when the field is absent or null.
+struct RopeScaling {
+  std::string type = "default";  // "default", "linear", "dynamic" or "llama3"
+  double factor = 1.0;           // linear, dynamic, llama3
+  double low_freq_factor = 0, high_freq_factor = 0;     // llama3
+  std::int64_t original_max_position_embeddings = 0;   // llama3
+  bool operator==(const RopeScaling&) const = default;
+  // The field as config.json would give it ("null" for default).
+  std::string to_json() const;
+};
+
 struct HfConfig {
   std::string model_type;  // "llama", "qwen3" or "qwen3_moe"
   std::int64_t vocab_size = 0;
@@ -32,6 +48,7 @@ struct HfConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   std::int64_t max_position_embeddings = 0;
+  RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   at::ScalarType dtype = at::kFloat;  // torch_dtype / dtype
   // Qwen3-MoE

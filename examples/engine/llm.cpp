@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <limits>
+#include <numbers>
 
 namespace demo {
 namespace {
@@ -127,6 +128,14 @@ gk::CheckpointParam checkpoint_param(std::string_view layer, std::string_view pa
   return cp;
 }
 
+// The checkpoint tensors of `layer`'s parameter `param` under the module
+// path `prefix`, for messages: "model.layers.0.mlp.gate_proj.weight + model.layers.0.mlp.up_proj.weight".
+std::string checkpoint_names(const std::string& prefix, std::string_view layer, std::string_view param) {
+  std::string out;
+  for (const char* t : rule(layer, param).tensors) out += (out.empty() ? "" : " + ") + prefix + "." + t;
+  return out;
+}
+
 }  // namespace
 
 WeightFormat parse_weight_format(std::string_view name) {
@@ -144,10 +153,54 @@ std::string_view to_string(WeightFormat f) {
   }
 }
 
-RopeTables make_rope_tables(const HfConfig& c, int64_t max_len, c10::Device device) {
-  // transformers' default rope: inv_freq = 1 / theta^(2i / d), angles = position * inv_freq
+// Note [Rope scaling as transformers computes it]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// transformers 4.57's modeling_rope_utils.py, op for op in float32 on the
+// CPU (the same ATen kernels, with Python's scalars as the same doubles), so
+// the tables are bitwise transformers' (gk-hf-check compares them):
+//   default  inv_freq = 1 / theta^(arange(0, D, 2) / D)
+//   linear   inv_freq = default / factor
+//   dynamic  theta' = theta * (factor * s / M - (factor - 1))^(D / (D - 2)), s = max(seq_len, M)
+//            with M = max_position_embeddings; then as default with theta'.
+//            transformers recomputes it in the forward once a sequence grows
+//            past M; the engine's positions stay below M (its max_len is
+//            checked against M at start-up and on every reload), so s = M.
+//   llama3   wavelen = 2 pi / inv_freq (the default's); with L = original_max_position_embeddings,
+//            low = L / low_freq_factor, high = L / high_freq_factor:
+//            wavelen > low: inv_freq / factor; wavelen < high: unchanged;
+//            otherwise (1 - s) inv_freq / factor + s inv_freq, s = (L / wavelen - low_freq_factor)
+//                                                                   / (high_freq_factor - low_freq_factor)
+// Python's `a / tensor` is tensor.reciprocal() * a, and `1 - tensor` is
+// rsub; both are written that way here. attention_scaling is 1 for all four.
+namespace {
+at::Tensor rope_inv_freq(const HfConfig& c) {
+  const RopeScaling& rs = c.rope_scaling;
+  double theta = c.rope_theta;
+  if (rs.type == "dynamic") {
+    const double d = static_cast<double>(c.head_dim), m = static_cast<double>(c.max_position_embeddings);
+    theta = theta * std::pow(rs.factor * m / m - (rs.factor - 1), d / (d - 2));
+  }
   const at::Tensor exps = at::arange(0, c.head_dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(c.head_dim);
-  const at::Tensor inv_freq = at::reciprocal(at::pow(c.rope_theta, exps));
+  at::Tensor inv_freq = at::reciprocal(at::pow(theta, exps));
+  if (rs.type == "linear") inv_freq.div_(rs.factor);
+  if (rs.type == "llama3") {
+    const double low_wavelen = static_cast<double>(rs.original_max_position_embeddings) / rs.low_freq_factor;
+    const double high_wavelen = static_cast<double>(rs.original_max_position_embeddings) / rs.high_freq_factor;
+    const at::Tensor wavelen = inv_freq.reciprocal() * (2 * std::numbers::pi);
+    const at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq);
+    const at::Tensor smooth = (wavelen.reciprocal() * rs.original_max_position_embeddings - rs.low_freq_factor) /
+                              (rs.high_freq_factor - rs.low_freq_factor);
+    const at::Tensor smoothed = at::rsub(smooth, 1) * scaled / rs.factor + smooth * scaled;
+    const at::Tensor medium = at::logical_not(wavelen < high_wavelen) * at::logical_not(wavelen > low_wavelen);
+    inv_freq = at::where(medium, smoothed, scaled);
+  }
+  return inv_freq;
+}
+}  // namespace
+
+RopeTables make_rope_tables(const HfConfig& c, int64_t max_len, c10::Device device) {
+  // angles = position * inv_freq (Note [Rope scaling as transformers computes it])
+  const at::Tensor inv_freq = rope_inv_freq(c);
   const at::Tensor pos = at::arange(max_len, at::kLong).to(at::kFloat);
   const at::Tensor freqs = at::outer(pos, inv_freq);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
@@ -203,17 +256,22 @@ at::Tensor Fp8Weights::apply(const at::Tensor& x) const {
 // tests/hf/make_reference.py computes the same inside transformers.
 std::int64_t W4A16Weights::group_size(std::int64_t k) { return k < 128 ? k : 128; }
 
-void W4A16Weights::build(const at::Tensor& dense) {
+void W4A16Weights::check_input_size(int64_t k, const std::string& weight, const std::string& k_field) {
+  GK_CHECK(gk::WeightError, k % 8 == 0 && k % group_size(k) == 0, weight, ": the w4a16 format needs the input size K = ",
+           k, " (", k_field, ") to be a multiple of 8 and of its group size ", group_size(k),
+           ": the engine cannot serve this model in w4a16 (dense and fp8 can)");
+}
+
+void W4A16Weights::build(const at::Tensor& dense, const std::string& weight) {
   const int64_t n = dense.size(0), k = dense.size(1), g = group_size(k);
-  GK_CHECK(gk::WeightError, k % 8 == 0 && k % g == 0, "w4a16: K = ", k, " must be a multiple of 8 and of the group ",
-           g);
+  check_input_size(k, weight, "its columns");
   const at::Tensor w = dense.to(at::kFloat).view({n, k / g, g});
   const at::Tensor s = (w.abs().amax(-1) / 7.0).clamp_min(1e-12);                       // [N, G]
   const at::Tensor q = (w / s.unsqueeze(-1)).round().clamp(-8, 7).view({n, k}).to(at::kLong);
   const at::Tensor qweight = gk::quant::pack_int_rows((q + 8).t().contiguous(), 8, 4);  // [K/8, N]
   scales_ = s.t().contiguous();
   g_idx_ = at::floor_divide(at::arange(k, dense.options().dtype(at::kLong)), g).to(at::kInt).contiguous();
-  kernel_.emplace(qweight, g_idx_, gk::quant::MarlinSplitK{});
+  kernel_.emplace(qweight, g_idx_, gk::quant::MarlinSplitK{}, weight);
 }
 
 at::Tensor W4A16Weights::apply(const at::Tensor& x) const {
@@ -225,9 +283,14 @@ at::Tensor W4A16Weights::apply(const at::Tensor& x) const {
   return cast(kernel_->apply(cast(x, at::kFloat), scales_, g_idx_), x.scalar_type());
 }
 
+ProjectionWeights::ProjectionWeights(WeightFormat f, std::string weight, int64_t k, const std::string& k_field)
+    : format_(f), weight_(std::move(weight)) {
+  if (format_ == WeightFormat::w4a16) W4A16Weights::check_input_size(k, weight_, k_field);
+}
+
 void ProjectionWeights::build(const at::Tensor& dense) {
   if (format_ == WeightFormat::fp8) fp8_.build(dense);
-  if (format_ == WeightFormat::w4a16) w4a16_.build(dense);
+  if (format_ == WeightFormat::w4a16) w4a16_.build(dense, weight_);
 }
 
 at::Tensor ProjectionWeights::apply(const char* name, const at::Tensor& x, const at::Tensor& dense) const {
@@ -238,14 +301,15 @@ at::Tensor ProjectionWeights::apply(const char* name, const at::Tensor& x, const
   }
 }
 
-Attention::Attention(const HfConfig& c, c10::Device device, WeightFormat format)
-    : hidden_(c.hidden_size),
+Attention::Attention(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
+    : qkv_(format, checkpoint_names(prefix, "self_attn", "qkv_proj"), c.hidden_size, "hidden_size"),
+      o_(format, checkpoint_names(prefix, "self_attn", "o_proj"), c.num_attention_heads * c.head_dim,
+         "num_attention_heads * head_dim"),
+      hidden_(c.hidden_size),
       heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.head_dim),
       eps_(c.rms_norm_eps) {
-  qkv_ = ProjectionWeights(format);
-  o_ = ProjectionWeights(format);
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
   qkv_proj_ = register_parameter("qkv_proj", at::zeros({(heads_ + 2 * kv_heads_) * head_dim_, hidden_}, opts), false);
   o_proj_ = register_parameter("o_proj", at::zeros({hidden_, heads_ * head_dim_}, opts), false);
@@ -267,6 +331,20 @@ void Attention::process_weights_after_loading() {
   o_.build(o_proj_);
 }
 
+// Note [Stale KV rows]
+// ~~~~~~~~~~~~~~~~~~~~
+// Attention runs over the whole static cache of each token's sequence (one
+// shape for every step, as a captured graph needs) and masks the positions
+// past the token's own to probability 0. The rows there hold whatever an
+// earlier request, or a step served under earlier weights, wrote: NaN or Inf
+// after a NaN checkpoint. Weighting them 0 is not enough (0 * NaN = NaN in
+// probs @ V, and a NaN key makes a NaN score), so those rows are replaced by
+// 0 in the gathered keys and values before any arithmetic touches them, and
+// their scores are then set to -inf. Rows below the position are unchanged,
+// and each output sums the same products in the same order, so the logits
+// are bitwise those of an engine whose cache held zeros there; nothing has
+// to clear the cache (a reload leaves it alone). tests/online_engine_test.cpp
+// poisons every row with NaN and Inf and compares with a fresh engine.
 at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
                               const RopeTables& rope) {
   const at::Tensor qkv = qkv_.apply("qkv_proj", x, qkv_proj_);
@@ -298,13 +376,15 @@ at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, cons
     t[3].index_copy_(0, rows, k);
     t[4].index_copy_(0, rows, v);
     const int64_t S = t[3].size(0) / L, G = H / KV;
-    auto gather = [&](const at::Tensor& c) {  // [T, L, KV, D] -> [T, H, L, D] (head h reads kv head h / G)
-      return c.view({S, L, KV, D}).index_select(0, t[2]).unsqueeze(3).expand({T, L, KV, G, D}).reshape({T, L, H, D})
-          .permute({0, 2, 1, 3});
+    const at::Tensor future = at::arange(L, pos.options()).view({1, L}) > pos.view({T, 1});  // [T, L]
+    // Each token's sequence cache, its rows past the token's position set to
+    // 0 (Note [Stale KV rows]), [T, L, KV, D] -> [T, H, L, D] (head h reads kv head h / G).
+    auto gather = [&](const at::Tensor& c) {
+      return c.view({S, L, KV, D}).index_select(0, t[2]).masked_fill(future.view({T, L, 1, 1}), 0).unsqueeze(3)
+          .expand({T, L, KV, G, D}).reshape({T, L, H, D}).permute({0, 2, 1, 3});
     };
     const at::Tensor K = gather(t[3]), V = gather(t[4]);
     at::Tensor scores = at::matmul(q.unsqueeze(2), K.transpose(2, 3)) * scale;  // [T, H, 1, L]
-    const at::Tensor future = at::arange(L, pos.options()).view({1, L}) > pos.view({T, 1});
     scores = scores.masked_fill(future.view({T, 1, 1, L}), -std::numeric_limits<double>::infinity());
     const at::Tensor p = at::softmax(scores, -1, at::kFloat).to(dt);
     out[0].copy_(at::matmul(p, V).reshape({T, H * D}));
@@ -312,8 +392,11 @@ at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, cons
   return o_.apply("o_proj", a, o_proj_);
 }
 
-Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format)
-    : gate_up_(format), down_(format), hidden_(c.hidden_size), inter_(c.intermediate_size) {
+Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
+    : gate_up_(format, checkpoint_names(prefix, "mlp", "gate_up_proj"), c.hidden_size, "hidden_size"),
+      down_(format, checkpoint_names(prefix, "mlp", "down_proj"), c.intermediate_size, "intermediate_size"),
+      hidden_(c.hidden_size),
+      inter_(c.intermediate_size) {
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
   gate_up_proj_ = register_parameter("gate_up_proj", at::zeros({2 * inter_, hidden_}, opts), false);
   down_proj_ = register_parameter("down_proj", at::zeros({hidden_, inter_}, opts), false);
@@ -384,16 +467,17 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
   return to_dtype("moe_out", y, x.scalar_type());
 }
 
-DecoderLayer::DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format) : eps_(c.rms_norm_eps) {
+DecoderLayer::DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
+    : eps_(c.rms_norm_eps) {
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
   input_layernorm_ = register_module("input_layernorm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));
-  self_attn_ = register_module("self_attn", std::make_shared<Attention>(c, device, format));
+  self_attn_ = register_module("self_attn", std::make_shared<Attention>(c, device, format, prefix + ".self_attn"));
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));
   if (c.is_moe())
     moe_ = register_module("mlp", std::make_shared<SparseMoe>(c, device));
   else
-    mlp_ = register_module("mlp", std::make_shared<Mlp>(c, device, format));
+    mlp_ = register_module("mlp", std::make_shared<Mlp>(c, device, format, prefix + ".mlp"));
 }
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
@@ -411,7 +495,7 @@ CausalLM::CausalLM(const HfConfig& c, c10::Device device, WeightFormat format)
       "embed_tokens", std::make_shared<Plain>(std::vector<int64_t>{c.vocab_size, c.hidden_size}, opts));
   auto list = model->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layers_.push_back(std::make_shared<DecoderLayer>(c, device, format));
+    layers_.push_back(std::make_shared<DecoderLayer>(c, device, format, "model.layers." + std::to_string(i)));
     list->push_back(layers_.back());
   }
   norm_ = model->register_module("norm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));

@@ -109,9 +109,13 @@ class Fp8Weights {
 // gk::quant::MarlinW4A16Kernel.
 class W4A16Weights {
  public:
-  void build(const at::Tensor& dense);            // dense: [N, K]
+  // dense: [N, K]; `weight` names its checkpoint tensors (for messages).
+  void build(const at::Tensor& dense, const std::string& weight);
   at::Tensor apply(const at::Tensor& x) const;    // x [T, K] model dtype -> [T, N] model dtype
   static std::int64_t group_size(std::int64_t k);
+  // Refuses an input size K the format cannot group (a gk::WeightError
+  // naming `weight` and `k_field`, the config field K comes from).
+  static void check_input_size(std::int64_t k, const std::string& weight, const std::string& k_field);
 
  private:
   std::optional<gk::quant::MarlinW4A16Kernel> kernel_;
@@ -123,16 +127,21 @@ class W4A16Weights {
 // One projection's kernel-format weights in the run's format (nothing for dense).
 class ProjectionWeights {
  public:
-  explicit ProjectionWeights(WeightFormat f = WeightFormat::dense) : format_(f) {}
+  ProjectionWeights() = default;
+  // `weight`: the checkpoint tensors it is made of ("model.layers.0.mlp.down_proj.weight"),
+  // for messages; `k` its input size, which the config field(s) `k_field` give. A
+  // format that cannot take K is refused here, before any weight is read.
+  ProjectionWeights(WeightFormat f, std::string weight, std::int64_t k, const std::string& k_field);
   void build(const at::Tensor& dense);  // PWAL
   // y = x W^T in the run's format; `dense` is the checkpoint-format parameter.
   at::Tensor apply(const char* name, const at::Tensor& x, const at::Tensor& dense) const;
 
  private:
-  WeightFormat format_;
+  WeightFormat format_ = WeightFormat::dense;
+  std::string weight_;
   Fp8Weights fp8_;
   W4A16Weights w4a16_;
-  GRAPHKEEP_DESCRIBE(ProjectionWeights, format_, fp8_, w4a16_)
+  GRAPHKEEP_DESCRIBE(ProjectionWeights, format_, weight_, fp8_, w4a16_)
 };
 
 // Self-attention with fused QKV, Qwen3's per-head q/k norms (child modules
@@ -140,7 +149,8 @@ class ProjectionWeights {
 // KV cache, and o_proj.
 class Attention : public torch::nn::Module, public gk::ReloadableLayer {
  public:
-  Attention(const HfConfig& c, c10::Device device, WeightFormat format);
+  // prefix: the module's path ("model.layers.0.self_attn"), for messages.
+  Attention(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix);
   std::vector<gk::CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
   gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
@@ -165,7 +175,7 @@ class Attention : public torch::nn::Module, public gk::ReloadableLayer {
 // The SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up fused.
 class Mlp : public torch::nn::Module, public gk::ReloadableLayer {
  public:
-  Mlp(const HfConfig& c, c10::Device device, WeightFormat format);
+  Mlp(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix);
   std::vector<gk::CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
   gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
@@ -214,7 +224,7 @@ class SparseMoe : public torch::nn::Module, public gk::ReloadableLayer {
 
 class DecoderLayer : public torch::nn::Module {
  public:
-  DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format);
+  DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix);
   at::Tensor forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache, const RopeTables& rope);
 
  private:

@@ -36,8 +36,11 @@ std::unique_ptr<gk::HfCheckpointSource> open_checkpoint(const std::string& dir, 
   return src;
 }
 
-// A reload must bring the same architecture: compares what shapes the model.
-void check_same_architecture(const HfConfig& have, const HfConfig& next, const std::string& dir) {
+// A reload must bring the same architecture: compares what shapes the model,
+// and what the captured graphs hold derived from the config (the rotary
+// tables, positions up to max_len - 1).
+void check_same_architecture(const HfConfig& have, const HfConfig& next, const std::string& dir,
+                             std::int64_t max_len) {
   auto same = [&](const char* field, auto a, auto b) {
     GK_CHECK(gk::WeightError, a == b, dir, "/config.json: ", field, " is ", b, " but the served model has ", a,
              " (a reload keeps the architecture; start a new engine for another model)");
@@ -58,6 +61,14 @@ void check_same_architecture(const HfConfig& have, const HfConfig& next, const s
   same("num_experts_per_tok", have.num_experts_per_tok, next.num_experts_per_tok);
   same("moe_intermediate_size", have.moe_intermediate_size, next.moe_intermediate_size);
   same("norm_topk_prob", have.norm_topk_prob, next.norm_topk_prob);
+  same("rope_scaling", have.rope_scaling.to_json(), next.rope_scaling.to_json());
+  if (have.rope_scaling.type == "dynamic")  // its frequencies derive from it
+    same("max_position_embeddings", have.max_position_embeddings, next.max_position_embeddings);
+  // The start-up check (LlmEngine::start), for the new config.
+  GK_CHECK(gk::WeightError, max_len <= next.max_position_embeddings, dir, "/config.json: max_position_embeddings is ",
+           next.max_position_embeddings, ", below the engine's max_len ", max_len,
+           " (the KV cache and the rotary tables the graphs captured reach position ", max_len - 1,
+           "; start a new engine with a smaller max_len for this model)");
 }
 
 }  // namespace
@@ -126,7 +137,7 @@ void LlmEngine::start() {
   positions_ = at::zeros({max_batch}, longs);
   seqs_ = at::arange(max_batch, longs);
 
-  engine_ = std::make_unique<gk::ReloadEngine>(*model_, options_.reload);
+  engine_ = std::make_unique<gk::ReloadEngine>(*model_, gk::EngineOptions{options_.reload});
   engine_->prepare();
   for (std::size_t l = 0; l < caches_.size(); ++l) {
     engine_->add_static_io("kv_cache." + std::to_string(l) + ".k", caches_[l].k);
@@ -220,10 +231,10 @@ at::Tensor LlmEngine::decode(const at::Tensor& tokens, const at::Tensor& positio
   return it->logits.narrow(0, 0, n).to(at::kCPU).clone();
 }
 
-gk::ReloadReport LlmEngine::reload(const std::string& dir) { return reload(dir, engine_->options()); }
+gk::ReloadReport LlmEngine::reload(const std::string& dir) { return reload(dir, engine_->options().defaults); }
 
 gk::ReloadReport LlmEngine::reload(const std::string& dir, const gk::ReloadOptions& options) {
-  check_same_architecture(model_->config(), read_hf_config(dir), dir);
+  check_same_architecture(model_->config(), read_hf_config(dir), dir, options_.max_len);
   auto src = open_checkpoint(dir, *model_);
   return reload(*src, options);
 }
@@ -236,7 +247,7 @@ gk::ReloadReport LlmEngine::reload(gk::WeightSource& weights, const gk::ReloadOp
 }
 
 gk::StagedReload LlmEngine::stage(const std::string& dir) {
-  check_same_architecture(model_->config(), read_hf_config(dir), dir);
+  check_same_architecture(model_->config(), read_hf_config(dir), dir, options_.max_len);
   auto src = open_checkpoint(dir, *model_);
   return stage(*src);
 }
@@ -257,7 +268,7 @@ gk::StagedReload LlmEngine::stage(gk::WeightSource& src) {
 }
 
 gk::ReloadOptions LlmEngine::paced_stage_options() const {
-  gk::ReloadOptions o = engine_->options();
+  gk::ReloadOptions o = engine_->options().defaults;
   const double share = options_.stage_device_share;
   GK_CHECK(gk::StateError, share > 0 && share <= 1, "LlmEngineOptions::stage_device_share is ", share,
            "; it must be in (0, 1]");

@@ -82,13 +82,14 @@ class LlmEngine {
   at::Tensor decode_eager(const at::Tensor& tokens, const at::Tensor& positions);
 
   // Loads the model directory `dir` into the running engine. Its config must
-  // describe the same architecture (a differing field is a gk::WeightError
-  // naming it), and its tensors are checked against the model before any is
+  // describe the same architecture, rope scaling included, with
+  // max_position_embeddings at least max_len (else a gk::WeightError naming
+  // the field), and its tensors are checked against the model before any is
   // read; either error leaves the served weights untouched.
   gk::ReloadReport reload(const std::string& dir);
   gk::ReloadReport reload(const std::string& dir, const gk::ReloadOptions& options);
   // From any weight source with the checkpoint's names (no directory checks).
-  gk::ReloadReport reload(gk::WeightSource& weights) { return reload(weights, engine_->options()); }
+  gk::ReloadReport reload(gk::WeightSource& weights) { return reload(weights, engine_->options().defaults); }
   gk::ReloadReport reload(gk::WeightSource& weights, const gk::ReloadOptions& options);
   // Online reload (include/graphkeep/reload/staged_reload.h): stage() checks
   // `dir` as reload() does, then loads, processes and checks its weights into
@@ -105,6 +106,10 @@ class LlmEngine {
   gk::ReloadEngine& reload_engine() { return *engine_; }
   const HfConfig& config() const { return model_->config(); }
   const std::vector<std::int64_t>& batch_sizes() const { return options_.batch_sizes; }
+  // The KV cache, one per layer (the graphs' static I/O; tests write into it).
+  const std::vector<KvCache>& kv_caches() const { return caches_; }
+  // The rotary tables, [max_len, head_dim] float32 (static I/O as well).
+  const RopeTables& rope_tables() const { return rope_; }
   std::size_t num_graphs() const { return graphs_.size(); }
   double capture_ms() const { return capture_ms_; }
   // Captures every decode graph again (what an engine without graphkeep does

@@ -6,7 +6,7 @@
 // keeps a host-side copy of its config for logging.
 //
 // Compile with -DGK_MIGRATION_STEP=0, 1 or 2 (the tests do, see
-// examples/CMakeLists.txt):
+// tests/examples.cmake):
 //
 // Step 0, before graphkeep: the class has no descriptor. The layer that holds
 // it is described, so the registry refuses the layer:

@@ -14,6 +14,7 @@
 #include <graphkeep/capture/replay.h>
 
 #include "toy_model.h"
+#include "engine/compare.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -134,7 +135,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (s->engine->state() == gk::EngineState::ready) {
     s->graph.replay();
-    if (!at::equal(s->output, s->expected)) {
+    if (!demo::bitwise_equal(s->output, s->expected)) {
       if (verbose) std::cerr << "replay:\n" << s->output << "\nexpected:\n" << s->expected << "\n";
       bug("replay differs from the last committed weights");
     }
@@ -144,7 +145,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     gk::InMemorySource src(s->model->checkpoint(s->committed_step, 2));
     s->engine->reload(src);
     s->graph.replay();
-    if (!at::equal(s->output, s->expected)) bug("recovery reload did not restore the weights");
+    if (!demo::bitwise_equal(s->output, s->expected)) bug("recovery reload did not restore the weights");
   } else {
     bug("unexpected engine state");
   }

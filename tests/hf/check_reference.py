@@ -130,6 +130,10 @@ def main():
         step_dir = os.path.join(a.dir, f"step{k}")
         with open(os.path.join(step_dir, "config.json")) as f:
             cfg = json.load(f)
+        if cfg.get("rope_scaling"):
+            sys.exit(f"check_reference: {step_dir}/config.json has rope_scaling {cfg['rope_scaling']}; this "
+                     "re-implementation has plain RoPE only (gk-hf-check compares the engine's scaled rotary "
+                     "tables with transformers' instead)")
         w = load_checkpoint(step_dir)
         tokens = ref[f"step{k}.tokens"]
         logits = forward(cfg, w, tokens)

@@ -8,7 +8,8 @@ C++ engine that loads the same checkpoints can be checked against it.
 
     python3 tests/hf/make_reference.py --arch {llama,qwen3,qwen3_moe} --out DIR
         [--size tiny|small|medium] [--dtype float32|bfloat16] [--steps N] [--shard-size SIZE]
-        [--seed 0] [--warmup N] [--tied] [--device cpu|cuda] [--threads 1]
+        [--seed 0] [--warmup N] [--tied] [--rope linear|dynamic|llama3|llama3_8192]
+        [--device cpu|cuda] [--threads 1]
 
 Writes
     DIR/step{k}/   k = 0..steps: config.json, generation_config.json,
@@ -30,6 +31,12 @@ Writes
         step{k}.logits_f32        [B, T, V]    float32  bfloat16 runs only: the same checkpoint
                                                         computed in float32 (transformers' own
                                                         bfloat16 error, for comparison)
+        rope.cos, rope.sin        [P, D]       float32  the model's rotary tables (its rotary
+                                                        embedding's cos and sin, positions 0..P-1,
+                                                        P = max_position_embeddings)
+        rope.{name}.cos, .sin     [P, D]       float32  the same for DIR/rope/{name}/config.json:
+                                                        the model's config with the rope_scaling
+                                                        ROPE_PRESETS[name] (and none for "default")
         metadata: arch, size, dtype, steps, warmup, seed, tied, shard_size, transformers, torch
 
     The outputs of step k are computed by a model loaded back from DIR/step{k} with
@@ -121,6 +128,8 @@ def parse_args():
                    help="training updates before step 0 (default 0: step 0 is the random initialization, whose "
                         "logits are small, so relative differences there measure rounding noise more than the model)")
     p.add_argument("--tied", action="store_true", help="tie_word_embeddings=True (no lm_head.weight)")
+    p.add_argument("--rope", default=None, choices=sorted(ROPE_PRESETS),
+                   help="the model's rope_scaling, one of ROPE_PRESETS (default: none, plain RoPE)")
     p.add_argument("--device", default="cpu", help="torch device for the run (default cpu)")
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads (default 1: fastest for tiny models on a busy machine, "
@@ -150,14 +159,32 @@ def import_libs():
     return torch, safetensors.torch, transformers
 
 
-def make_config(transformers, arch, size, tied):
+# rope_scaling presets (transformers 4.57's modeling_rope_utils.py computes
+# them). llama3: with the tiny model's head_dim 16 and theta 1e4 the
+# wavelengths 2 pi / inv_freq are 6.3, 19.9, 62.8, ... 19869: the values below
+# (original context 8, below the 12 positions compared) leave the first
+# frequency unchanged, smooth the second and divide the rest by the factor;
+# llama3_8192 is Llama 3.1's own entry (one frequency of each kind as well).
+# dynamic is given with the older "type" key.
+ROPE_PRESETS = {
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"type": "dynamic", "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0.25, "high_freq_factor": 1.0,
+               "original_max_position_embeddings": 8},
+    "llama3_8192": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192},
+}
+
+
+def make_config(transformers, arch, size, tied, rope=None):
     s = SIZES[size]
     common = dict(
         vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
         num_hidden_layers=s["num_hidden_layers"], num_attention_heads=s["num_attention_heads"],
         num_key_value_heads=s["num_key_value_heads"], head_dim=s["head_dim"],
         intermediate_size=s["intermediate_size"], hidden_act="silu",
-        rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=256,
+        rope_scaling=dict(ROPE_PRESETS[rope]) if rope else None,
         attention_bias=False, attention_dropout=0.0, initializer_range=0.02,
         tie_word_embeddings=tied, use_cache=True,
         # No special tokens: greedy generation never stops early on an EOS and
@@ -279,7 +306,7 @@ def main():
     if os.path.exists(os.path.join(out, "reference.safetensors")):
         os.remove(os.path.join(out, "reference.safetensors"))
 
-    config = make_config(transformers, args.arch, args.size, args.tied)
+    config = make_config(transformers, args.arch, args.size, args.tied, args.rope)
     # The float32 master, random init under the seed (transformers' _init_weights:
     # Linear/Embedding ~ N(0, 0.02), RMSNorm weights 1).
     torch.manual_seed(args.seed)
@@ -374,9 +401,28 @@ def main():
         if first_logits is None:
             first_logits = logits
 
+    # The rotary tables, computed on the CPU in float32: the model's, and one
+    # per rope_scaling preset on a copy of its config (written next to the steps).
+    rotary_class = type(master.model.rotary_emb)
+    positions = config.max_position_embeddings
+
+    def rope_tables(cfg):
+        rotary = rotary_class(config=cfg)
+        x = torch.zeros(1, positions, cfg.head_dim, dtype=torch.float32)
+        cos, sin = rotary(x, torch.arange(positions)[None])
+        return cos[0].contiguous(), sin[0].contiguous()
+
+    refs["rope.cos"], refs["rope.sin"] = rope_tables(config)
+    shutil.rmtree(os.path.join(out, "rope"), ignore_errors=True)
+    for name in ["default"] + sorted(ROPE_PRESETS):
+        variant = make_config(transformers, args.arch, args.size, args.tied, None if name == "default" else name)
+        variant.save_pretrained(os.path.join(out, "rope", name))
+        refs[f"rope.{name}.cos"], refs[f"rope.{name}.sin"] = rope_tables(variant)
+
     meta = {
         "arch": args.arch, "size": args.size, "dtype": args.dtype, "steps": str(args.steps), "warmup": str(args.warmup),
         "seed": str(args.seed), "tied": str(args.tied).lower(), "shard_size": args.shard_size,
+        "rope": args.rope or "default",
         "B": str(B), "T": str(T), "prompt_len": str(PROMPT), "new_tokens": str(GEN),
         "transformers": transformers.__version__, "torch": torch.__version__,
     }

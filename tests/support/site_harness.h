@@ -19,13 +19,15 @@
 // negative_unprotected disables copy-back of one slot: the manifest must find
 // the drift, and the replay (reading the captured storage, which keeps the
 // old values) must differ from a fresh model. negative_undeclared treats one
-// declared member as undeclared (ReloadOptions::undeclared_members: the plan
+// declared member as undeclared (gk::testing::EngineHooks::undeclared_members: the plan
 // leaves it out, as if its class had declared it not graph-visible): the
 // manifest must flag it unknown at capture and expired or moved after the
 // reload.
 #pragma once
 
 #include "gk_test.h"
+
+#include "engine/compare.h"
 
 #include <graphkeep/reload/collector.h>
 #include <graphkeep/reload/reload_engine.h>
@@ -57,10 +59,12 @@ struct Rig {
   std::unique_ptr<gk::ReplayBackend> graph;
   std::unique_ptr<gk::ReloadEngine> engine;
 
-  explicit Rig(c10::Device dev, gk::ReloadOptions opts = {}) : device(dev), model(std::make_shared<Model>(dev)) {
+  explicit Rig(c10::Device dev, gk::ReloadOptions opts = {}, gk::testing::EngineHooks hooks = {})
+      : device(dev), model(std::make_shared<Model>(dev)) {
     gk::InMemorySource src(model->checkpoint(0));
     gk::load_weights(*model, src);
-    engine = std::make_unique<gk::ReloadEngine>(*model, opts);
+    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{opts});
+    gk::testing::set_hooks(*engine, std::move(hooks));
     engine->prepare();
     input = model->example_input(dev);
     engine->add_static_io("input", input);
@@ -106,8 +110,8 @@ at::Tensor fresh_output(c10::Device dev, int step, const at::Tensor& input) {
 
 inline bool same(const at::Tensor& a, const at::Tensor& b, bool bitwise) {
   if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
-  if (bitwise) return at::equal(a, b);
-  return at::allclose(a.to(at::kFloat), b.to(at::kFloat), 1e-3, 1e-3);
+  if (bitwise) return demo::bitwise_equal(a, b);
+  return demo::all_close(a.to(at::kFloat), b.to(at::kFloat), 1e-3, 1e-3);
 }
 
 // Capture, reload twice, replay: equal to a fresh model each time, with every
@@ -165,9 +169,7 @@ at::Tensor drift_caught(Rig<Model>& rig, const std::string& slot) {
 
 template <class Model>
 Rig<Model> rig_without_copy_back(c10::Device dev, const std::string& slot) {
-  gk::ReloadOptions opts;
-  opts.unprotected_slots = {slot};
-  return Rig<Model>(dev, opts);
+  return Rig<Model>(dev, {}, gk::testing::unprotect({slot}));
 }
 
 // Copy-back of `slot` disabled: the manifest finds the drift and refuses
@@ -192,20 +194,19 @@ void unprotected_drift_detected(c10::Device dev, const std::string& slot) {
   CHECK(same(replayed, fresh_output<Model>(dev, 1, rig.input), true));
 }
 
-// The options of a rig whose `member` (a full slot name) is treated as
+// The hooks of a rig whose `member` (a full slot name) is treated as
 // undeclared: left out of the plan, as if its class had declared it not
 // graph-visible.
-inline gk::ReloadOptions with_undeclared(const std::string& member, gk::ReloadOptions opts = {}) {
-  opts.undeclared_members = {member};
-  return opts;
+inline gk::testing::EngineHooks with_undeclared(const std::string& member) {
+  return gk::testing::undeclare({member});
 }
 
-// `member` treated as undeclared (ReloadOptions::undeclared_members):
+// `member` treated as undeclared (gk::testing::EngineHooks::undeclared_members):
 // unknown at capture, expired or moved after the reload. Replay is refused;
 // the test never replays freed memory in this process.
 template <class Model>
 void negative_undeclared(c10::Device dev, const std::string& member) {
-  Rig<Model> rig(dev, with_undeclared(member));
+  Rig<Model> rig(dev, {}, with_undeclared(member));
   CHECK(rig.engine->plan().find_slot(member) == nullptr);  // left out of the plan
   const gk::CaptureManifest* m = rig.engine->manifest(*rig.graph);
   REQUIRE(m != nullptr);
@@ -231,7 +232,7 @@ int replay_after_hidden_reload_child(const std::string& member) {
   try {
     gk::ReloadOptions opts;
     opts.verify = false;
-    Rig<Model> rig(gpu(), with_undeclared(member, opts));
+    Rig<Model> rig(gpu(), opts, with_undeclared(member));
     rig.reload(1);
     // churn the allocator so freed blocks are reused by other data
     std::vector<at::Tensor> churn;

@@ -45,7 +45,7 @@ inline void row_scale_cpu(const float* x, const float* q, const float* scale, co
 }
 
 // The kernel object PWAL rebuilds. The negative tests treat its lock
-// workspace as undeclared (ReloadOptions::undeclared_members) to show that the
+// workspace as undeclared (gk::testing::EngineHooks::undeclared_members) to show that the
 // capture manifest catches what the registry was told to ignore.
 class RowScaleKernel {
  public:

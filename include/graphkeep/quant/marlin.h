@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 namespace gk::quant {
 
@@ -58,6 +59,11 @@ at::Tensor marlin_make_workspace(int64_t locks, c10::Device device);
 at::Tensor pack_int_rows(const at::Tensor& vals, int64_t per_word, int64_t bits);
 at::Tensor unpack_int_rows(const at::Tensor& words, int64_t per_word, int64_t bits);
 
+// The kernels' constructors take `name`, optional: the checkpoint tensor
+// (or module path) they are built from, which their refusals name
+// ("model.layers.0.mlp.down_proj.weight"); without it they name the kernel
+// and its arguments only.
+
 // Split-K shape: output column tiles of `tile_n`, K cut into `slices`.
 struct MarlinSplitK {
   int64_t tile_n = 16;
@@ -74,7 +80,8 @@ class MarlinW4A16Kernel {
   MarlinW4A16Kernel() = default;
   // PWAL: qweight [K/8, N] int32 (GPTQ: input channel k is nibble k % 8 of
   // row k / 8, stored as value + 8), g_idx [K] int32.
-  MarlinW4A16Kernel(const at::Tensor& qweight, const at::Tensor& g_idx, MarlinSplitK split);
+  MarlinW4A16Kernel(const at::Tensor& qweight, const at::Tensor& g_idx, MarlinSplitK split,
+                    std::string_view name = {});
 
   // x: [M, K] float32; scales [G, N] and g_idx [K] are the layer's parameters.
   at::Tensor apply(const at::Tensor& x, const at::Tensor& scales, const at::Tensor& g_idx) const;
@@ -125,7 +132,8 @@ class MarlinFp8Kernel {
  public:
   MarlinFp8Kernel() = default;
   // PWAL: weight [N, K] float8_e4m3fn, weight_scale [N] float32.
-  MarlinFp8Kernel(const at::Tensor& weight, const at::Tensor& weight_scale, MarlinSplitK split);
+  MarlinFp8Kernel(const at::Tensor& weight, const at::Tensor& weight_scale, MarlinSplitK split,
+                  std::string_view name = {});
   at::Tensor apply(const at::Tensor& x) const;  // [M, K] -> [M, N]
   const at::Tensor& workspace() const { return workspace_; }
 
@@ -168,7 +176,7 @@ class MarlinFp4Kernel {
   // PWAL: weight [N, K/2] uint8 (channel 2j in the low nibble of byte j),
   // weight_scale [N, K/16] float8_e4m3fn, weight_scale_2 [1] float32.
   MarlinFp4Kernel(const at::Tensor& weight, const at::Tensor& weight_scale, const at::Tensor& weight_scale_2,
-                  MarlinSplitK split);
+                  MarlinSplitK split, std::string_view name = {});
   at::Tensor apply(const at::Tensor& x) const;  // [M, K] -> [M, N]
   const at::Tensor& workspace() const { return workspace_; }
 
@@ -211,7 +219,8 @@ class MarlinMoeKernel {
  public:
   MarlinMoeKernel() = default;
   // PWAL: w [E, K/8, N] int32 (GPTQ packing per expert), scales [E, K/gs, N].
-  MarlinMoeKernel(const at::Tensor& w, const at::Tensor& scales, int64_t group_size, MarlinSplitK split);
+  MarlinMoeKernel(const at::Tensor& w, const at::Tensor& scales, int64_t group_size, MarlinSplitK split,
+                  std::string_view name = {});
   // x: [M, K] float32, expert_ids: [M] int32 -> [M, N]
   at::Tensor apply(const at::Tensor& x, const at::Tensor& expert_ids) const;
   const at::Tensor& workspace() const { return workspace_; }

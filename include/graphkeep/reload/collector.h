@@ -9,7 +9,7 @@
 //     time, a container that grew after prepare());
 //   - tensors declared not graph-visible (listed with their reason, so a
 //     reviewer can check the claim), and the declared members a plan left
-//     out for ReloadOptions::undeclared_members (reported the same way);
+//     out for gk::testing::EngineHooks::undeclared_members (reported the same way);
 //   - opaque members and unregistered dynamic types, which it cannot see into.
 // It doubles as a lint: run lint_drift() after load and after reload, and
 // assert that it finds nothing.

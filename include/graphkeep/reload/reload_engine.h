@@ -40,6 +40,7 @@
 #pragma once
 
 #include <graphkeep/reload/errors.h>
+#include <graphkeep/reload/reload_options.h>
 #include <graphkeep/reload/report.h>
 #include <graphkeep/reload/slot_plan.h>
 #include <graphkeep/reload/staged_reload.h>
@@ -58,81 +59,16 @@ class Module;
 
 namespace gk {
 
+class ReloadEngine;
+namespace testing {
+struct EngineHooks;
+void set_hooks(ReloadEngine& engine, EngineHooks hooks);
+const EngineHooks& hooks(const ReloadEngine& engine);
+}  // namespace testing
+
 class ReplayBackend;
 class CaptureManifest;
 struct VerifyResult;
-
-enum class UnknownAddressPolicy { refuse, report };
-
-struct ReloadOptions {
-  ReloadMode mode = ReloadMode::streaming;
-  MismatchPolicy on_mismatch = MismatchPolicy::raise;
-  // Verify the capture manifests of tracked graphs after each reload.
-  bool verify = true;
-  // Treat a configuration value changed by PWAL as a mismatch.
-  bool check_configs = true;
-  // PWAL may write into captured tensors in place (a declared member it is
-  // handed, a buffer it does not load, a view of a parameter's storage).
-  // true: before each layer's PWAL, copy those captured storages, and write
-  // them back if the layer fails (memory: one layer's such storages in
-  // streaming mode, all of them in transactional mode). false: no copy; a
-  // layer that fails after its PWAL started marks the model inconsistent
-  // (replay refused until a reload succeeds). docs/reload.md, "Modes".
-  bool restore_in_place_writes = true;
-  // Adopt the source's tensors instead of copying them (Note [Adopting
-  // source tensors] in reload_engine.cpp). A checkpoint parameter that
-  // arrives as one tensor of exactly its shape, dtype and device, contiguous
-  // (one unsharded checkpoint tensor the layer does not load itself, or the
-  // whole parameter delivered under the parameter's name: weight_source.h)
-  // becomes that tensor for the reload: no load copy, no new storage. The
-  // commit then copies it straight into the captured storage, so a reload
-  // copies each byte once, as a plain load does. The source's tensors must
-  // not be written until reload() returns, or until the commit() of a
-  // stage(); one written since staging (its version counter moved) makes
-  // the commit stale. PWAL that writes a parameter in place would write the
-  // source's tensor: the reload throws gk::WeightError naming the weight
-  // (it caught the write through the version counter; a write through a raw
-  // pointer is not seen). Tensors not adoptable (another device or dtype,
-  // strided, an inference tensor, a view of a captured storage) are copied.
-  bool adopt_source_tensors = false;
-  // Full slot names whose copy-back is disabled: the fields keep PWAL's new
-  // tensors, as without graphkeep. For demonstrations and negative tests.
-  // Each must be a slot name (ReloadEngine::slot_names(); Note [Slot names]
-  // in slot_plan.h): an unknown one is a gk::StateError naming the closest.
-  std::vector<std::string> unprotected_slots;
-  // Full slot names of declared members to treat as if their class had
-  // declared them not graph-visible: prepare() leaves them out of the plan,
-  // so the graphs' reads of them are unknown addresses, as an undeclared
-  // tensor's would be (the collector and the capture manifest name them, with
-  // the role not_graph_visible). For negative tests and demonstrations only.
-  // Each must name a declared member's slot (not a parameter or buffer): an
-  // unknown one is a gk::StateError at prepare() naming the closest. Read by
-  // prepare() from the engine's options; a reload()'s own options must leave
-  // it empty or repeat it.
-  std::vector<std::string> undeclared_members;
-  // What track() does with a graph the manifest cannot vouch for (Note [Fail
-  // closed at capture] in reload_engine.cpp): refuse replay (default), or
-  // only report it in the manifest, for demonstrations and negative tests.
-  UnknownAddressPolicy on_unknown_address = UnknownAddressPolicy::refuse;
-  // Called at each stage with (stage, layer prefix); throwing from it injects
-  // a fault there. Stages: "detach", "load", "pwal", "check", "copy", "commit".
-  std::function<void(std::string_view stage, const std::string& layer)> fault_hook;
-  // Called on the reloading thread after each layer's PWAL and checks, with
-  // the layer's prefix, in reload() and stage(). An engine paces a stage()
-  // here: waiting in it leaves the device to the serving graphs for a while
-  // (the example engine's LlmEngineOptions::stage_device_share). Throwing
-  // from it fails the reload or the stage as a fault would.
-  std::function<void(const std::string& layer)> after_layer;
-  // Transactional mode only: called once after every layer is loaded, PWAL'd
-  // and checked and the completion gate passed, right before the first
-  // commit. Throwing from it aborts the reload with a full rollback (every
-  // layer keeps its old weights), like a fault at the "commit" stage; the
-  // exception propagates out of reload(). The distributed reload votes here
-  // (include/graphkeep/distributed/distributed.h). Not called in streaming mode.
-  // stage() calls it last, on the staging thread, once everything is staged
-  // and checked: throwing from it aborts the stage (nothing changed).
-  std::function<void()> before_commit;
-};
 
 enum class EngineState {
   unprepared,       // prepare() has not run
@@ -147,11 +83,13 @@ std::string_view to_string(EngineState s) noexcept;
 // checkpoint-format parameters, loads `source` through the layers' loaders
 // with the same completion gate and checks as a reload, and runs PWAL.
 // Nothing is captured yet, so nothing is copied back.
+// Of `options`, only allow_non_finite applies.
 ReloadReport load_weights(torch::nn::Module& model, WeightSource& source);
+ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const ReloadOptions& options);
 
 class ReloadEngine {
  public:
-  explicit ReloadEngine(torch::nn::Module& model, ReloadOptions options = {});
+  explicit ReloadEngine(torch::nn::Module& model, EngineOptions options = {});
   ~ReloadEngine();
   ReloadEngine(const ReloadEngine&) = delete;
   ReloadEngine& operator=(const ReloadEngine&) = delete;
@@ -164,7 +102,7 @@ class ReloadEngine {
   ReloadReport reload(WeightSource& source, const ReloadOptions& options);
 
   // Online reload (staged_reload.h; Note [Online reload threading] in
-  // reload_engine.cpp). stage() loads `source`, runs PWAL and every check
+  // reload/staged_reload.cpp). stage() loads `source`, runs PWAL and every check
   // reload() runs (completion gate, layouts, configurations) into new
   // storage and returns the staged tensors; it never writes a captured
   // storage, so another thread may keep replaying the captured graphs
@@ -173,8 +111,8 @@ class ReloadEngine {
   // the old values. Throws, changing nothing, on any error, and
   // gk::StateError while another staged reload of this engine is
   // outstanding or the engine is not ready. `options.mode` is ignored (a
-  // stage is transactional by nature); MismatchPolicy::needs_recapture and
-  // unprotected_slots are refused (use reload()).
+  // stage is transactional by nature); MismatchPolicy::needs_recapture is
+  // refused (use reload()).
   StagedReload stage(WeightSource& source);
   StagedReload stage(WeightSource& source, const ReloadOptions& options);
   // Commits a staged reload, on the serving thread between two replays:
@@ -196,13 +134,17 @@ class ReloadEngine {
   // none of the model's slots, or reads an address nothing owns (an
   // undeclared tensor, a raw allocation) stays tracked, the engine refuses
   // replay, and track() throws gk::DriftError naming each address's owner.
+  // The verdict lasts as long as the graph is tracked: every reload() and
+  // commit() then throws gk::DriftError and replay stays refused, until
+  // untrack() (or prepare() after a recapture). Note [Capture verdicts last]
+  // in reload/capture_tracking.cpp.
   void track(ReplayBackend& graph);
   // The same, given the forward `graph` was captured from: when the graph
   // reads raw addresses that nothing owns, track() captures `forward` once
   // more (graph.recapture(forward), same pool) and refuses only the raw
   // addresses the second capture reads again in the same kernel parameter
   // byte; the others were stale bytes (AddressClass::unstable). Note
-  // [Confirming raw addresses] in reload_engine.cpp. Prefer this overload on
+  // [Confirming raw addresses] in reload/capture_tracking.cpp. Prefer this overload on
   // CUDA: stale host bytes in kernel parameters can look like addresses.
   void track(ReplayBackend& graph, const std::function<void()>& forward);
   // Allows graphs to read [begin, begin + bytes) although no slot owns it: a
@@ -227,12 +169,14 @@ class ReloadEngine {
   void check_replay_allowed() const;
 
   const SlotPlan& plan() const;
-  const ReloadOptions& options() const noexcept;
+  const EngineOptions& options() const noexcept;
   torch::nn::Module& model() noexcept;
 
  private:
-  friend ReloadReport load_weights(torch::nn::Module& model, WeightSource& source);
+  friend ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const ReloadOptions& options);
   friend class StagedReload;
+  friend void testing::set_hooks(ReloadEngine& engine, testing::EngineHooks hooks);
+  friend const testing::EngineHooks& testing::hooks(const ReloadEngine& engine);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

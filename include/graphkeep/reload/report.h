@@ -31,6 +31,8 @@ struct PhaseTimes {
   double load_ms = 0;     // reading the source, buffering, materializing, loaders
   double pwal_ms = 0;     // process_weights_after_loading
   double check_ms = 0;    // layout and configuration checks
+  double finite_ms = 0;   // the non-finite weight check (ReloadOptions::allow_non_finite)
+  double hash_ms = 0;     // content hashes of adopted tensors (stage: at adoption; commit: in the pause)
   double copy_ms = 0;     // copy-back, re-pointing, init policies
   double verify_ms = 0;   // capture-manifest verification
   double total_ms = 0;

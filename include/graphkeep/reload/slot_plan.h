@@ -14,7 +14,7 @@
 //
 // For negative tests, build_slot_plan(model, {"layer.kernel_.workspace_"})
 // leaves declared members out as if their class had declared them not
-// graph-visible (ReloadOptions::undeclared_members).
+// graph-visible (gk::testing::EngineHooks::undeclared_members).
 #pragma once
 
 #include <graphkeep/registry/for_each_slot.h>
@@ -103,8 +103,8 @@ class SlotPlan {
   // member's path from the layer's registered root, with containers indexed
   // by position or key ("layers.0.mlp.kernel_.workspace_",
   // "moe.experts_[3].w13_"). Aliases of one slot are listed under the first
-  // path. These are the names ReloadOptions::unprotected_slots and
-  // ReloadOptions::undeclared_members take, and the ones errors and gk-slots
+  // path. These are the names gk::testing::EngineHooks::unprotected_slots and
+  // gk::testing::EngineHooks::undeclared_members take, and the ones errors and gk-slots
   // print.
   std::vector<std::string> slot_names() const;
   // The slot of that name, or nullptr.
@@ -113,7 +113,7 @@ class SlotPlan {
   std::vector<std::string> closest_slot_names(std::string_view name, std::size_t n = 3) const;
 
   // The full paths (every alias path) of the declared members that
-  // build_slot_plan left out because ReloadOptions::undeclared_members named
+  // build_slot_plan left out because gk::testing::EngineHooks::undeclared_members named
   // them. The collector reports the tensors at these paths as not graph-
   // visible (reason gk::kUndeclaredMemberReason), so the capture manifest
   // names them as undeclared tensors.
@@ -148,16 +148,16 @@ class SlotPlan {
 };
 
 // The reason the collector gives a member left out of the plan by
-// ReloadOptions::undeclared_members (its role is reported as not_graph_visible).
+// gk::testing::EngineHooks::undeclared_members (its role is reported as not_graph_visible).
 inline constexpr std::string_view kUndeclaredMemberReason =
-    "treated as undeclared by ReloadOptions::undeclared_members";
+    "treated as undeclared by gk::testing::EngineHooks::undeclared_members";
 
 // Walks `model` (modules, parameters, buffers, registered members) once and
 // records every graph-visible tensor. Raises gk::DeclarationError for a
 // declaration the model contradicts (a gk::parameter member that is no
 // parameter, a checkpoint param that names no parameter, ...).
 //
-// `undeclared` (ReloadOptions::undeclared_members, for negative tests): full
+// `undeclared` (gk::testing::EngineHooks::undeclared_members, for negative tests): full
 // slot names of declared members to leave out of the plan, as if their class
 // had declared them not graph-visible. Each is checked against the complete
 // plan first: a name that is no slot, or names a parameter or buffer, is a

@@ -1,0 +1,78 @@
+// graphkeep/reload/testing.h
+//
+// Hooks for tests and demonstrations: they make a ReloadEngine misbehave on
+// purpose, to show that a failure is real and that graphkeep catches it. A
+// product never sets them; they are kept apart from ReloadOptions so that no
+// per-call setting can switch a protection off.
+//
+//   gk::testing::EngineHooks h;
+//   h.fault = [](gk::testing::Stage s, const std::string& layer) {
+//     if (s == gk::testing::Stage::pwal && layer == "layers.3") throw std::runtime_error("injected");
+//   };
+//   gk::testing::set_hooks(engine, h);   // every later call of this engine
+//   gk::testing::set_hooks(engine, {});  // back to none
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gk {
+class ReloadEngine;
+}
+
+namespace gk::testing {
+
+// Where a reload can be made to fail (layer pipeline order).
+enum class Stage {
+  detach,  // snapshot checks, parameters detached from the captured storage
+  load,    // the layer's weights loaded
+  pwal,    // before process_weights_after_loading
+  check,   // layout and configuration checks
+  copy,    // before the layer's copy into the captured storage
+  commit,  // transactional: once per layer, after the completion gate, before any copy
+};
+std::string_view to_string(Stage s) noexcept;
+
+struct EngineHooks {
+  // Full slot names (ReloadEngine::slot_names()) whose copy-back reload()
+  // skips: the fields keep PWAL's new tensors, as without graphkeep, and the
+  // capture manifest then reports the drift. stage() is refused while any is
+  // set. Each must name a slot: an unknown one is a gk::StateError naming
+  // the closest (at set_hooks() on a prepared engine, else at prepare()).
+  std::vector<std::string> unprotected_slots;
+  // Full slot names of declared members that prepare() leaves out of the
+  // plan as if their class had declared them not graph-visible: the graphs'
+  // reads of them are unknown addresses, as an undeclared tensor's would be.
+  // Each must name a declared member's slot (not a parameter or buffer):
+  // an unknown one is a gk::StateError at prepare() naming the closest.
+  // Takes effect at the next prepare().
+  std::vector<std::string> undeclared_members;
+  // track() records a graph the manifest cannot vouch for (Note [Fail
+  // closed at capture]) and only reports it in the manifest, instead of
+  // refusing replay.
+  bool report_unknown_addresses = false;
+  // Called at each Stage with the layer's prefix, on the reloading thread;
+  // throwing from it injects a fault there.
+  std::function<void(Stage stage, const std::string& layer)> fault;
+};
+
+// Hooks that only leave `slots` out of copy-back, or only treat `members`
+// as undeclared.
+inline EngineHooks unprotect(std::vector<std::string> slots) {
+  EngineHooks h;
+  h.unprotected_slots = std::move(slots);
+  return h;
+}
+inline EngineHooks undeclare(std::vector<std::string> members) {
+  EngineHooks h;
+  h.undeclared_members = std::move(members);
+  return h;
+}
+
+// Installs `hooks` on `engine` for every later call (replacing any before).
+void set_hooks(ReloadEngine& engine, EngineHooks hooks);
+const EngineHooks& hooks(const ReloadEngine& engine);
+
+}  // namespace gk::testing

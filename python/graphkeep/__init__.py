@@ -1,0 +1,30 @@
+"""graphkeep for PyTorch: keep captured CUDA graphs valid across weight reloads.
+
+* :func:`collect` — every tensor a model reaches (parameters, buffers, and the
+  escaped tensors a loader's copy-back does not cover), with paths and storages.
+* :func:`audit` — the capture manifest of any ``torch.cuda.CUDAGraph`` captured
+  with ``keep_graph=True``: every address its kernels read, and who owns it;
+  :meth:`Manifest.verify` and :func:`guard` check it again after a reload.
+* :class:`LlmEngine` — the C++ example engine, with online reload from a Python
+  trainer: ``stage(state_dict)`` on one thread, ``commit(staged)`` on the serving one.
+* :class:`Error` and its subclasses — the C++ library's error family.
+"""
+
+import torch  # noqa: F401  (loads libtorch and libtorch_python before the extension)
+
+from .errors import (DeclarationError, DriftError, Error, InternalError, MismatchError, StateError,
+                     WeightError)
+from . import _C
+from .collector import CollectedTensor, Collection, collect
+from .audit import CLASSES, Manifest, VerifyIssue, VerifyResult, audit, build_manifest, guard, scan
+from .engine import LlmEngine, ReloadReport, StagedReload
+
+__version__ = "0.1.0"
+with_cuda: bool = _C.with_cuda
+"""Whether the extension was built with graphkeep's CUDA parts (the graph scan)."""
+
+__all__ = [
+    "CLASSES", "CollectedTensor", "Collection", "DeclarationError", "DriftError", "Error", "InternalError",
+    "LlmEngine", "Manifest", "MismatchError", "ReloadReport", "StagedReload", "StateError", "VerifyIssue",
+    "VerifyResult", "WeightError", "audit", "build_manifest", "collect", "guard", "scan", "with_cuda",
+]

@@ -1,0 +1,194 @@
+// graphkeep._C._LlmEngine: the example engine (examples/engine/llm_engine.h)
+// from Python, through its public header only. graphkeep/engine.py wraps it
+// (argument checks, generate(), docs).
+//
+// Note [The GIL around the engine]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every call into the engine releases the GIL once its arguments are C++
+// values (the tensors of a weight dict are unwrapped first, without a copy:
+// each at::Tensor shares the Python tensor's TensorImpl, so a trainer's
+// device tensors reach ReloadOptions::adopt_source_tensors as they are).
+// A trainer thread may then stage() while a serving thread decodes, as the
+// engine allows (Note [Online reload threading] in
+// reload/reload_engine.cpp); commit() belongs to the serving thread, between
+// two decode() calls. The engine is not for two decoding threads at once.
+#include "bindings.h"
+
+#include "engine/llm_engine.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <graphkeep/core/check.h>
+#include <graphkeep/reload/report.h>
+#include <graphkeep/reload/staged_reload.h>
+#include <graphkeep/sources/weight_source.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gkpy {
+namespace {
+
+// A weight dict's entries, unwrapped while the GIL is held.
+std::vector<gk::NamedTensor> named_tensors(const py::dict& weights) {
+  std::vector<gk::NamedTensor> out;
+  out.reserve(weights.size());
+  for (const auto& item : weights) {
+    GK_CHECK(gk::WeightError, py::isinstance<py::str>(item.first), "weight names must be str, not ",
+             std::string(py::str(py::type::of(item.first).attr("__name__"))));
+    const std::string name = item.first.cast<std::string>();
+    GK_CHECK(gk::WeightError, THPVariable_Check(item.second.ptr()), "weight '", name, "' is a ",
+             std::string(py::str(py::type::of(item.second).attr("__name__"))), ", not a torch.Tensor");
+    out.push_back({name, item.second.cast<at::Tensor>(), 0});
+  }
+  return out;
+}
+
+class Engine {
+ public:
+  Engine(const std::string& dir, const std::string& quant, const std::string& device,
+         std::optional<std::vector<std::int64_t>> batch_sizes, std::int64_t max_len, bool adopt,
+         std::optional<py::dict> weights) {
+    const demo::WeightFormat format = demo::parse_weight_format(quant);
+    const c10::Device dev(device);
+    demo::LlmEngineOptions options;
+    if (batch_sizes) options.batch_sizes = *batch_sizes;
+    options.max_len = max_len;
+    options.reload.adopt_source_tensors = adopt;
+    if (weights) {
+      gk::InMemorySource source(named_tensors(*weights), "weights handed over from Python");
+      py::gil_scoped_release nogil;
+      const demo::HfConfig cfg = demo::read_hf_config(dir);
+      engine_ = std::make_unique<demo::LlmEngine>(cfg, dev, format, source, options);
+    } else {
+      py::gil_scoped_release nogil;
+      engine_ = std::make_unique<demo::LlmEngine>(dir, dev, format, options);
+    }
+  }
+
+  demo::LlmEngine& get() { return *engine_; }
+
+ private:
+  std::unique_ptr<demo::LlmEngine> engine_;
+};
+
+py::dict config_dict(const demo::HfConfig& c) {
+  py::dict d;
+  d["model_type"] = c.model_type;
+  d["vocab_size"] = c.vocab_size;
+  d["hidden_size"] = c.hidden_size;
+  d["intermediate_size"] = c.intermediate_size;
+  d["num_hidden_layers"] = c.num_hidden_layers;
+  d["num_attention_heads"] = c.num_attention_heads;
+  d["num_key_value_heads"] = c.num_key_value_heads;
+  d["head_dim"] = c.head_dim;
+  d["tie_word_embeddings"] = c.tie_word_embeddings;
+  d["num_experts"] = c.num_experts;
+  d["dtype"] = py::cast(c.dtype);
+  return d;
+}
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  using gk::PhaseTimes;
+  using gk::ReloadReport;
+  py::class_<PhaseTimes>(m, "PhaseTimes", "Phase times of a reload, in milliseconds (gk::PhaseTimes).")
+      .def_readonly("detach_ms", &PhaseTimes::detach_ms)
+      .def_readonly("load_ms", &PhaseTimes::load_ms)
+      .def_readonly("pwal_ms", &PhaseTimes::pwal_ms)
+      .def_readonly("check_ms", &PhaseTimes::check_ms)
+      .def_readonly("copy_ms", &PhaseTimes::copy_ms)
+      .def_readonly("verify_ms", &PhaseTimes::verify_ms)
+      .def_readonly("total_ms", &PhaseTimes::total_ms)
+      .def_readonly("stage_ms", &PhaseTimes::stage_ms)
+      .def_readonly("commit_ms", &PhaseTimes::commit_ms);
+  py::class_<ReloadReport>(m, "ReloadReport", "What a reload, stage or commit did (gk::ReloadReport).")
+      .def_readonly("layers", &ReloadReport::layers)
+      .def_readonly("slots_tracked", &ReloadReport::slots_tracked)
+      .def_readonly("tensors_loaded", &ReloadReport::tensors_loaded)
+      .def_readonly("bytes_loaded", &ReloadReport::bytes_loaded)
+      .def_readonly("bytes_copied", &ReloadReport::bytes_copied)
+      .def_readonly("tensors_adopted", &ReloadReport::tensors_adopted)
+      .def_readonly("bytes_adopted", &ReloadReport::bytes_adopted)
+      .def_readonly("drift", &ReloadReport::drift)
+      .def_readonly("addresses_verified", &ReloadReport::addresses_verified)
+      .def_readonly("staged", &ReloadReport::staged)
+      .def_readonly("weight_version", &ReloadReport::weight_version)
+      .def_readonly("times", &ReloadReport::times)
+      .def("summary", &ReloadReport::summary)
+      .def("__repr__", [](const ReloadReport& r) { return "<ReloadReport " + r.summary() + ">"; });
+
+  py::class_<gk::StagedReload>(m, "_StagedReload")
+      .def_property_readonly("pending", &gk::StagedReload::pending)
+      .def_property_readonly("base_version", &gk::StagedReload::base_version)
+      .def_property_readonly("staged_bytes", &gk::StagedReload::staged_bytes)
+      .def_property_readonly("report", &gk::StagedReload::report, py::return_value_policy::copy)
+      .def("abort", &gk::StagedReload::abort, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<Engine>(m, "_LlmEngine")
+      .def(py::init<const std::string&, const std::string&, const std::string&,
+                    std::optional<std::vector<std::int64_t>>, std::int64_t, bool, std::optional<py::dict>>(),
+           py::arg("model_dir"), py::arg("quant"), py::arg("device"), py::arg("batch_sizes"), py::arg("max_len"),
+           py::arg("adopt_source_tensors"), py::arg("weights"))
+      .def("prefill",
+           [](Engine& e, std::int64_t seq, const at::Tensor& tokens) {
+             py::gil_scoped_release nogil;
+             return e.get().prefill(seq, tokens);
+           },
+           py::arg("seq"), py::arg("tokens"))
+      .def("decode",
+           [](Engine& e, const at::Tensor& tokens, const at::Tensor& positions, bool checked) {
+             py::gil_scoped_release nogil;
+             return e.get().decode(tokens, positions, checked);
+           },
+           py::arg("tokens"), py::arg("positions"), py::arg("checked") = true)
+      .def("decode_eager",
+           [](Engine& e, const at::Tensor& tokens, const at::Tensor& positions) {
+             py::gil_scoped_release nogil;
+             return e.get().decode_eager(tokens, positions);
+           },
+           py::arg("tokens"), py::arg("positions"))
+      .def("stage",
+           [](Engine& e, const py::dict& weights) {
+             gk::InMemorySource source(named_tensors(weights), "weights handed over from Python");
+             py::gil_scoped_release nogil;
+             return e.get().stage(source);
+           },
+           py::arg("weights"), py::keep_alive<0, 1>())
+      .def("stage",
+           [](Engine& e, const std::string& dir) {
+             py::gil_scoped_release nogil;
+             return e.get().stage(dir);
+           },
+           py::arg("model_dir"), py::keep_alive<0, 1>())
+      .def("commit",
+           [](Engine& e, gk::StagedReload& staged) {
+             py::gil_scoped_release nogil;
+             return e.get().commit(std::move(staged));
+           },
+           py::arg("staged"))
+      .def("reload",
+           [](Engine& e, const py::dict& weights) {
+             gk::InMemorySource source(named_tensors(weights), "weights handed over from Python");
+             py::gil_scoped_release nogil;
+             return e.get().reload(source);
+           },
+           py::arg("weights"))
+      .def("reload",
+           [](Engine& e, const std::string& dir) {
+             py::gil_scoped_release nogil;
+             return e.get().reload(dir);
+           },
+           py::arg("model_dir"))
+      .def_property_readonly("weight_version", [](Engine& e) { return e.get().weight_version(); })
+      .def_property_readonly("config", [](Engine& e) { return config_dict(e.get().config()); })
+      .def_property_readonly("batch_sizes", [](Engine& e) { return e.get().batch_sizes(); })
+      .def_property_readonly("num_graphs", [](Engine& e) { return e.get().num_graphs(); })
+      .def_property_readonly("capture_ms", [](Engine& e) { return e.get().capture_ms(); });
+}
+
+}  // namespace gkpy

@@ -1,0 +1,180 @@
+// reload/engine_impl.h: the ReloadEngine's state, shared by the files that
+// implement it (internal to the reload layer):
+//   reload_engine.cpp     construction, prepare(), reload(), state, accessors
+//   weight_stream.cpp     the expected tensors, the source stream, the completion gate
+//   layer_pipeline.cpp    per layer: detach, load, adopt, check, commit, rollback
+//   pwal_guard.cpp        what protects captured storage during PWAL (per pass)
+//   staged_reload.cpp     stage(), commit(), StagedReload
+//   capture_tracking.cpp  track(), untrack(), verification, capture verdicts
+#pragma once
+
+#include "layer_run.h"
+#include "pwal_guard.h"
+
+#include <graphkeep/core/stopwatch.h>
+#include <graphkeep/reload/manifest.h>
+#include <graphkeep/reload/reload_engine.h>
+#include <graphkeep/reload/testing.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace gk {
+
+// The expected checkpoint tensors, indexed by full name.
+struct Expected {
+  std::size_t layer, param, tensor;
+  std::size_t flat;  // index of this tensor within its layer's completion set
+  std::vector<std::int64_t> shard_shape;
+  at::ScalarType dtype;
+  std::int64_t num_shards;
+};
+// A whole parameter delivered under its own name (weight_source.h): it counts
+// as every checkpoint tensor of the parameter.
+struct ExpectedParam {
+  std::size_t layer, param;
+  std::vector<std::size_t> flats;  // its tensors' indices in the layer's completion set
+  std::vector<std::int64_t> shape;
+  at::ScalarType dtype;
+};
+
+inline bool same_storage_and_offset(const at::Tensor& a, const at::Tensor& b) {
+  return a.defined() && b.defined() && a.has_storage() && b.has_storage() &&
+         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
+         a.storage_offset() == b.storage_offset();
+}
+
+namespace detail {
+// What a StagedReload holds (staged_reload.h).
+struct StagedState {
+  ReloadEngine* engine = nullptr;  // null once the engine is destroyed
+  std::vector<LayerRun> runs;      // per layer: the staged (post-PWAL) tensors and configuration values
+  ReloadReport rep;
+  ReloadOptions options;
+  std::uint64_t base_version = 0, plan_generation = 0, graphs_generation = 0;
+  std::string dropped;  // why the engine dropped it (prepare(), the engine destroyed); empty otherwise
+  std::size_t bytes = 0;
+  bool done = false;  // committed or aborted
+};
+}  // namespace detail
+
+struct ReloadEngine::Impl {
+  torch::nn::Module& model;
+  EngineOptions options;
+  testing::EngineHooks hooks;
+  SlotPlan plan;
+  // Atomic: the serving thread reads it (replay_allowed) while stage() runs
+  // (Note [Online reload threading] in staged_reload.cpp).
+  std::atomic<EngineState> state{EngineState::unprepared};
+  // Written by the serving thread's calls, and by a stage() only under
+  // reason_mu (which check_replay_allowed() takes).
+  std::string reason;
+  mutable std::mutex reason_mu;
+  std::atomic<std::uint64_t> version{0};  // weight_version()
+  // Bumped by prepare() and by track()/untrack(): a staged reload checked
+  // against an older plan or set of graphs is stale.
+  std::uint64_t plan_generation = 0, graphs_generation = 0;
+  // The call that holds the engine now (nullptr: none), and the staged
+  // reload that is outstanding; both under op_mu.
+  std::mutex op_mu;
+  const char* busy = nullptr;
+  detail::StagedState* outstanding = nullptr;
+  // A failed stage() could not point every field back at its captured tensor
+  // (PWAL changed the object tree): the graphs still read untouched storage,
+  // but the next reload() must run as a recovery.
+  bool fields_unrestored = false;
+  std::unordered_map<std::string, Expected> expected;
+  std::unordered_map<std::string, ExpectedParam> expected_params;
+  std::vector<std::size_t> expected_per_layer;
+  struct Tracked {
+    ReplayBackend* graph;  // valid only while `alive` has not expired
+    std::weak_ptr<const void> alive;
+    CaptureManifest manifest;
+    // Why track() refused this graph (empty: it did not). The verdict lasts
+    // as long as the graph is tracked (Note [Capture verdicts last]).
+    std::string refused;
+  };
+  std::vector<Tracked> graphs;
+  std::vector<StaticBuffer> io;
+  std::vector<AddressRange> allowed;  // allow_address_range()
+
+  Impl(torch::nn::Module& m, EngineOptions o) : model(m), options(std::move(o)) {}
+
+  // --- reload_engine.cpp ------------------------------------------------------
+  // Calls the testing hook (testing.h) of `stage`, if any.
+  void fault(testing::Stage stage, const std::string& layer) const {
+    if (hooks.fault) hooks.fault(stage, layer);
+  }
+  // The testing hook: slot s is left out of copy-back.
+  bool unprotected(const PlannedSlot& s) const;
+  // Hooks that name slots must name real ones (a misspelt name would
+  // silently protect nothing less, or nothing more, than the caller meant).
+  void validate_hooks() const;
+  ReloadReport new_report(const ReloadOptions& o) const;
+  ReloadReport run_reload(WeightSource& source, const ReloadOptions& o, PwalGuard& guard);
+  // Rolls back every layer a failed reload (or stage) touched; false when
+  // something could not be restored.
+  bool rollback_all(std::vector<LayerRun>& runs, const ReloadOptions& o);
+  // After the weights were written: the new state, the weight version, the
+  // verification of the tracked graphs and their capture verdicts.
+  ReloadReport finish(ReloadReport& rep, const ReloadOptions& o, const Stopwatch& total, const PwalGuard& guard);
+  // Sets the state to inconsistent with `why` (under reason_mu: a stage()
+  // calls it while the serving thread may read the reason).
+  void refuse_replay(std::string why);
+
+  // --- weight_stream.cpp ------------------------------------------------------
+  void index_expected();
+  std::vector<LayerRun> new_runs() const;
+  // Everything before the commit: detach, then per layer load, PWAL, check
+  // (and in streaming mode its commit), the completion gate, and in
+  // transactional mode the "commit" faults and before_commit: the
+  // stage/commit boundary.
+  void run_until_commit(WeightSource& source, const ReloadOptions& o, PwalGuard& guard, std::vector<LayerRun>& runs,
+                        ReloadReport& rep, bool& any_committed);
+
+  // --- layer_pipeline.cpp -----------------------------------------------------
+  void snapshot_and_detach(LayerPlan& lp, LayerRun& run, const PwalGuard& guard);
+  void process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, const WeightSource& source,
+               PwalGuard& guard);
+  // `staged`: the commit of a StagedReload, whose caller ran the "copy"
+  // faults first and keeps no undo (Note [Online reload threading]).
+  void commit(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, const PwalGuard& guard,
+              bool staged = false);
+  // Points the layer's fields back at their captured storage and restores
+  // its values and configuration. Returns false when something could not be
+  // restored (the model is then inconsistent).
+  bool rollback(LayerPlan& lp, LayerRun& run);
+
+  // --- staged_reload.cpp ------------------------------------------------------
+  // Drops the outstanding staged reload, releasing its tensors; its commit()
+  // is then refused with `why`. The caller holds op_mu.
+  void drop_outstanding(std::string why, bool engine_gone);
+
+  // --- capture_tracking.cpp ---------------------------------------------------
+  // Drops the tracked graphs that were destroyed; returns their names.
+  std::vector<std::string> drop_destroyed();
+  // The verdicts of the tracked graphs track() refused, one per line.
+  std::string capture_refusals() const;
+  VerifyResult verify_all() const;
+  void untrack(const ReplayBackend& graph);
+
+  // Holds the engine for one call: refuses it while another call holds it
+  // (a stage() running on the staging thread) and, with refuse_outstanding,
+  // while a staged reload is outstanding. Note [Online reload threading].
+  class Busy {
+   public:
+    Busy(Impl& impl, const char* what, bool refuse_outstanding = false);
+    ~Busy();
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+
+   private:
+    Impl& impl_;
+  };
+};
+
+}  // namespace gk

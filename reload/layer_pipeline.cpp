@@ -1,0 +1,399 @@
+// The layer pipeline: per layer, detach the checkpoint-format parameters,
+// load the new weights (adopting the source's tensors where nothing could
+// tell), refuse non-finite values, run PWAL under the pass's guard (Note
+// [PWAL guards] in pwal_guard.h), check every slot's layout against the
+// captured one, copy the new values into the captured storage and point the
+// fields back at it; or roll all of that back.
+#include "engine_impl.h"
+#include "non_finite.h"
+#include "reload_internal.h"
+
+#include <graphkeep/core/check.h>
+#include <graphkeep/core/stopwatch.h>
+#include <graphkeep/reload/copy_slots.h>
+
+#include <torch/nn/module.h>
+
+#include <algorithm>
+
+namespace gk {
+namespace {
+
+at::Tensor find_param_or_buffer(torch::nn::Module& m, const std::string& name) {
+  at::Tensor t = detail::module_parameter(m, name);
+  if (!t.defined()) t = detail::module_buffer(m, name);
+  GK_INTERNAL_ASSERT(t.defined(), "no parameter or buffer '", name, "'");
+  return t;
+}
+
+const PlannedSlot* slot_named(const LayerPlan& lp, const std::string& local) {
+  for (const PlannedSlot& s : lp.slots)
+    if (s.kind != PlannedSlot::Kind::declared && s.local == local) return &s;
+  return nullptr;
+}
+
+// Throws gk::WeightError naming the first checkpoint tensor of the layer
+// that holds a NaN or an infinity (Note [Refusing non-finite weights] in
+// non_finite.cpp). Reads the checkpoint-format parameters, as loaded.
+void refuse_non_finite(LayerPlan& lp, const WeightSource& source) {
+  std::vector<at::Tensor> params;
+  params.reserve(lp.params.size());
+  for (const CheckpointParam& cp : lp.params) params.push_back(find_param_or_buffer(*lp.module, cp.param));
+  const std::vector<std::int64_t> first = detail::first_non_finite(params);
+  for (std::size_t pi = 0; pi < params.size(); ++pi) {
+    if (first[pi] < 0) continue;
+    const CheckpointParam& cp = lp.params[pi];
+    const at::Tensor& t = params[pi];
+    // The checkpoint tensor holding that element: they are concatenated
+    // along dim 0 (model/layer.h).
+    const std::int64_t row = t.dim() > 0 && t.size(0) > 0 ? first[pi] / (t.numel() / t.size(0)) : 0;
+    std::size_t ti = 0;
+    for (std::int64_t begin = 0; ti + 1 < cp.tensors.size(); ++ti) {
+      begin += cp.tensors[ti].shape.empty() ? 1 : cp.tensors[ti].shape.front();
+      if (row < begin) break;
+    }
+    const double value = t.reshape({-1})[first[pi]].item<double>();
+    const std::string name = cp.tensors.empty() ? lp.full_name(cp.param) : lp.full_name(cp.tensors[ti].name);
+    GK_THROW(WeightError, "weight '", name, "' from ", source.describe(), " holds a non-finite value (", value,
+             " at element ", first[pi], " of parameter '", lp.full_name(cp.param), "' ", t.sizes(),
+             "): refused, the served weights are unchanged. A diverged trainer writes such checkpoints; to serve "
+             "them anyway, set ReloadOptions::allow_non_finite");
+  }
+}
+
+
+// Note [Adopting source tensors]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A reload copies every byte twice: the load copies the source's tensor
+// into a fresh parameter, the commit copies PWAL's result into the
+// captured storage. Where PWAL leaves a parameter as it is (a bf16 weight
+// the kernels read directly) the first copy buys nothing when the source
+// already holds the bytes on the right device: a trainer on the same GPU
+// handing over its tensors. With ReloadOptions::adopt_source_tensors the
+// parameter *is* the source's tensor for the reload (set_data: every handle
+// the layer holds follows), PWAL reads it, and the commit copies it into
+// the captured storage once. Adopted only when nothing could tell the
+// difference from a copy:
+//   - the parameter arrives in one piece (one unsharded checkpoint tensor
+//     that the layer's load_weight() declined, or the whole parameter
+//     under its own name) with its exact shape, dtype and device;
+//   - contiguous, as a fresh parameter is (kernels may assume it);
+//   - not an inference tensor (it has no version counter, below);
+//   - not inside a captured storage (a source handing back the engine's
+//     own weights): PWAL writing it would write what the graphs read.
+// The hazard is a write: PWAL that scales or permutes its parameter in
+// place would write the trainer's tensor. Both version counters (the
+// source tensor's, shared with its views and detach(), and the
+// parameter's own, which set_data keeps) are recorded at adoption and
+// compared after PWAL: a write is a gk::WeightError naming the weight
+// (the values were already written; the error says so, and the reload
+// stops before anything reaches the captured storage of that layer). A
+// write through a raw pointer (a custom kernel, .data, from_blob) moves no
+// counter and is not seen: adopt only for models whose PWAL leaves its
+// inputs alone. For a stage(), the source's tensors are held until the
+// commit; one whose counter moved since (the trainer stepped) makes the
+// commit stale.
+bool try_adopt(const SlotPlan& plan, const LayerPlan& lp, LayerRun& run, const LayerRun::Pending& p, at::Tensor& param,
+               c10::Device device, ReloadReport& rep) {
+  const CheckpointParam& cp = lp.params[p.param];
+  const at::Tensor& v = p.value;
+  if (v.device() != device || v.scalar_type() != cp.dtype() || !v.sizes().equals(cp.shape()) ||
+      !v.is_contiguous() || v.is_inference() || v.nbytes() == 0)
+    return false;
+  const auto begin = reinterpret_cast<std::uintptr_t>(v.data_ptr());
+  if (plan.find_owner(begin) || plan.find_owner(begin + v.nbytes() - 1)) return false;
+  param.set_data(v.detach());
+  run.adopted.push_back({v, param, v._version(), param._version(), p.name});
+  rep.tensors_adopted += 1;
+  rep.bytes_adopted += v.nbytes();
+  return true;
+}
+
+
+void check(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+  std::vector<std::string> problems, paths;
+  run.current.assign(lp.slots.size(), at::Tensor());
+  run.mismatched.assign(lp.slots.size(), 0);
+  for (std::size_t i = 0; i < lp.slots.size(); ++i) {
+    const PlannedSlot& s = lp.slots[i];
+    at::Tensor cur;
+    std::vector<std::string> diff;
+    if (s.kind == PlannedSlot::Kind::declared) {
+      at::Tensor* field = s.paths.front().resolve_tensor(lp.root.ptr);
+      if (field == nullptr) {
+        const std::size_t at = s.paths.front().broken_at(lp.root.ptr);
+        diff.push_back(concat("path no longer resolves after PWAL (the object tree changed shape at step ", at + 1,
+                           " of ", s.paths.front().depth(), ")"));
+      } else {
+        cur = *field;
+      }
+    } else {
+      cur = detail::module_tensor(*lp.module, s);
+      if (!cur.defined() && s.defined()) diff.push_back("was removed by PWAL");
+    }
+    if (diff.empty()) diff = detail::layout_differences(s, cur);
+    // aliases must still share one storage region
+    for (std::size_t a = s.kind == PlannedSlot::Kind::declared ? 1 : 0; diff.empty() && a < s.paths.size(); ++a) {
+      at::Tensor* f = s.paths[a].resolve_tensor(lp.root.ptr);
+      if (f == nullptr || (cur.defined() && !same_region(*f, cur)))
+        diff.push_back(concat("alias ", lp.full_name(s.paths[a].str()), " no longer shares storage with it"));
+    }
+    if (!diff.empty()) {
+      std::string d;
+      for (const auto& x : diff) d += (d.empty() ? "" : ", ") + x;
+      problems.push_back(concat(s.name, ": ", d));
+      paths.push_back(s.name);
+      run.mismatched[i] = 1;
+      continue;
+    }
+    run.current[i] = detail::storage_view(cur);
+  }
+  if (o.check_configs) {
+    for (std::size_t c = 0; c < lp.configs.size(); ++c) {
+      const PlannedConfig& pc = lp.configs[c];
+      void* p = pc.path.resolve(lp.root.ptr);
+      if (p == nullptr) {
+        problems.push_back(concat(pc.name, ": configuration path no longer resolves after PWAL"));
+        paths.push_back(pc.name);
+      } else if (const void* before = run.configs[c] != nullptr ? run.configs[c].get() : pc.captured.get();
+                 !pc.ops->equal(p, before)) {
+        problems.push_back(concat(pc.name, ": configuration value changed ", pc.ops->repr(before), " -> ",
+                               pc.ops->repr(p), " (a captured kernel may have taken it by value)"));
+        paths.push_back(pc.name);
+      }
+    }
+  }
+  if (problems.empty()) return;
+  if (o.on_mismatch == MismatchPolicy::raise) {
+    std::string msg = concat("PWAL of layer '", lp.prefix, "' changed ", problems.size(),
+                          " captured slot(s); the captured graphs cannot be kept (recapture, or reload with "
+                          "MismatchPolicy::needs_recapture):");
+    for (const auto& p : problems) msg += "\n  " + p;
+    ::gk::detail::fail<MismatchError>(__func__, __FILE__, __LINE__, std::move(msg), std::move(paths));
+  }
+  rep.needs_recapture = true;
+  rep.mismatched.insert(rep.mismatched.end(), paths.begin(), paths.end());
+}
+
+
+// Points every location of slot s back at its captured storage.
+void repoint(LayerPlan& lp, const PlannedSlot& s) {
+  const at::Tensor& C = s.captured;
+  std::size_t first_path_location = 0;
+  if (s.kind != PlannedSlot::Kind::declared) {
+    at::Tensor P = detail::module_tensor(*lp.module, s);
+    if (P.defined() && C.defined() && !same_region(P, C)) P.set_data(C);
+    const at::Tensor& orig = s.originals.front();
+    if (orig.defined() && C.defined() && !orig.is_same(P) && !same_region(orig, C)) orig.set_data(C);
+    first_path_location = 1;
+  }
+  for (std::size_t a = 0; a < s.paths.size(); ++a) {
+    at::Tensor* field = s.paths[a].resolve_tensor(lp.root.ptr);
+    if (field == nullptr) continue;  // reported by check()
+    const at::Tensor& orig = s.originals[first_path_location + a];
+    if (orig.defined() && C.defined() && !same_region(orig, C)) orig.set_data(C);
+    *field = orig;
+  }
+}
+
+}  // namespace
+
+void ReloadEngine::Impl::snapshot_and_detach(LayerPlan& lp, LayerRun& run, const PwalGuard& guard) {
+  fault(testing::Stage::detach, lp.prefix);
+  // The slots must still point at their captured storage: anything else is
+  // drift that happened outside a reload.
+  // After a failed reload left the model inconsistent, a path may not
+  // resolve (PWAL changed the object tree): this reload's PWAL rebuilds it,
+  // and check() reports it if it still does not resolve.
+  const bool recovering = state == EngineState::inconsistent || fields_unrestored;
+  for (const PlannedSlot& s : lp.slots) {
+    if (!guard.captured() || !s.defined()) continue;
+    at::Tensor cur;
+    if (s.kind == PlannedSlot::Kind::declared) {
+      const at::Tensor* field = s.paths.front().resolve_tensor(lp.root.ptr);
+      if (field == nullptr) {
+        GK_CHECK(DriftError, recovering, s.name,
+                 " no longer resolves before the reload started (the object tree changed shape at step ",
+                 s.paths.front().broken_at(lp.root.ptr) + 1, " of ", s.paths.front().depth(),
+                 " outside a reload); the captured graphs read stale memory: recapture and prepare() again");
+        continue;
+      }
+      cur = *field;
+    } else {
+      cur = detail::module_tensor(*lp.module, s);
+    }
+    GK_CHECK(DriftError, same_storage_and_offset(cur, s.captured), s.name,
+             " no longer points at its captured storage before the reload started (something re-pointed it "
+             "outside a reload); the captured graphs read stale memory: recapture and prepare() again");
+  }
+  run.configs.clear();
+  for (const PlannedConfig& c : lp.configs) {
+    void* p = c.path.resolve(lp.root.ptr);
+    GK_CHECK(DriftError, p != nullptr || recovering, "configuration value ", c.name,
+             " no longer resolves before the reload started (the object tree changed outside a reload): "
+             "recapture and prepare() again");
+    run.configs.push_back(p != nullptr ? c.ops->copy(p) : nullptr);
+  }
+  // Detach the checkpoint-format parameters from the captured storage (the
+  // C++ counterpart of vLLM's move to the meta device: libtorch's set_data
+  // cannot change a dense tensor's device, so an empty placeholder on the
+  // same device holds no memory and fails loudly if anything reads it).
+  for (const CheckpointParam& cp : lp.params) {
+    at::Tensor t = find_param_or_buffer(*lp.module, cp.param);
+    t.set_data(at::empty({0}, t.options().requires_grad(false)));
+  }
+  run.detached = true;
+}
+
+
+void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep,
+                                 const WeightSource& source, PwalGuard& guard) {
+  {
+    ScopedMsTimer t(rep.times.load_ms);
+    fault(testing::Stage::load, lp.prefix);
+    // Materialize fresh checkpoint-format parameters (each right before
+    // its first load, so an adopted one holds no new storage) and replay
+    // the loads, adopting what can be adopted (Note [Adopting source tensors]).
+    const std::size_t n = lp.params.size();
+    std::vector<at::Tensor> targets(n);
+    std::vector<char> materialized(n, 0);
+    auto handle = [&](std::size_t pi) -> at::Tensor& {
+      if (!targets[pi].defined()) targets[pi] = find_param_or_buffer(*lp.module, lp.params[pi].param);
+      return targets[pi];
+    };
+    auto device_of = [&](std::size_t pi) {
+      const PlannedSlot* s = slot_named(lp, lp.params[pi].param);
+      return s != nullptr && s->defined() ? s->device : handle(pi).device();
+    };
+    auto materialize = [&](std::size_t pi) -> at::Tensor& {
+      at::Tensor& t = handle(pi);
+      if (!materialized[pi]) {
+        const CheckpointParam& cp = lp.params[pi];
+        t.set_data(at::empty(cp.shape(), at::TensorOptions().dtype(cp.dtype()).device(device_of(pi))));
+        materialized[pi] = 1;
+      }
+      return t;
+    };
+    const bool adopt = guard.captured() && o.adopt_source_tensors;
+    for (LayerRun::Pending& p : run.pending) {
+      const CheckpointParam& cp = lp.params[p.param];
+      if (p.tensor == kWholeParam) {  // the parameter as its loaders would fill it
+        if (!(adopt && try_adopt(plan, lp, run, p, handle(p.param), device_of(p.param), rep)))
+          materialize(p.param).copy_(p.value);
+        materialized[p.param] = 1;
+        continue;
+      }
+      // The layer's own loader first (it needs its target materialized); a
+      // plain module has none, so its parameter is adopted before allocating.
+      if (lp.layer != nullptr && lp.layer->load_weight({cp, p.tensor, p.shard, p.value, materialize(p.param)}))
+        continue;
+      const bool whole = cp.tensors.size() == 1 && cp.tensors.front().num_shards == 1;
+      if (adopt && whole && try_adopt(plan, lp, run, p, handle(p.param), device_of(p.param), rep)) {
+        materialized[p.param] = 1;
+        continue;
+      }
+      default_load({cp, p.tensor, p.shard, p.value, materialize(p.param)});
+    }
+    for (std::size_t pi = 0; pi < n; ++pi) materialize(pi);
+    run.pending.clear();
+  }
+  guard.after_load(run, o, rep);
+  if (!o.allow_non_finite) {
+    ScopedMsTimer t(rep.times.finite_ms);
+    refuse_non_finite(lp, source);
+  }
+  // PWAL may write into the captured tensors it can reach (declared
+  // members, buffers it does not load, views of a parameter's storage):
+  // Note [Undo by storage], Note [PWAL guards].
+  guard.before_pwal(lp, run, o);
+  {
+    ScopedMsTimer t(rep.times.pwal_ms);
+    fault(testing::Stage::pwal, lp.prefix);
+    if (lp.layer != nullptr) lp.layer->process_weights_after_loading();
+    for (const LayerRun::Adopted& a : run.adopted)
+      GK_CHECK(WeightError, a.value._version() == a.value_version && a.param._version() == a.param_version,
+               "PWAL of layer '", lp.prefix, "' wrote weight '", a.name,
+               "' in place, but the reload had adopted that tensor from the source instead of copying it "
+               "(ReloadOptions::adopt_source_tensors): the source's tensor now holds PWAL's output, not the "
+               "checkpoint's values. The reload stops here; reload this model with adopt_source_tensors off, "
+               "from a source that still holds the checkpoint's values");
+  }
+  if (guard.captured()) {
+    ScopedMsTimer t(rep.times.check_ms);
+    fault(testing::Stage::check, lp.prefix);
+    check(lp, run, o, rep);
+    guard.after_check(lp, run);
+  }
+  run.phase = LayerRun::Phase::processed;
+  if (guard.captured() && o.after_layer) o.after_layer(lp.prefix);
+}
+
+void ReloadEngine::Impl::commit(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep,
+                                const PwalGuard& guard, bool staged) {
+  if (!guard.captured()) {
+    run.phase = LayerRun::Phase::committed;
+    return;
+  }
+  ScopedMsTimer t(rep.times.copy_ms);
+  if (!staged) fault(testing::Stage::copy, lp.prefix);
+  // Transactional: every captured storage this commit writes is saved
+  // first, so a later failure can undo it (Note [Undo by storage]).
+  const bool undoable = !staged && o.mode == ReloadMode::transactional;
+  std::vector<at::Tensor> dst, src, zero;
+  for (std::size_t i = 0; i < lp.slots.size(); ++i) {
+    PlannedSlot& s = lp.slots[i];
+    if (run.mismatched[i] || unprotected(s)) continue;
+    const at::Tensor& C = s.captured;
+    const at::Tensor& N = run.current[i];
+    if (!C.defined()) continue;
+    const Init init = s.role.effective_init();
+    const bool in_place = same_storage_and_offset(N, C);
+    if (init == Init::copy_new && !in_place) {
+      dst.push_back(C);
+      src.push_back(N);
+      rep.bytes_copied += C.nbytes();
+    } else if (init == Init::zero) {
+      zero.push_back(C);
+      rep.slots_zeroed += 1;
+    }
+  }
+  if (undoable) {
+    for (const at::Tensor& C : dst) run.backups.take(C);
+    for (const at::Tensor& C : zero) run.backups.take(C);
+  }
+  // Zero first, then copy: where a zeroed slot overlaps a copied one, the
+  // copied value wins, as it did when each slot was written on its own.
+  for (const at::Tensor& C : zero) C.zero_();
+  if (!dst.empty()) copy_slots(dst, src);  // one launch for the CUDA slots
+  for (const PlannedSlot& s : lp.slots) {
+    const std::size_t i = static_cast<std::size_t>(&s - lp.slots.data());
+    if (run.mismatched[i] || unprotected(s)) continue;
+    repoint(lp, s);
+  }
+  run.current.clear();
+  if (!undoable) run.backups.release();
+  run.phase = LayerRun::Phase::committed;
+}
+
+bool ReloadEngine::Impl::rollback(LayerPlan& lp, LayerRun& run) {
+  bool ok = !run.pwal_unguarded;
+  run.backups.restore();
+  for (const PlannedSlot& s : lp.slots) {
+    for (const SlotPath& p : s.paths) ok = ok && p.resolve_tensor(lp.root.ptr) != nullptr;
+    repoint(lp, s);
+  }
+  for (std::size_t c = 0; c < lp.configs.size(); ++c) {
+    void* p = lp.configs[c].path.resolve(lp.root.ptr);
+    if (p == nullptr) {
+      ok = false;
+      continue;
+    }
+    const bool snapped = c < run.configs.size() && run.configs[c] != nullptr;
+    lp.configs[c].ops->assign(p, snapped ? run.configs[c].get() : lp.configs[c].captured.get());
+  }
+  run.pending.clear();
+  run.current.clear();
+  return ok;
+}
+
+}  // namespace gk

@@ -1,0 +1,51 @@
+// reload/layer_run.h: what one reload call knows about one layer while it
+// runs (internal to the reload layer): which of its checkpoint tensors have
+// arrived, what it adopted, the post-PWAL tensors, the undo log.
+#pragma once
+
+#include "storage_backups.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gk {
+
+// LayerRun::Pending::tensor of a whole parameter delivered under its own name.
+inline constexpr std::size_t kWholeParam = static_cast<std::size_t>(-1);
+
+struct LayerRun {
+  enum class Phase { waiting, processed, committed };
+  Phase phase = Phase::waiting;
+  bool detached = false;
+  std::vector<std::vector<bool>> shards;  // completion set: [tensor][shard]
+  std::size_t loaded = 0, expected = 0;
+  struct Pending {
+    std::size_t param, tensor;  // tensor: kWholeParam for a whole parameter
+    std::int64_t shard;
+    at::Tensor value;
+    std::string name;  // as delivered
+  };
+  std::vector<Pending> pending;
+  // Source tensors the layer's parameters adopted (Note [Adopting source
+  // tensors] in layer_pipeline.cpp), with their version counters at adoption.
+  struct Adopted {
+    at::Tensor value, param;  // the source's tensor; the parameter that adopted it
+    std::int64_t value_version, param_version;
+    std::string name;
+    std::uint64_t hash = 0;  // its content hash at adoption (stage() only; Note [Adopted tensors are hashed])
+  };
+  std::vector<Adopted> adopted;
+  std::vector<std::shared_ptr<const void>> configs;  // snapshot, per PlannedConfig (null: did not resolve)
+  std::vector<at::Tensor> current;                   // per slot: the post-PWAL tensor (a storage view)
+  std::vector<char> mismatched;                      // per slot
+  StorageBackups backups;                            // captured storages this layer may write, before it did
+  bool pwal_unguarded = false;  // PWAL ran on writable captured storage without a backup (restore_in_place_writes off)
+  std::vector<std::shared_ptr<const void>> configs_after;  // staged: the configuration values PWAL left
+};
+
+}  // namespace gk

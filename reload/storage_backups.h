@@ -1,0 +1,42 @@
+// reload/storage_backups.h: undo logs kept per captured storage (internal
+// to the reload layer).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace gk {
+
+// Note [Undo by storage]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Several slots can view one captured storage: an exact alias, a prefix or
+// interior view (q, k and v of a fused QKV weight), a strided view. An undo
+// log kept per *slot* (the old values of each slot swapped into its new
+// tensor) breaks there: the second slot's new tensor may be a view of the
+// storage the first swap has just filled with old values, and the second
+// copy then writes old values into the captured storage while the report
+// says the reload succeeded. So every undo is kept per *storage*: before
+// anything of a reload may write a captured storage (PWAL, which may write
+// in place into the tensors it is handed, or the commit), the whole storage
+// is copied once; a rollback copies each back. Overlap between slots then
+// cannot matter, and neither can the order in which slots are restored.
+class StorageBackups {
+ public:
+  // Copies t's whole storage unless this log holds it already. No-op for an
+  // undefined or empty tensor.
+  void take(const at::Tensor& t);
+  // Writes every saved storage back (newest first) and forgets them.
+  void restore();
+  void release() { entries_.clear(); }
+
+ private:
+  struct Entry {
+    const void* key;
+    at::Tensor storage;  // the whole captured storage, as bytes
+    at::Tensor saved;    // its contents before the reload wrote it
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace gk

@@ -1,0 +1,193 @@
+// The weight stream: which checkpoint tensors the model expects, the
+// source read one tensor at a time, each layer processed as soon as its
+// weights are complete, and the completion gate at the end.
+//
+// Note [The completion gate]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A source yields checkpoint tensors (or shards of one) by name, in any
+// order. Each is checked against what the model expects (name, shard,
+// shape, dtype; a whole parameter under its own name counts as all of its
+// tensors) and delivered exactly once; a layer is processed the moment its
+// set is complete, so that peak memory stays near one layer above the
+// model. When the source ends, every expected tensor and shard must have
+// arrived: a missing one fails the reload, naming it (partial shards
+// included), before anything of a transactional reload is committed.
+#include "engine_impl.h"
+#include "reload_internal.h"
+
+#include <graphkeep/core/check.h>
+#include <graphkeep/core/stopwatch.h>
+
+#include <algorithm>
+
+namespace gk {
+namespace {
+
+// For a message about checkpoint tensor e: the name of its parameter
+// delivered whole, which may be how it came before.
+std::string whole_note(const SlotPlan& plan, const std::unordered_map<std::string, ExpectedParam>& expected_params,
+                       const Expected& e) {
+  const LayerPlan& lp = plan.layers()[e.layer];
+  const std::string full = lp.full_name(lp.params[e.param].param);
+  return expected_params.count(full) ? concat(" (or as part of parameter '", full, "', delivered whole)")
+                                     : std::string();
+}
+void count_loaded(LayerRun& run) {
+  std::size_t done = 0;
+  for (const auto& s : run.shards)
+    done += std::all_of(s.begin(), s.end(), [](bool b) { return b; }) ? 1 : 0;
+  run.loaded = done;
+}
+// A whole parameter arrived under its name: it fills every shard of every
+// checkpoint tensor of the parameter, none of which may arrive as well.
+void deliver_whole(const SlotPlan& plan, const ExpectedParam& ep, NamedTensor&& nt, WeightSource& source,
+                   std::vector<LayerRun>& runs, ReloadReport& rep) {
+  LayerRun& run = runs[ep.layer];
+  const CheckpointParam& cp = plan.layers()[ep.layer].params[ep.param];
+  GK_CHECK(WeightError, nt.shard == 0, "parameter '", nt.name, "' arrived as shard ", nt.shard,
+           ": a whole parameter arrives in one piece (shard 0); deliver its checkpoint tensors to send shards");
+  bool any = false;
+  for (std::size_t f : ep.flats)
+    for (bool b : run.shards[f]) any = any || b;
+  GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !any, "parameter '", nt.name,
+           "' was delivered whole by ", source.describe(),
+           ", but some of its checkpoint tensors were delivered too (or it came twice); a parameter loads "
+           "exactly once, whole or as its checkpoint tensors (", cp.tensors.size(), ")");
+  GK_CHECK(WeightError, nt.value.defined(), "parameter '", nt.name, "' is an undefined tensor");
+  GK_CHECK(WeightError, nt.value.sizes().equals(ep.shape), "parameter '", nt.name, "' (delivered whole) has shape ",
+           nt.value.sizes(), " but the model expects ", at::IntArrayRef(ep.shape),
+           " (the checkpoint-format parameter: its checkpoint tensors concatenated along dim 0)");
+  GK_CHECK(WeightError, nt.value.scalar_type() == ep.dtype, "parameter '", nt.name, "' has dtype ",
+           nt.value.scalar_type(), " but the model expects ", ep.dtype);
+  for (std::size_t f : ep.flats) run.shards[f].assign(run.shards[f].size(), true);
+  rep.tensors_loaded += 1;
+  rep.bytes_loaded += nt.value.nbytes();
+  run.pending.push_back({ep.param, kWholeParam, 0, std::move(nt.value), std::move(nt.name)});
+  count_loaded(run);
+}
+}  // namespace
+
+void ReloadEngine::Impl::index_expected() {
+  expected.clear();
+  expected_per_layer.assign(plan.layers().size(), 0);
+  for (std::size_t li = 0; li < plan.layers().size(); ++li) {
+    const LayerPlan& lp = plan.layers()[li];
+    for (std::size_t pi = 0; pi < lp.params.size(); ++pi)
+      for (std::size_t ti = 0; ti < lp.params[pi].tensors.size(); ++ti) {
+        const CheckpointTensor& t = lp.params[pi].tensors[ti];
+        std::string full = lp.full_name(t.name);
+        GK_CHECK(DeclarationError, !expected.count(full), "checkpoint tensor '", full,
+                 "' is expected by two parameters; each checkpoint tensor loads into one place");
+        expected.emplace(full, Expected{li, pi, ti, expected_per_layer[li], t.shard_shape(), t.dtype, t.num_shards});
+        expected_per_layer[li] += 1;
+      }
+  }
+  // Whole parameters, by their full names, where no checkpoint tensor has
+  // that name (a plain module's "norm.weight" is both: it stays a tensor).
+  expected_params.clear();
+  for (std::size_t li = 0; li < plan.layers().size(); ++li) {
+    const LayerPlan& lp = plan.layers()[li];
+    for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+      std::string full = lp.full_name(lp.params[pi].param);
+      if (expected.count(full)) continue;
+      ExpectedParam ep{li, pi, {}, lp.params[pi].shape(), lp.params[pi].dtype()};
+      for (const CheckpointTensor& t : lp.params[pi].tensors) ep.flats.push_back(expected.at(lp.full_name(t.name)).flat);
+      expected_params.emplace(std::move(full), std::move(ep));
+    }
+  }
+}
+
+std::vector<LayerRun> ReloadEngine::Impl::new_runs() const {
+  std::vector<LayerRun> runs(plan.layers().size());
+  for (std::size_t li = 0; li < runs.size(); ++li) {
+    runs[li].expected = expected_per_layer[li];
+    runs[li].shards.resize(expected_per_layer[li]);
+  }
+  for (const auto& [name, e] : expected) runs[e.layer].shards[e.flat].assign(e.num_shards, false);
+  return runs;
+}
+void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOptions& o, PwalGuard& guard,
+                                          std::vector<LayerRun>& runs, ReloadReport& rep, bool& any_committed) {
+  {
+    ScopedMsTimer t(rep.times.detach_ms);
+    for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], guard);
+  }
+  auto finish_layer = [&](std::size_t li) {
+    process(plan.layers()[li], runs[li], o, rep, source, guard);
+    if (o.mode == ReloadMode::streaming) {
+      commit(plan.layers()[li], runs[li], o, rep, guard);
+      any_committed = true;
+    }
+  };
+  // Layers without checkpoint tensors (PWAL-only) are complete at once.
+  for (std::size_t li = 0; li < runs.size(); ++li)
+    if (runs[li].expected == 0) finish_layer(li);
+
+  while (true) {
+    std::optional<NamedTensor> nt;
+    {
+      ScopedMsTimer t(rep.times.load_ms);
+      nt = source.next();
+    }
+    if (!nt) break;
+    auto it = expected.find(nt->name);
+    if (it == expected.end()) {
+      auto wp = expected_params.find(nt->name);
+      GK_CHECK(WeightError, wp != expected_params.end(), source.describe(), " has weight '", nt->name,
+               "', which the model does not expect (no layer lists it among its checkpoint tensors, and no "
+               "parameter has that name)");
+      deliver_whole(plan, wp->second, std::move(*nt), source, runs, rep);
+      if (runs[wp->second.layer].loaded == runs[wp->second.layer].expected) finish_layer(wp->second.layer);
+      continue;
+    }
+    const Expected& e = it->second;
+    LayerRun& run = runs[e.layer];
+    GK_CHECK(WeightError, nt->shard >= 0 && nt->shard < e.num_shards, "weight '", nt->name, "' shard ",
+             nt->shard, " is out of range: the model expects ", e.num_shards, " shard(s)");
+    GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !run.shards[e.flat][nt->shard],
+             "weight '", nt->name, "'", e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(),
+             " was delivered twice by ", source.describe(), whole_note(plan, expected_params, e),
+             "; each checkpoint tensor loads exactly once");
+    GK_CHECK(WeightError, nt->value.defined(), "weight '", nt->name, "' is an undefined tensor");
+    GK_CHECK(WeightError, nt->value.sizes().equals(e.shard_shape), "weight '", nt->name, "'",
+             e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(), " has shape ", nt->value.sizes(),
+             " but the model expects ", at::IntArrayRef(e.shard_shape));
+    GK_CHECK(WeightError, nt->value.scalar_type() == e.dtype, "weight '", nt->name, "' has dtype ",
+             nt->value.scalar_type(), " but the model expects ", e.dtype);
+    run.shards[e.flat][nt->shard] = true;
+    rep.tensors_loaded += 1;
+    rep.bytes_loaded += nt->value.nbytes();
+    run.pending.push_back({e.param, e.tensor, nt->shard, std::move(nt->value), std::move(nt->name)});
+    count_loaded(run);
+    if (run.loaded == run.expected) finish_layer(e.layer);
+  }
+
+  // Completion gate: every checkpoint tensor and every shard, exactly once.
+  std::vector<std::string> missing;
+  for (const auto& [name, e] : expected) {
+    const auto& s = runs[e.layer].shards[e.flat];
+    std::vector<std::int64_t> absent;
+    for (std::int64_t k = 0; k < e.num_shards; ++k)
+      if (!s[k]) absent.push_back(k);
+    if (absent.empty()) continue;
+    if (e.num_shards == 1 || static_cast<std::int64_t>(absent.size()) == e.num_shards)
+      missing.push_back(concat("'", name, "'"));
+    else
+      missing.push_back(concat("'", name, "' (partial: shards ", at::IntArrayRef(absent), " of ", e.num_shards, " missing)"));
+  }
+  if (!missing.empty()) {
+    std::sort(missing.begin(), missing.end());
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 20; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 20) list += concat(", ... (", missing.size() - 20, " more)");
+    GK_THROW(WeightError, source.describe(), " ended before the model was complete: ",
+                          missing.size(), " checkpoint tensor(s) missing: ", list);
+  }
+
+  if (o.mode == ReloadMode::transactional) {
+    for (std::size_t li = 0; li < runs.size(); ++li) fault(testing::Stage::commit, plan.layers()[li].prefix);
+    if (o.before_commit) o.before_commit();
+  }
+}
+
+}  // namespace gk
