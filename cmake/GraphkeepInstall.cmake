@@ -13,9 +13,11 @@ install(TARGETS graphkeep graphkeep_torch ${_gk_layers} EXPORT graphkeepTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY include/graphkeep DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-if(TARGET gk-slots)
-  install(TARGETS gk-slots RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-endif()
+foreach(_gk_tool gk-slots gk-patch)
+  if(TARGET ${_gk_tool})
+    install(TARGETS ${_gk_tool} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  endif()
+endforeach()
 
 set(_gk_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/graphkeep)
 install(EXPORT graphkeepTargets NAMESPACE graphkeep:: DESTINATION ${_gk_cmake_dir})

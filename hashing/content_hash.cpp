@@ -70,6 +70,8 @@ void device_hashes(const std::vector<at::Tensor>& tensors, const std::vector<std
                    std::vector<std::uint64_t>& out) {
   const c10::cuda::CUDAGuard guard(device);
   const auto n = static_cast<std::int64_t>(which.size());
+  GK_CHECK(WeightError, n <= std::numeric_limits<int>::max(), "gk::content_hashes: ", n,
+           " tensors on one device in one call; at most ", std::numeric_limits<int>::max());
   // One upload: data[n], nbytes[n], block_begin[n + 1], done[n], out[n].
   const std::int64_t words = 5 * n + 1;
   at::Tensor host = at::empty({words}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
@@ -98,8 +100,6 @@ void device_hashes(const std::vector<at::Tensor>& tensors, const std::vector<std
   job.digests = reinterpret_cast<std::uint64_t*>(digests.mutable_data_ptr<std::int64_t>());
   job.count = static_cast<int>(n);
   job.blocks = blocks;
-  GK_CHECK(WeightError, n <= std::numeric_limits<int>::max(), "gk::content_hashes: ", n,
-           " tensors on one device in one call; at most ", std::numeric_limits<int>::max());
   const int err = cuda::launch_content_hash(job, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   GK_CHECK(StateError, err == 0, "gk::content_hashes: the hash kernel failed to launch on ", device, " (cudaError ",
            err, ")");

@@ -22,8 +22,8 @@
 //   hash     = XXH64(digest_0 .. digest_{n-1} as little-endian uint64 (8n bytes),
 //                    seed = the total byte length)
 //
-// XXH64 is xxHash's 64-bit function (github.com/Cyan4973/xxHash, the
-// reference libxxhash; the Python package `xxhash` computes the same). The
+// XXH64 is xxHash's 64-bit function (the reference library libxxhash; the
+// Python package `xxhash` computes the same). The
 // seed of the outer hash makes two byte strings of different lengths whose
 // digests agree (which the block split alone would allow for a final short
 // block) differ anyway. The dtype and shape are not hashed: they are

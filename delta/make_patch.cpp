@@ -1,0 +1,102 @@
+// gk::make_patch: a bitwise comparison per tensor, where the tensors are
+// (Note [Changed means different bits] in graphkeep/delta/make_patch.h).
+#include <graphkeep/core/check.h>
+#include <graphkeep/delta/make_patch.h>
+#include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/sources/safetensors_source.h>
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "patch_bits.h"
+
+namespace gk {
+
+namespace {
+
+// name -> tensor of a set; each name once, shard 0.
+std::map<std::string, const at::Tensor*> by_name(const std::vector<NamedTensor>& set, const char* which) {
+  std::map<std::string, const at::Tensor*> out;
+  for (const NamedTensor& t : set) {
+    GK_CHECK(WeightError, t.shard == 0, "gk::make_patch: ", which, " tensor '", t.name, "' is shard ", t.shard,
+             "; a patch is made from whole checkpoint tensors");
+    GK_CHECK(WeightError, out.emplace(t.name, &t.value).second, "gk::make_patch: ", which, " tensor '", t.name,
+             "' is given twice");
+  }
+  return out;
+}
+
+}  // namespace
+
+Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTensor>& target,
+                 const MakePatchOptions& options) {
+  const auto bases = by_name(base, "base");
+  const auto targets = by_name(target, "target");
+  for (const auto& [name, t] : targets)
+    GK_CHECK(WeightError, bases.count(name) == 1, "gk::make_patch: tensor '", name,
+             "' is in the target but not in the base; a patch changes values, not the set of tensors");
+
+  Patch patch;
+  patch.base_version = options.base_version;
+  patch.target_version = options.target_version;
+  patch.label = detail::concat("in-memory patch '", options.base_version, "' -> '", options.target_version, "'");
+  std::vector<at::Tensor> base_bytes, target_bytes;  // contiguous, for the hashes
+  for (const auto& [name, b_ptr] : bases) {
+    const auto it = targets.find(name);
+    GK_CHECK(WeightError, it != targets.end(), "gk::make_patch: tensor '", name,
+             "' is in the base but not in the target; a patch changes values, not the set of tensors");
+    const at::Tensor& b = *b_ptr;
+    const at::Tensor& t = *it->second;
+    GK_CHECK(WeightError, b.defined() && t.defined(), "gk::make_patch: tensor '", name, "' is undefined in the ",
+             b.defined() ? "target" : "base");
+    GK_CHECK(WeightError, b.sizes() == t.sizes() && b.scalar_type() == t.scalar_type(), "gk::make_patch: tensor '",
+             name, "' is ", b.scalar_type(), " ", b.sizes(), " in the base but ", t.scalar_type(), " ", t.sizes(),
+             " in the target");
+    GK_CHECK(WeightError, b.device() == t.device(), "gk::make_patch: tensor '", name, "' is on ", b.device(),
+             " in the base but on ", t.device(), " in the target");
+    GK_CHECK(WeightError, to_safetensors_dtype(b.scalar_type()).has_value(), "gk::make_patch: tensor '", name,
+             "' has dtype ", b.scalar_type(), ", which the patch format (safetensors) does not have");
+    GK_CHECK(WeightError, b.layout() == at::kStrided && t.layout() == at::kStrided, "gk::make_patch: tensor '",
+             name, "' is not a strided tensor");
+
+    const at::Tensor bc = b.contiguous(), tc = t.contiguous();
+    const at::Tensor tbits = detail::flat_bits(tc);
+    const at::Tensor changed = at::nonzero(at::ne(detail::flat_bits(bc), tbits)).view(-1);  // int64, syncs
+    const std::int64_t count = changed.numel(), numel = bc.numel();
+    if (count == 0 && !options.record_unchanged) continue;
+
+    PatchEntry e;
+    e.name = name;
+    e.shape = b.sizes().vec();
+    e.dtype = b.scalar_type();
+    const at::ScalarType index_dtype = patch_index_dtype(numel);
+    const auto itemsize = static_cast<std::int64_t>(bc.element_size());
+    const std::int64_t sparse_bytes = count * (static_cast<std::int64_t>(c10::elementSize(index_dtype)) + itemsize);
+    const bool dense = options.encoding == MakePatchOptions::Encoding::dense ||
+                       (options.encoding == MakePatchOptions::Encoding::automatic && sparse_bytes > numel * itemsize);
+    if (dense) {
+      e.encoding = PatchEncoding::dense;
+      // tc is a fresh copy when t is not contiguous; otherwise it is t itself.
+      e.values = (options.share_dense || !tc.is_same(t)) ? tc : tc.clone();
+    } else {
+      e.encoding = PatchEncoding::sparse;
+      e.indices = changed.to(index_dtype);
+      e.values = tbits.index_select(0, changed).view(e.dtype);
+    }
+    patch.entries.push_back(std::move(e));
+    base_bytes.push_back(bc);
+    target_bytes.push_back(tc);
+  }
+  const std::vector<std::uint64_t> base_hashes = content_hashes(base_bytes);
+  const std::vector<std::uint64_t> target_hashes = content_hashes(target_bytes);
+  for (std::size_t i = 0; i < patch.entries.size(); ++i) {
+    patch.entries[i].base_hash = base_hashes[i];
+    patch.entries[i].target_hash = target_hashes[i];
+  }
+  return patch;
+}
+
+}  // namespace gk

@@ -1,0 +1,29 @@
+// delta/patch_bits.h: a tensor's elements as integers of the same size, for
+// bitwise comparison and bit-exact copies (Note [Changed means different
+// bits] in graphkeep/delta/make_patch.h). Internal to the delta layer.
+#pragma once
+
+#include <graphkeep/core/check.h>
+
+#include <ATen/ATen.h>
+
+namespace gk::detail {
+
+// The integer dtype of `itemsize` bytes (1, 2, 4 or 8).
+inline at::ScalarType bits_dtype(std::size_t itemsize) {
+  switch (itemsize) {
+    case 1: return at::kByte;
+    case 2: return at::kShort;
+    case 4: return at::kInt;
+    case 8: return at::kLong;
+    default: break;
+  }
+  GK_THROW(WeightError, "a patch holds elements of 1, 2, 4 or 8 bytes, not ", itemsize);
+}
+
+// A contiguous tensor as a 1-D view of integers of its element size (no copy).
+inline at::Tensor flat_bits(const at::Tensor& contiguous) {
+  return contiguous.view(-1).view(bits_dtype(contiguous.element_size()));
+}
+
+}  // namespace gk::detail
