@@ -23,6 +23,12 @@
 //   stage_ms, pause_ms         stage() on another thread (the mean of the
 //                              stages repeated over --stage-window-ms), then
 //                              commit() (the pause)
+//   pause_no_content_check_ms  the pause with ReloadOptions::check_adopted_content
+//                              off (no hashing of the adopted tensors)
+//   content_hash_ms            that hashing: at adoption in the stage, and in
+//                              the pause
+//   stage_finite_check_ms      the non-finite weight check in the stage
+//   reload_no_finite_check_ms  reload_gpu_source_ms with the check off
 //   decode_tok_s_idle          decode throughput (graph replays, one batch)
 //   decode_tok_s_during_stage  the same while stage() runs
 //   peak_above_model_gib       allocator peak above the served model during
@@ -415,6 +421,18 @@ int main(int argc, char** argv) {
                      [&] { return eng.reload(safetensors_dir, copy); });
       }
     }
+    // The non-finite weight check's share of that reload: the same with it off.
+    Measured unchecked;
+    {
+      gk::ReloadOptions o = adopt;
+      o.allow_non_finite = true;
+      const std::vector<gk::NamedTensor> w = trainer_params(plan, device);
+      unchecked = measure("reload, adopted, non-finite check off", reps, [&] {
+        gk::InMemorySource src(w);
+        return eng.reload(src, o);
+      });
+    }
+    release_cache(device);
     const double reload_ms = gpu.ms, host_us = gpu.host_us, peak_above = gpu.peak_above;
     const gk::PhaseTimes phases = gpu.phases;
     release_cache(device);
@@ -432,7 +450,8 @@ int main(int argc, char** argv) {
     }
     release_cache(device);
     // Online: stage on another thread while this one decodes, then commit.
-    double stage_ms = -1, pause_ms = -1, during = -1;
+    double stage_ms = -1, pause_ms = -1, during = -1, pause_unhashed_ms = -1, stage_finite_ms = -1,
+           content_hash_ms = -1;
     std::string stage_note;
     std::int64_t served = 0;
     int stage_count = 0;
@@ -474,6 +493,17 @@ int main(int argc, char** argv) {
         const gk::ReloadReport r = eng.commit(std::move(staged));
         pause_ms = t.elapsed_ms();
         drift += r.drift;
+        stage_finite_ms = r.times.finite_ms;
+        content_hash_ms = r.times.hash_ms;  // the stage's hashes at adoption and the commit's in the pause
+        // The same stage and commit with the adopted-content check off: the
+        // pause without the commit's hashing (Note [Adopted tensors are hashed]).
+        gk::ReloadOptions o = eng.reload_engine().options().defaults;
+        o.check_adopted_content = false;
+        gk::InMemorySource src(w);
+        gk::StagedReload unhashed = eng.reload_engine().stage(src, o);
+        const gk::Stopwatch t2;
+        drift += eng.commit(std::move(unhashed)).drift;
+        pause_unhashed_ms = t2.elapsed_ms();
       } catch (const c10::OutOfMemoryError& e) {
         // The row keeps what was measured; stage_ms and pause_ms stay null.
         const std::string what = e.what();
@@ -512,6 +542,10 @@ int main(int argc, char** argv) {
         {"load_pwal_no_graphkeep_ms", maybe(plain_ms, 3)},
         {"stage_ms", maybe(stage_ms, 3)},
         {"pause_ms", maybe(pause_ms, 3)},
+        {"pause_no_content_check_ms", maybe(pause_unhashed_ms, 3)},
+        {"content_hash_ms", maybe(content_hash_ms, 3)},
+        {"stage_finite_check_ms", maybe(stage_finite_ms, 3)},
+        {"reload_no_finite_check_ms", num(unchecked.ms, 3)},
         {"decode_tok_s_idle", num(idle, 1)},
         {"decode_tok_s_during_stage", maybe(during, 1)},
         {"decode_steps_during_stage", served},
@@ -526,6 +560,8 @@ int main(int argc, char** argv) {
           {"load", num(phases.load_ms, 3)},
           {"pwal", num(phases.pwal_ms, 3)},
           {"check", num(phases.check_ms, 3)},
+          {"finite", num(phases.finite_ms, 3)},
+          {"hash", num(phases.hash_ms, 3)},
           {"copy", num(phases.copy_ms, 3)},
           {"verify", num(phases.verify_ms, 3)}}},
         {"reps", reps},

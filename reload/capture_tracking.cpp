@@ -63,10 +63,13 @@ namespace gk {
 // I/O, passes that check trivially: if the refusal lived only in the
 // engine's state, the next successful reload() or commit() would set the
 // state back to ready and the refused graph would replay the old weights'
-// output. So the verdict is kept with the tracked graph, and every reload,
-// stage and commit that would make the engine ready fails closed while a
-// refused graph is tracked. It ends with the graph: untrack() it (or
-// recapture and prepare() again, which drops every graph).
+// output. So the verdict is kept with the tracked graph: while a refused
+// graph is tracked, a reload() throws gk::DriftError after writing (as a
+// failed verification does) and leaves replay refused, a stage() is refused
+// by the engine's state, and a commit() as stale (track() changed the
+// graphs). It ends with the graph: untrack() it (or recapture and
+// prepare() again, which drops every graph); the next reload that succeeds
+// then allows replay again.
 namespace {
 
 // The refusal of a graph that reads addresses nothing owns: each address
@@ -222,23 +225,7 @@ std::vector<std::string> ReloadEngine::slot_names() const { return impl_->plan.s
 
 void ReloadEngine::untrack(const ReplayBackend& graph) {
   Impl::Busy busy(*impl_, "untrack()");
-  Impl& I = *impl_;
-  const bool was_refused = std::any_of(I.graphs.begin(), I.graphs.end(), [&](const Impl::Tracked& t) {
-    return t.graph == &graph && !t.alive.expired() && !t.refused.empty();
-  });
-  I.untrack(graph);
-  // The refusal ends with the graph (Note [Capture verdicts last]): when it
-  // was what held replay back, the remaining graphs decide.
-  if (was_refused && I.state == EngineState::drift && I.capture_refusals().empty()) {
-    const VerifyResult r = I.verify_all();
-    std::lock_guard<std::mutex> lock(I.reason_mu);
-    if (r.ok()) {
-      I.state = EngineState::ready;
-      I.reason.clear();
-    } else {
-      I.reason = r.describe();
-    }
-  }
+  impl_->untrack(graph);
 }
 
 void ReloadEngine::add_static_io(std::string name, const at::Tensor& buffer) {

@@ -373,6 +373,20 @@ class EagerModel : public torch::nn::Module {
   at::Tensor weight;
 };
 
+// Captures a graph that copies `input` into `output` and reads nothing else:
+// none of any model's slots.
+void capture_copy_of(gk::HostReplay& graph, const at::Tensor& input, at::Tensor& output) {
+  graph.capture([&] {
+    output = gk::hostrt::empty(input.sizes(), input.options());
+    const float* x = input.data_ptr<float>();
+    float* y = output.data_ptr<float>();
+    const int64_t n = input.numel();
+    gk::hostrt::launch("copy", {gk::hostrt::reads(input), gk::hostrt::writes(output)}, [=] {
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+    });
+  });
+}
+
 gk::InMemorySource raw_weights(int step) {
   return gk::InMemorySource({{"layer.weight", at::arange(4, at::kFloat) + static_cast<float>(step), 0}});
 }
@@ -624,14 +638,7 @@ TEST_CASE("a capture that records nothing, or reads none of the model's slots, i
     engine.prepare();
     engine.add_static_io("input", input);
     gk::HostReplay graph("copy");
-    graph.capture([&] {
-      output = gk::hostrt::empty({4}, input.options());
-      const float* x = input.data_ptr<float>();
-      float* y = output.data_ptr<float>();
-      gk::hostrt::launch("copy", {gk::hostrt::reads(input), gk::hostrt::writes(output)}, [=] {
-        for (int i = 0; i < 4; ++i) y[i] = x[i];
-      });
-    });
+    capture_copy_of(graph, input, output);
     GK_CHECK_THROWS_WITH_SUBSTR(engine.track(graph), gk::DriftError, "reads none of the model's 2 slots");
     CHECK_FALSE(engine.replay_allowed());
   }
@@ -654,17 +661,19 @@ TEST_CASE("a graph refused at capture stays refused across reload(), stage() and
     for (int step = 1; step <= 2; ++step) {
       gk::InMemorySource next({{"weight", at::full({4}, static_cast<float>(step)), 0}});
       GK_CHECK_THROWS_WITH_SUBSTR(engine.reload(next), gk::DriftError,
-                                  "graph 'eager' was refused at capture and is still tracked");
+                                  "after the reload, replay stays refused: graph 'eager' was refused at capture and "
+                                  "is still tracked");
       CHECK(engine.state() == gk::EngineState::drift);
       GK_CHECK_THROWS_WITH_SUBSTR(engine.check_replay_allowed(), gk::DriftError, "recorded no launch");
       CHECK(model->weight.equal(at::full({4}, static_cast<float>(step))));  // the weights did load
     }
-    // The verdict ends with the graph.
+    // The verdict ends with the graph; the next reload that succeeds allows replay.
     engine.untrack(graph);
-    CHECK(engine.replay_allowed());
+    CHECK_FALSE(engine.replay_allowed());
     gk::InMemorySource again({{"weight", at::full({4}, 3.0f), 0}});
     CHECK(engine.reload(again).drift == 0);
     CHECK(engine.replay_allowed());
+    CHECK(model->weight.equal(at::full({4}, 3.0f)));
   }
   SUBCASE("a graph that reads no slot: stage() is refused, and a reload stays refused") {
     auto model = std::make_shared<RawModel>();
@@ -674,14 +683,7 @@ TEST_CASE("a graph refused at capture stays refused across reload(), stage() and
     engine.prepare();
     engine.add_static_io("input", input);
     gk::HostReplay graph("copy");
-    graph.capture([&] {
-      output = gk::hostrt::empty({4}, input.options());
-      const float* x = input.data_ptr<float>();
-      float* y = output.data_ptr<float>();
-      gk::hostrt::launch("copy", {gk::hostrt::reads(input), gk::hostrt::writes(output)}, [=] {
-        for (int i = 0; i < 4; ++i) y[i] = x[i];
-      });
-    });
+    capture_copy_of(graph, input, output);
     CHECK_THROWS_AS(engine.track(graph), gk::DriftError);
     gk::InMemorySource s1 = raw_weights(1);
     GK_CHECK_THROWS_WITH_SUBSTR(engine.stage(s1), gk::StateError, "stage() refused: the engine is drift");
@@ -695,6 +697,9 @@ TEST_CASE("a graph refused at capture stays refused across reload(), stage() and
     engine.track(good);
     CHECK_FALSE(engine.replay_allowed());
     engine.untrack(graph);
+    CHECK_FALSE(engine.replay_allowed());  // until a reload succeeds
+    gk::InMemorySource s25 = raw_weights(2);
+    CHECK(engine.reload(s25).drift == 0);
     CHECK(engine.replay_allowed());  // the good graph verifies
     gk::InMemorySource s3 = raw_weights(3);
     gk::StagedReload staged = engine.stage(s3);

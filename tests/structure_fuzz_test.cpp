@@ -34,12 +34,16 @@
 //     (derived, or the parameter itself) under a base, an exact or coinciding
 //     alias and prefix, interior, strided and transposed views;
 //   - per reload: mode, random weights (complete, shuffled, or missing / wrong
-//     shape / wrong dtype / unknown / duplicate / undefined), a fault at a
-//     stage, and per layer a PWAL behaviour (a table outside the described
+//     shape / wrong dtype / unknown / duplicate / undefined / holding NaN or
+//     infinity), a fault at a stage, stage() and commit() instead of reload()
+//     (with or without a raw-pointer write to a weight in between), and per
+//     layer a PWAL behaviour (a table outside the described
 //     classes): rebuild, in place, mixed, change a layout (must be refused),
 //     change the object tree (must be refused unless a container only grows:
 //     the graphs never read the new part), or throw early / after building
 //     part of the state / after in-place writes.
+//   - per structure, maybe a second graph that reads no slot: refused at
+//     capture, and replay stays refused until it is untracked.
 // Every forward launches through gk::hostrt and folds EVERY declared tensor
 // into the output with its own coefficient (the first test case checks that a
 // stale value in any captured slot changes the output).
@@ -649,9 +653,10 @@ std::vector<gk::NamedTensor> random_weights(const ModelSpec& s, Rng& rng) {
   return out;
 }
 
-enum class BadSet { none, missing, wrong_shape, wrong_dtype, unknown_name, duplicate, undefined };
+enum class BadSet { none, missing, wrong_shape, wrong_dtype, unknown_name, duplicate, undefined, non_finite };
 const char* to_string(BadSet b) {
-  const char* n[] = {"complete", "missing", "wrong_shape", "wrong_dtype", "unknown_name", "duplicate", "undefined"};
+  const char* n[] = {"complete",  "missing",  "wrong_shape", "wrong_dtype",
+                     "unknown_name", "duplicate", "undefined", "non_finite"};
   return n[static_cast<int>(b)];
 }
 
@@ -663,6 +668,10 @@ struct Op {
   BadSet bad = BadSet::none;
   std::string fault_stage, fault_layer;
   std::vector<Behaviour> pwal;
+  // Staged (stage() then commit()) instead of reload(); with `poke`, one
+  // element of one weight is written through its raw pointer in between
+  // (what a trainer's kernel does: no version counter moves).
+  bool staged = false, poke = false;
 };
 
 Op random_op(const ModelSpec& s, Rng& rng, bool recovery) {
@@ -685,7 +694,13 @@ Op random_op(const ModelSpec& s, Rng& rng, bool recovery) {
     const int64_t layer = pick(rng, static_cast<int64_t>(s.layers.size()) + (s.norm_after >= 0 ? 1 : 0));
     op.fault_layer = layer < static_cast<int64_t>(s.layers.size()) ? "l" + std::to_string(layer) : "norm";
   }
-  if (r == 8 || (r == 9 && pick(rng, 2))) op.bad = static_cast<BadSet>(1 + pick(rng, 6));
+  if (r == 8 || (r == 9 && pick(rng, 2))) op.bad = static_cast<BadSet>(1 + pick(rng, 7));
+  // One op in four is staged (no fault: stage() and commit() have their own
+  // tests of faults), and half of those write a weight between the two.
+  if (op.fault_stage.empty() && pick(rng, 4) == 0) {
+    op.staged = true;
+    op.poke = pick(rng, 2) == 0;
+  }
   return op;
 }
 
@@ -705,6 +720,12 @@ std::vector<gk::NamedTensor> corrupt(std::vector<gk::NamedTensor> w, const Op& o
       break;
     }
     case BadSet::undefined: w[i].value = at::Tensor(); break;
+    case BadSet::non_finite: {  // a diverged trainer's tensor: refused by default, never served
+      w[i].value = w[i].value.clone();
+      const float bad[] = {std::nanf(""), INFINITY, -INFINITY};
+      w[i].value.reshape({-1})[pick(rng, w[i].value.numel())] = bad[pick(rng, 3)];
+      break;
+    }
     case BadSet::none: break;
   }
   return w;
@@ -720,6 +741,7 @@ std::string describe(const Op& op, const std::string& bad_what) {
        << (op.pwal[i].kind >= Pwal::mixed ? "/" + std::to_string(op.pwal[i].arg & 511) : "");
   os << "]";
   if (!op.fault_stage.empty()) os << " fault=" << op.fault_stage << "@" << op.fault_layer;
+  if (op.staged) os << (op.poke ? " staged+poke" : " staged");
   return os.str();
 }
 
@@ -814,8 +836,25 @@ Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::Name
   for (const auto& b : op.pwal) g_counts[std::string("pwal: ") + to_string(b.kind)] += 1;
   Outcome r{"ok", "ok"};
   try {
-    gk::InMemorySource src(std::move(weights), "fuzz weights");
-    const gk::ReloadReport rep = engine.reload(src, o);
+    gk::ReloadReport rep;
+    if (op.staged) {
+      // The poked tensor is the caller's own copy (the oracle's weights are
+      // not touched): copied at staging, the poke changes nothing served;
+      // adopted, the commit must see it (Note [Adopted tensors are hashed]).
+      std::vector<at::Tensor> pokeable;
+      for (const auto& t : weights)
+        if (t.value.defined() && t.value.numel() > 0 && t.value.scalar_type() == at::kFloat) pokeable.push_back(t.value);
+      gk::InMemorySource src(std::move(weights), "fuzz weights");
+      gk::StagedReload staged = engine.stage(src, o);
+      if (op.poke && !pokeable.empty()) {
+        const at::Tensor& t = pokeable[static_cast<std::size_t>(op.pwal.empty() ? 0 : op.pwal[0].arg) % pokeable.size()];
+        static_cast<float*>(t.data_ptr())[0] += 1.0f;
+      }
+      rep = engine.commit(std::move(staged));
+    } else {
+      gk::InMemorySource src(std::move(weights), "fuzz weights");
+      rep = engine.reload(src, o);
+    }
     if (rep.tensors_adopted > 0) g_counts["reload: tensors adopted"] += static_cast<int64_t>(rep.tensors_adopted);
   } catch (const gk::Error& e) {
     const char* kinds[] = {"DeclarationError", "WeightError", "MismatchError", "DriftError", "StateError", "InternalError"};
@@ -855,6 +894,7 @@ void run_iteration(uint64_t seed, int64_t it) {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> captured;
   {
     std::vector<gk::NamedTensor> committed = random_weights(spec, rng);
+    gk::HostReplay stray("reads-no-slot");  // destroyed after the engine
     std::unique_ptr<Rig> rig_ptr;
     at::Tensor expected;
     try {  // the structure is valid: none of this may fail
@@ -873,15 +913,46 @@ void run_iteration(uint64_t seed, int64_t it) {
       return violation("after capture", v.empty() ? "replay refused right after capture" : v);
 
     const int64_t n_ops = 4 + pick(rng, 5);
+    // One structure in four also tracks a graph that reads no slot (it
+    // copies the input): refused at capture, and replay must stay refused
+    // through every reload until it is untracked, at op `untrack_at`
+    // (Note [Capture verdicts last]).
+    bool stray_tracked = false;
+    int64_t untrack_at = -1;
+    if (pick(rng, 4) == 0) {
+      at::Tensor out;
+      stray.capture([&] {
+        out = gk::hostrt::empty(rig.input.sizes(), rig.input.options());
+        const float* x = rig.input.data_ptr<float>();
+        float* y = out.data_ptr<float>();
+        const int64_t n = rig.input.numel();
+        gk::hostrt::launch("copy_input", {gk::hostrt::reads(rig.input), gk::hostrt::writes(out)}, [=] {
+          for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+        });
+      });
+      try {
+        rig.engine->track(stray);
+        return violation("a graph reading no slot", "track() accepted a graph that reads none of the model's slots");
+      } catch (const gk::DriftError&) {
+      }
+      stray_tracked = true;
+      untrack_at = pick(rng, n_ops);
+      log.push_back("tracked a graph that reads no slot: refused; untracked before reload " + std::to_string(untrack_at));
+      g_counts["graphs reading no slot"] += 1;
+    }
     bool failed = false;
     // After a failure the next reload is, 2 times in 3, a clean recovery;
     // else another random one (a failure on a failed model). The sequence
     // ends with a success.
     for (int64_t k = 0; k < n_ops || failed; ++k) {
+      if (stray_tracked && k == untrack_at) {
+        rig.engine->untrack(stray);
+        stray_tracked = false;
+      }
       const Op op = random_op(spec, rng, failed && (k >= n_ops || pick(rng, 3) != 0));
       const std::vector<gk::NamedTensor> good = random_weights(spec, rng);
       std::string bad_what;
-      std::vector<gk::NamedTensor> sent = corrupt(good, op, rng, bad_what);
+      std::vector<gk::NamedTensor> sent = corrupt(op.poke ? deep_copy(good) : good, op, rng, bad_what);
       const std::string what = "reload " + std::to_string(k) + ": " + describe(op, bad_what);
       std::printf("  %s\n", what.c_str());  // before the call: a crash keeps it
       std::fflush(stdout);
@@ -903,9 +974,11 @@ void run_iteration(uint64_t seed, int64_t it) {
       const std::string v = check_invariant(rig, expected, allowed);
       std::string broke;
       if (r.label == "unexpected exception") broke = "the reload threw a non-graphkeep exception";
+      else if (ok && op.bad == BadSet::non_finite) broke = "accepted a weight holding NaN or infinity";
       else if (ok && g_must_fail) broke = "accepted a PWAL that changed a captured slot";
       else if (!v.empty()) broke = v.substr(0, v.find('\n'));
-      else if (op.recovery && !(ok && allowed)) broke = "a clean recovery reload did not restore replay";
+      else if (stray_tracked && allowed) broke = "replay allowed while a graph refused at capture is tracked";
+      else if (op.recovery && !stray_tracked && !(ok && allowed)) broke = "a clean recovery reload did not restore replay";
       if (!broke.empty())
         return violation(key + ": " + broke,
                          broke + "\n  reload: " + r.message.substr(0, r.message.find('\n')) + "\n  after it: " +

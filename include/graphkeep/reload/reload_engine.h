@@ -134,10 +134,10 @@ class ReloadEngine {
   // none of the model's slots, or reads an address nothing owns (an
   // undeclared tensor, a raw allocation) stays tracked, the engine refuses
   // replay, and track() throws gk::DriftError naming each address's owner.
-  // The verdict lasts as long as the graph is tracked: every reload() and
-  // commit() then throws gk::DriftError and replay stays refused, until
-  // untrack() (or prepare() after a recapture). Note [Capture verdicts last]
-  // in reload/capture_tracking.cpp.
+  // The verdict lasts as long as the graph is tracked: every reload() then
+  // throws gk::DriftError and replay stays refused; after untrack() (or
+  // prepare() after a recapture) the next successful reload allows replay.
+  // Note [Capture verdicts last] in reload/capture_tracking.cpp.
   void track(ReplayBackend& graph);
   // The same, given the forward `graph` was captured from: when the graph
   // reads raw addresses that nothing owns, track() captures `forward` once
