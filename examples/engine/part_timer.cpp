@@ -1,0 +1,88 @@
+#include "part_timer.h"
+
+#include <graphkeep/core/check.h>
+
+#ifdef GRAPHKEEP_WITH_CUDA
+#include <c10/cuda/CUDAEvent.h>
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <utility>
+#include <vector>
+
+namespace demo {
+
+const char* to_string(Part p) {
+  switch (p) {
+    case Part::embedding: return "embedding";
+    case Part::norm: return "norms";
+    case Part::gemm: return "gemms";
+    case Part::attention: return "attention";
+    case Part::mlp_act: return "mlp_activation";
+    case Part::moe: return "moe";
+    case Part::lm_head: return "lm_head";
+    case Part::sampling: return "sampling";
+    default: return "idle";
+  }
+}
+
+struct PartTimer::Impl {
+  explicit Impl(c10::Device d) : device(d) {}
+  c10::Device device;
+#ifdef GRAPHKEEP_WITH_CUDA
+  std::vector<std::pair<Part, std::unique_ptr<c10::cuda::CUDAEvent>>> marks;
+#endif
+  Part open = Part::idle;
+};
+
+namespace {
+thread_local PartTimer::Impl* active = nullptr;
+}  // namespace
+
+void mark_part(Part p) {
+  PartTimer::Impl* t = active;
+  if (t == nullptr || p == t->open) return;
+#ifdef GRAPHKEEP_WITH_CUDA
+  auto e = std::make_unique<c10::cuda::CUDAEvent>(cudaEventDefault);
+  e->record(c10::cuda::getCurrentCUDAStream(t->device.index()));
+  t->marks.emplace_back(p, std::move(e));
+#endif
+  t->open = p;
+}
+
+PartTimer::PartTimer(c10::Device device, double sleep_ms) : impl_(std::make_unique<Impl>(device)) {
+  GK_CHECK(gk::StateError, active == nullptr, "PartTimer: another timer is active on this thread");
+#ifdef GRAPHKEEP_WITH_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(device);
+    int khz = 0;
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device.index());
+    at::cuda::sleep(static_cast<std::int64_t>(sleep_ms * static_cast<double>(khz)));
+  }
+#else
+  (void)sleep_ms;
+#endif
+  active = impl_.get();
+}
+
+PartTimer::~PartTimer() {
+  if (active == impl_.get()) active = nullptr;
+}
+
+std::map<std::string, double> PartTimer::finish() {
+  mark_part(Part::idle);
+  active = nullptr;
+  std::map<std::string, double> ms;
+#ifdef GRAPHKEEP_WITH_CUDA
+  auto& m = impl_->marks;
+  if (!m.empty()) m.back().second->synchronize();
+  for (std::size_t i = 0; i + 1 < m.size(); ++i)
+    if (m[i].first != Part::idle) ms[to_string(m[i].first)] += m[i].second->elapsed_time(*m[i + 1].second);
+#endif
+  return ms;
+}
+
+}  // namespace demo
