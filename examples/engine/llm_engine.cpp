@@ -196,7 +196,13 @@ void LlmEngine::capture_graphs() {
     // weight, so it is not tracked: a reload cannot change what it reads.
     if (options_.sampling_graphs) {
       g.sampler = gk::make_replay(device, "sample_bs" + std::to_string(b), g.graph.get());
-      g.sampler->capture([&] { g.sampled = sample_tokens(g.logits, batch.positions, sampling_.narrow(b)); });
+      try {
+        g.sampler->capture([&] { g.sampled = sample_tokens(g.logits, batch.positions, sampling_.narrow(b)); });
+      } catch (const std::exception& e) {
+        GK_THROW(gk::StateError, "LlmEngine: capturing the sampling graph of batch ", b, " failed (",
+                 std::string(e.what()).substr(0, 400),
+                 "); LlmEngineOptions::sampling_graphs = false serves greedy decoding without it");
+      }
     }
     graphs_.push_back(std::move(g));
   }

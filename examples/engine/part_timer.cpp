@@ -30,8 +30,9 @@ const char* to_string(Part p) {
 }
 
 struct PartTimer::Impl {
-  explicit Impl(c10::Device d) : device(d) {}
+  Impl(c10::Device d, double ms) : device(d), sleep_ms(ms) {}
   c10::Device device;
+  double sleep_ms;  // before the first mark, on its stream
 #ifdef GRAPHKEEP_WITH_CUDA
   std::vector<std::pair<Part, std::unique_ptr<c10::cuda::CUDAEvent>>> marks;
 #endif
@@ -46,25 +47,27 @@ void mark_part(Part p) {
   PartTimer::Impl* t = active;
   if (t == nullptr || p == t->open) return;
 #ifdef GRAPHKEEP_WITH_CUDA
-  auto e = std::make_unique<c10::cuda::CUDAEvent>(cudaEventDefault);
-  e->record(c10::cuda::getCurrentCUDAStream(t->device.index()));
-  t->marks.emplace_back(p, std::move(e));
+  if (t->device.is_cuda()) {
+    // The stream the forward runs on (the engine's serving stream, say).
+    const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(t->device.index());
+    if (t->marks.empty()) {
+      const c10::cuda::CUDAGuard guard(t->device);
+      const c10::cuda::CUDAStreamGuard on(stream);
+      int khz = 0;
+      if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, t->device.index()) != cudaSuccess || khz <= 0)
+        khz = 2'000'000;  // an H200's 1.98 GHz, rounded up
+      at::cuda::sleep(static_cast<std::int64_t>(t->sleep_ms * static_cast<double>(khz)));
+    }
+    auto e = std::make_unique<c10::cuda::CUDAEvent>(cudaEventDefault);
+    e->record(stream);
+    t->marks.emplace_back(p, std::move(e));
+  }
 #endif
   t->open = p;
 }
 
-PartTimer::PartTimer(c10::Device device, double sleep_ms) : impl_(std::make_unique<Impl>(device)) {
+PartTimer::PartTimer(c10::Device device, double sleep_ms) : impl_(std::make_unique<Impl>(device, sleep_ms)) {
   GK_CHECK(gk::StateError, active == nullptr, "PartTimer: another timer is active on this thread");
-#ifdef GRAPHKEEP_WITH_CUDA
-  if (device.is_cuda()) {
-    const c10::cuda::CUDAGuard guard(device);
-    int khz = 0;
-    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device.index());
-    at::cuda::sleep(static_cast<std::int64_t>(sleep_ms * static_cast<double>(khz)));
-  }
-#else
-  (void)sleep_ms;
-#endif
   active = impl_.get();
 }
 

@@ -7,9 +7,10 @@
 // marks per part. Without an active timer a mark is a thread-local read.
 // Use it around an eager forward only (never while a graph is captured).
 //
-// The timer first queues a sleep kernel long enough for the host to queue
-// the whole forward behind it, so the events measure the GPU's work back to
-// back, not the host's launch gaps of an eager run.
+// Before its first event the timer queues a sleep kernel on that stream,
+// long enough for the host to queue the whole forward behind it, so the
+// events measure the GPU's work back to back, not the host's launch gaps of
+// an eager run.
 //
 //   demo::PartTimer timer(device);
 //   (void)eng.decode_eager(tokens, positions);
@@ -32,7 +33,7 @@ void mark_part(Part p);
 
 class PartTimer {
  public:
-  // Sleeps the device's current stream for about sleep_ms first (CUDA).
+  // The first mark sleeps its stream for about sleep_ms first (CUDA).
   explicit PartTimer(c10::Device device, double sleep_ms = 200);
   ~PartTimer();
   PartTimer(const PartTimer&) = delete;
