@@ -116,17 +116,6 @@ demo::HfConfig with_dtype(demo::HfConfig c, at::ScalarType dt) {
   return c;
 }
 
-// The built-in config as Llama (no q/k norm), Qwen3 and Qwen3-MoE.
-std::vector<demo::HfConfig> tiny_configs() {
-  demo::HfConfig qwen3 = demo::builtin_tiny_config(), llama = qwen3, moe = qwen3;
-  llama.model_type = "llama";
-  moe.model_type = "qwen3_moe";
-  moe.num_experts = 8;
-  moe.num_experts_per_tok = 2;
-  moe.moe_intermediate_size = 32;
-  moe.norm_topk_prob = true;
-  return {llama, qwen3, moe};
-}
 
 demo::LlmEngineOptions small_engine(bool fast) {
   demo::LlmEngineOptions o;
@@ -384,7 +373,7 @@ TEST_SUITE("gpu") {
 TEST_CASE("gpu: the fast CUDA path matches the reference ops and the CPU; every decode graph's manifest owns every address") {
   at::NoGradGuard no_grad;
   const c10::Device cuda(c10::kCUDA, 0);
-  for (const demo::HfConfig& base : tiny_configs()) {
+  for (const demo::HfConfig& base : demo::builtin_tiny_configs()) {
     for (const at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
       const demo::HfConfig c = with_dtype(base, dt);
       CAPTURE(c.model_type);
