@@ -246,6 +246,7 @@ int main(int argc, char** argv) {
         {"breakdown_how", "one eager step queued behind a sleep kernel, CUDA events at part boundaries"},
         {"host_ms", num(step_ms - gpu_ms, 4)},
         {"fast_cuda", fast},
+        {"sampling_in_graphs", eng.sampling_in_graphs()},
         {"graphs", eng.num_graphs()},
         {"device", device.str()},
     };

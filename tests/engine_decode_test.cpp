@@ -268,6 +268,7 @@ TEST_CASE("decode_tokens through the graphs (CPU replay): greedy is decode()'s a
   gk::InMemorySource src(weights);
   demo::LlmEngine eng(c, c10::kCPU, demo::WeightFormat::dense, src, small_engine(true));
   REQUIRE(eng.num_graphs() == 4);
+  CHECK(eng.sampling_in_graphs());
   const demo::SamplingParams p{.temperature = 0.9, .top_k = 40, .top_p = 0.95, .seed = 4};
   for (const std::int64_t n : {1, 3, 8}) {
     CAPTURE(n);
@@ -453,6 +454,7 @@ TEST_CASE("gpu: the CUDA sampler draws what the CPU draws from the same logits")
   const demo::HfConfig c = demo::builtin_tiny_config();
   gk::InMemorySource src(demo::random_weights(c, 41));
   demo::LlmEngine eng(c, cuda, demo::WeightFormat::dense, src, small_engine(true));
+  CHECK(eng.sampling_in_graphs());  // every sampling graph captured: sort, cumsum, the noise kernel
   const at::Tensor tokens = at::arange(8, at::kLong).mul(3), p8 = at::full({8}, 4, at::kLong);
   const at::Tensor l = eng.decode(tokens, p8);
   CHECK(at::equal(eng.decode_tokens(tokens, p8, p), demo::sample_tokens(l.to(cuda), p8.to(cuda), rows_of(8, p, cuda)).cpu()));

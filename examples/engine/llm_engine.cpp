@@ -14,6 +14,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 #include <chrono>
 #include <functional>
@@ -194,14 +195,18 @@ void LlmEngine::capture_graphs() {
     // The sampling graph reads the logits of the decode graph as tracked
     // (track() may have captured it again), in the same pool. It reads no
     // weight, so it is not tracked: a reload cannot change what it reads.
-    if (options_.sampling_graphs) {
+    if (options_.sampling_graphs && !sampling_eager_) {
       g.sampler = gk::make_replay(device, "sample_bs" + std::to_string(b), g.graph.get());
       try {
         g.sampler->capture([&] { g.sampled = sample_tokens(g.logits, batch.positions, sampling_.narrow(b)); });
       } catch (const std::exception& e) {
-        GK_THROW(gk::StateError, "LlmEngine: capturing the sampling graph of batch ", b, " failed (",
-                 std::string(e.what()).substr(0, 400),
-                 "); LlmEngineOptions::sampling_graphs = false serves greedy decoding without it");
+        // Sampling then runs eagerly on the device (decode_tokens); greedy
+        // decoding, inside the decode graphs, is unaffected.
+        const std::string what = e.what();
+        std::fprintf(stderr, "LlmEngine: the sampling graph of batch %lld could not be captured (%s); sampling runs "
+                     "eagerly on the device\n", static_cast<long long>(b), what.substr(0, what.find('\n')).c_str());
+        g.sampler.reset();
+        sampling_eager_ = true;
       }
     }
     graphs_.push_back(std::move(g));
@@ -286,7 +291,12 @@ at::Tensor LlmEngine::decode_tokens(const at::Tensor& tokens, const at::Tensor& 
     sampling_set_ = std::make_pair(params, n);
   }
   g.graph->replay();
-  if (!params.greedy()) g.sampler->replay();
+  if (!params.greedy()) {
+    if (g.sampler)
+      g.sampler->replay();
+    else  // the sampling graphs could not be captured (capture_graphs)
+      g.sampled = sample_tokens(g.logits, positions_.narrow(0, 0, g.batch), sampling_.narrow(g.batch));
+  }
   const at::Tensor& ids = params.greedy() ? g.greedy : g.sampled;
   host_tokens_.narrow(0, 0, n).copy_(ids.narrow(0, 0, n), /*non_blocking=*/true);
   wait_serving();

@@ -65,7 +65,9 @@ struct LlmEngineOptions {
   // reference ops the CPU runs. No effect on the CPU.
   bool fast_cuda = true;
   // A sampling graph per decode graph (decode_tokens() with a temperature
-  // replays it after the decode graph); false: decode_tokens() is greedy only.
+  // replays it after the decode graph; one that cannot be captured is
+  // reported on stderr, and sampling then runs eagerly on the device);
+  // false: decode_tokens() is greedy only.
   bool sampling_graphs = true;
 
   // 1, 2, 4, then 8 to 256 in steps of 8 (35 sizes).
@@ -137,6 +139,9 @@ class LlmEngine {
   // The rotary tables, [max_len, head_dim] float32 (static I/O as well).
   const RopeTables& rope_tables() const { return rope_; }
   std::size_t num_graphs() const { return graphs_.size(); }
+  // True when every decode graph has its sampling graph (false: sampling
+  // runs eagerly, or not at all without LlmEngineOptions::sampling_graphs).
+  bool sampling_in_graphs() const { return options_.sampling_graphs && !sampling_eager_; }
   // The decode graphs, smallest batch first (each tracked by reload_engine()).
   std::vector<const gk::ReplayBackend*> decode_graphs() const;
   double capture_ms() const { return capture_ms_; }
@@ -170,6 +175,7 @@ class LlmEngine {
   at::Tensor host_tokens_;             // [max batch] int32: decode_tokens()' result (pinned on CUDA)
   SamplingRows sampling_;              // the sampling graphs' static inputs, [max batch]
   std::optional<std::pair<SamplingParams, std::int64_t>> sampling_set_;  // what sampling_ holds, for how many rows
+  bool sampling_eager_ = false;  // a sampling graph could not be captured: decode_tokens samples eagerly
   struct Graph {
     std::int64_t batch;
     std::unique_ptr<gk::ReplayBackend> graph;
