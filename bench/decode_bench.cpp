@@ -250,6 +250,18 @@ int main(int argc, char** argv) {
         {"graphs", eng.num_graphs()},
         {"device", device.str()},
     };
+    // The aims, where this run measures them (bf16, batch 64).
+    if (fast && format == demo::WeightFormat::dense && batch == 64 && roofline_ms > 0) {
+      if (model == "llama8b" && plain)
+        std::printf("aims: whole step %.2fx the plain decoder (<= 1.1: %s); GPU work at %.0f %% of the read roofline "
+                    "(>= 45 %%: %s)\n",
+                    step_ms / *plain, step_ms <= 1.1 * *plain ? "met" : "NOT met", 100 * roofline_ms / gpu_ms,
+                    roofline_ms >= 0.45 * gpu_ms ? "met" : "NOT met");
+      if (model == "qwen3moe30b")
+        std::printf("aims: %.0f tok/s, %.0f %% of the read roofline's (>= 50 %%: %s)\n",
+                    static_cast<double>(batch) / (step_ms / 1e3), 100 * roofline_ms / step_ms,
+                    roofline_ms >= 0.5 * step_ms ? "met" : "NOT met");
+    }
     const std::string line = row.dump();
     std::printf("%s\n", line.c_str());
     if (!json.empty()) std::ofstream(json, std::ios::app) << line << "\n";
