@@ -20,6 +20,7 @@
 #include <graphkeep/sources/weight_source.h>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <optional>
@@ -107,5 +108,17 @@ class RandomDeviceSource final : public gk::WeightSource {
   c10::Device device_;
   std::size_t i_ = 0;
 };
+
+// v rounded to `digits` decimals (the digits a reader of a JSON row uses).
+inline double rounded(double v, int digits) {
+  const double scale = std::pow(10.0, digits);
+  return std::round(v * scale) / scale;
+}
+
+// The same, or null for what a run did not measure (negative, NaN or infinite).
+inline nlohmann::ordered_json rounded_or_null(double v, int digits) {
+  if (!(v >= 0) || !std::isfinite(v)) return nullptr;
+  return rounded(v, digits);
+}
 
 }  // namespace gkbench

@@ -213,14 +213,8 @@ int main(int argc, char** argv) {
     const double roofline_ms = bw > 0 ? bytes / (bw * 1e6) : -1;
     const std::optional<double> plain = plain_step_ms(plain_json, model, batch, kv_len);
 
-    auto num = [](double v, int digits) {
-      const double scale = std::pow(10.0, digits);
-      return std::round(v * scale) / scale;
-    };
-    auto maybe = [&](double v, int digits) -> nlohmann::ordered_json {
-      if (!(v >= 0) || !std::isfinite(v)) return nullptr;
-      return num(v, digits);
-    };
+    const auto num = gkbench::rounded;
+    const auto maybe = gkbench::rounded_or_null;
     nlohmann::ordered_json breakdown = nlohmann::ordered_json::object();
     for (const auto& [part, ms] : parts) breakdown[part] = num(ms, 4);
     const nlohmann::ordered_json row = {

@@ -429,14 +429,8 @@ int main(int argc, char** argv) {
 
     // One row, its keys in this order, numbers rounded to the digits a reader
     // uses. `maybe` marks what a run may not measure (negative: null).
-    auto num = [](double v, int digits) {
-      const double scale = std::pow(10.0, digits);
-      return std::round(v * scale) / scale;
-    };
-    auto maybe = [&](double v, int digits) -> nlohmann::ordered_json {
-      if (v < 0) return nullptr;
-      return num(v, digits);
-    };
+    const auto num = gkbench::rounded;
+    const auto maybe = gkbench::rounded_or_null;
     const nlohmann::ordered_json row = {
         {"model", model},
         {"format", format_name},
