@@ -21,15 +21,19 @@
 //   load_pwal_no_graphkeep_ms  the same load and PWAL into a second model,
 //                              with no graph protection
 //   stage_ms, pause_ms         stage() on another thread (the mean of the
-//                              stages repeated over --stage-window-ms), then
-//                              commit() (the pause)
+//                              stages repeated over --stage-window-ms and
+//                              until --min-stage-steps decode steps were
+//                              served meanwhile), then commit() (the pause)
 //   pause_no_content_check_ms  the pause with ReloadOptions::check_adopted_content
 //                              off (no hashing of the adopted tensors)
 //   content_hash_ms            that hashing: at adoption in the stage, and in
 //                              the pause
 //   stage_finite_check_ms      the non-finite weight check in the stage
 //   reload_no_finite_check_ms  reload_gpu_source_ms with the check off
-//   decode_tok_s_idle          decode throughput (graph replays, one batch)
+//   decode_tok_s_idle          greedy decode throughput through the graphs,
+//                              the next tokens chosen on the device
+//                              (LlmEngine::decode_tokens), one batch, every
+//                              sequence at position kv_len - 1
 //   decode_tok_s_during_stage  the same while stage() runs
 //   peak_above_model_gib       allocator peak above the served model during
 //                              the streaming reload
@@ -43,6 +47,7 @@
 // Models: llama8b (Llama-3-8B shapes), qwen3moe30b (Qwen3-30B-A3B-like: 48
 // layers, 128 experts, top 8), tiny. One JSON object per run, appended as a
 // line to --json.
+#include "bench_models.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
 
@@ -69,84 +74,11 @@
 
 namespace {
 
-demo::HfConfig model_config(const std::string& name) {
-  demo::HfConfig c;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 500000.0;
-  c.max_position_embeddings = 8192;
-  c.dtype = at::kBFloat16;
-  if (name == "llama8b") {
-    c.model_type = "llama";
-    c.vocab_size = 128256;
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_hidden_layers = 32;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 8;
-    c.head_dim = 128;
-  } else if (name == "qwen3moe30b") {
-    c.model_type = "qwen3_moe";
-    c.vocab_size = 151936;
-    c.hidden_size = 2048;
-    c.intermediate_size = 6144;
-    c.num_hidden_layers = 48;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 4;
-    c.head_dim = 128;
-    c.num_experts = 128;
-    c.num_experts_per_tok = 8;
-    c.moe_intermediate_size = 768;
-    c.rope_theta = 1000000.0;
-  } else if (name == "tiny") {
-    c = demo::builtin_tiny_config();
-  } else {
-    throw std::invalid_argument("unknown --model " + name + " (llama8b, qwen3moe30b, tiny)");
-  }
-  return c;
-}
-
-struct Shape {
-  std::string name;
-  std::vector<std::int64_t> shape;
-  at::ScalarType dtype;
-  std::int64_t nbytes() const {
-    std::int64_t n = static_cast<std::int64_t>(c10::elementSize(dtype));
-    for (auto d : shape) n *= d;
-    return n;
-  }
-};
-
-// The checkpoint's tensors, read off a model built on `device` (then freed).
-std::vector<Shape> checkpoint_shapes(const demo::HfConfig& c, c10::Device device) {
-  demo::CausalLM m(c, device, demo::WeightFormat::dense);
-  std::vector<Shape> out;
-  for (const gk::CheckpointTensor& t : demo::expected_checkpoint(m)) out.push_back({t.name, t.shape, t.dtype});
-  return out;
-}
-
-at::Tensor random_tensor(const Shape& s, c10::Device device) {
-  const auto o = at::TensorOptions().dtype(at::kFloat).device(device);
-  at::Tensor w = s.name.ends_with("norm.weight") ? 1.0 + 0.05 * at::randn(s.shape, o)
-                                                 : at::randn(s.shape, o) * (1.0 / std::sqrt(double(s.shape.back())));
-  return w.to(s.dtype);
-}
-
-// Yields random tensors made on the device as it goes: peak one tensor.
-class RandomDeviceSource final : public gk::WeightSource {
- public:
-  RandomDeviceSource(const std::vector<Shape>& shapes, c10::Device device) : shapes_(shapes), device_(device) {}
-  std::optional<gk::NamedTensor> next() override {
-    if (i_ >= shapes_.size()) return std::nullopt;
-    const Shape& s = shapes_[i_++];
-    return gk::NamedTensor{s.name, random_tensor(s, device_), 0};
-  }
-  std::string describe() const override { return "random device weights"; }
-
- private:
-  const std::vector<Shape>& shapes_;
-  c10::Device device_;
-  std::size_t i_ = 0;
-};
+using gkbench::checkpoint_shapes;
+using gkbench::model_config;
+using gkbench::random_tensor;
+using gkbench::RandomDeviceSource;
+using gkbench::Shape;
 
 // A trainer's published weights: all made before the timed region.
 std::vector<gk::NamedTensor> trainer_weights(const std::vector<Shape>& shapes, c10::Device device) {
@@ -247,22 +179,26 @@ double chunked_copy_ms(std::int64_t bytes, bool from_pinned_host, c10::Device de
   return w.elapsed_ms();
 }
 
-double decode_tok_s(demo::LlmEngine& eng, std::int64_t batch, int steps, const std::atomic<bool>* until = nullptr,
-                    std::int64_t* served = nullptr) {
+// Decode throughput: greedy steps through the graphs, the next tokens chosen
+// on the device (LlmEngine::decode_tokens: only the ids come back), every
+// sequence at position `pos`. `steps` steps, or until `until` is set (then
+// `served`, when given, counts the steps as they are done).
+double decode_tok_s(demo::LlmEngine& eng, std::int64_t batch, std::int64_t pos, int steps,
+                    const std::atomic<bool>* until = nullptr, std::atomic<std::int64_t>* served = nullptr) {
   const at::Tensor tokens = at::arange(batch, at::kLong).remainder(eng.config().vocab_size);
-  const at::Tensor pos = at::full({batch}, 8, at::kLong);
-  (void)eng.decode(tokens, pos);
+  const at::Tensor positions = at::full({batch}, pos, at::kLong);
+  (void)eng.decode_tokens(tokens, positions);
   const gk::Stopwatch w;
   std::int64_t n = 0;
   if (until != nullptr) {
     while (!until->load()) {
-      (void)eng.decode(tokens, pos);
+      (void)eng.decode_tokens(tokens, positions);
       ++n;
+      if (served) served->store(n);
     }
   } else {
-    for (; n < steps; ++n) (void)eng.decode(tokens, pos);
+    for (; n < steps; ++n) (void)eng.decode_tokens(tokens, positions);
   }
-  if (served) *served = n;
   return n > 0 ? static_cast<double>(n * batch) / (w.elapsed_ms() / 1e3) : 0.0;
 }
 
@@ -277,7 +213,9 @@ int main(int argc, char** argv) {
   bool high_priority = true;    // LlmEngineOptions::high_priority_serving
   double stage_share = 1.0;     // LlmEngineOptions::stage_device_share
   std::string safetensors_dir;  // where to write the checkpoint for reload_safetensors_ms
-  double stage_window_ms = 2000;  // how long stage() is repeated while decoding
+  double stage_window_ms = 2000;  // how long stage() is repeated while decoding (at least)
+  std::int64_t min_stage_steps = 200;  // ... and until this many decode steps were served meanwhile
+  std::int64_t max_len = 64;           // the KV cache length; decode runs at position max_len - 1
   int reps = 3;                   // streaming reloads measured (median)
   std::int64_t layers = 0;        // > 0: the model's layer count (the slot count of a big model, small tensors)
   for (int i = 1; i < argc; ++i) {
@@ -298,11 +236,13 @@ int main(int argc, char** argv) {
     else if (k == "--stage-share") stage_share = std::stod(val());
     else if (k == "--safetensors-dir") safetensors_dir = val();
     else if (k == "--stage-window-ms") stage_window_ms = std::stod(val());
+    else if (k == "--min-stage-steps") min_stage_steps = std::stoll(val());
+    else if (k == "--kv-len") max_len = std::stoll(val());
     else if (k == "--reps") reps = std::max(1, std::stoi(val()));
     else if (k == "--layers") layers = std::stoll(val());
     else {
       std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
-                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--reps N] [--layers N] [--json FILE]\n");
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--min-stage-steps N] [--kv-len L] [--reps N] [--layers N] [--json FILE]\n");
       return 2;
     }
   }
@@ -334,7 +274,8 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
 
     demo::LlmEngineOptions opts;
-    opts.max_len = 64;
+    opts.max_len = max_len;
+    opts.sampling_graphs = false;  // greedy decode only: no sampling graphs' memory beside a staged model
     opts.reload.adopt_source_tensors = adopt_stage;  // what stage() does with the trainer's tensors
     opts.high_priority_serving = high_priority;
     opts.stage_device_share = stage_share;
@@ -348,7 +289,8 @@ int main(int argc, char** argv) {
                 static_cast<double>(captured) / GiB);
     std::fflush(stdout);
 
-    const double idle = decode_tok_s(eng, batch, 50);
+    const std::int64_t decode_pos = max_len - 1;
+    const double idle = decode_tok_s(eng, batch, decode_pos, 200);
     const double d2d = chunked_copy_ms(captured, false, device);
     const double h2d = device.is_cuda() ? chunked_copy_ms(captured, true, device) : 0.0;
 
@@ -453,13 +395,14 @@ int main(int argc, char** argv) {
     double stage_ms = -1, pause_ms = -1, during = -1, pause_unhashed_ms = -1, stage_finite_ms = -1,
            content_hash_ms = -1;
     std::string stage_note;
-    std::int64_t served = 0;
+    std::atomic<std::int64_t> served{0};
     int stage_count = 0;
     if (!streaming_only) {
       // The trainer's weights, staged again and again (each stage but the
-      // last aborted) for at least `stage_window_ms`, so that the decode
-      // throughput during staging is measured over many decode steps even
-      // when one stage is shorter than a decode step.
+      // last aborted) for at least `stage_window_ms` and until at least
+      // `min_stage_steps` decode steps were served meanwhile, so that the
+      // decode throughput during staging is measured over many decode steps
+      // even when one stage is shorter than a decode step.
       const std::vector<gk::NamedTensor> w = trainer_params(plan, device);
       gk::runtime::synchronize(device);
       std::atomic<bool> done{false};
@@ -477,13 +420,13 @@ int main(int argc, char** argv) {
             staged = eng.stage(src);
             stage_total += t.elapsed_ms();
             ++stages;
-          } while (window.elapsed_ms() < stage_window_ms);
+          } while (window.elapsed_ms() < stage_window_ms || served.load() < min_stage_steps);
         } catch (...) {
           error = std::current_exception();
         }
         done = true;
       });
-      during = decode_tok_s(eng, batch, 0, &done, &served);
+      during = decode_tok_s(eng, batch, decode_pos, 0, &done, &served);
       stager.join();
       try {
         if (error) std::rethrow_exception(error);
@@ -516,14 +459,8 @@ int main(int argc, char** argv) {
 
     // One row, its keys in this order, numbers rounded to the digits a reader
     // uses. `maybe` marks what a run may not measure (negative: null).
-    auto num = [](double v, int digits) {
-      const double scale = std::pow(10.0, digits);
-      return std::round(v * scale) / scale;
-    };
-    auto maybe = [&](double v, int digits) -> nlohmann::ordered_json {
-      if (v < 0) return nullptr;
-      return num(v, digits);
-    };
+    const auto num = gkbench::rounded;
+    const auto maybe = gkbench::rounded_or_null;
     const nlohmann::ordered_json row = {
         {"model", model},
         {"format", format_name},
@@ -548,7 +485,10 @@ int main(int argc, char** argv) {
         {"reload_no_finite_check_ms", num(unchecked.ms, 3)},
         {"decode_tok_s_idle", num(idle, 1)},
         {"decode_tok_s_during_stage", maybe(during, 1)},
-        {"decode_steps_during_stage", served},
+        {"decode_steps_during_stage", served.load()},
+        {"decode", "decode_tokens, greedy, tokens chosen on the device"},
+        {"decode_position", decode_pos},
+        {"fast_cuda", opts.fast_cuda},
         {"stages", stage_count},
         {"peak_above_model_gib", num(peak_above, 3)},
         {"largest_layer_gib", num(largest_layer / GiB, 3)},

@@ -9,6 +9,8 @@
 #   bash scripts/gpu.sh hf       the engine on CUDA graphs against Hugging Face
 #                                transformers (dense, FP8, W4A16; tiny and medium)
 #   bash scripts/gpu.sh online   online reload at Llama-3-8B and Qwen3-30B-A3B shapes
+#   bash scripts/gpu.sh decode   the example engine's decode step: its GPU tests, then
+#                                against the read roofline and a plain PyTorch decoder
 #   bash scripts/gpu.sh record   the recorded run behind docs/gpu-runs.md,
 #                                docs/sites.md and docs/performance.md
 #   bash scripts/gpu.sh python   the Python package: pip build, gpu pytest, audit cost
@@ -229,6 +231,56 @@ suite_online() {
   if [ "${GK_DEMO:-1}" = 1 ]; then
     echo '== gk-rl-demo --online fp8'
     ./examples/gk-rl-demo --online --steps 3 --quant fp8 --work /tmp/gk-demo-online | tail -8
+  fi
+  return "$rc"
+}
+
+# The decode step of the example engine (its fast CUDA path, tokens chosen
+# on the device): the GPU tests of the engine (fast path against the
+# reference ops and the CPU, manifests, the CUDA sampler, the FP8 staging
+# peak, serving while staging 1,000 times, stale KV rows), then per model a
+# plain PyTorch decoder of the same shapes (bench/plain_decoder.py) and
+# gk-decode-bench in the same run: rows to $OUT/decode_h200.json (and the
+# plain decoder's to $OUT/plain_decoder.json), the reference path's row for
+# Llama-8B too; then gk-online-bench at 8B bf16 on the fast decoder (at least
+# 200 decode steps while staging) to $OUT/online_h200.json. About 7 minutes
+# on an H200 from a fresh machine.
+#   GK_DECODE_MODELS="llama8b qwen3moe30b"  the models (default both)
+#   GK_DECODE_FP8=1      also llama8b in FP8
+#   GK_DECODE_ONLINE=0   no online row;  GK_DECODE_ONLINE=all: FP8 (share 0.5) and the MoE too
+suite_decode() {
+  local json=$LOG/decode_h200.json plain=$LOG/plain_decoder.json online=$LOG/online_h200.json m rc
+  build test_engine_decode test_online_engine gk-decode-bench gk-online-bench || return 1
+  gpu_ctest -R '(test_engine_decode_gpu|test_online_engine_gpu)$'
+  rc=$?
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+  for m in ${GK_DECODE_MODELS:-llama8b qwen3moe30b}; do
+    echo "== plain PyTorch decoder $m"
+    timeout 240 python3 bench/plain_decoder.py --model "$m" --batch 64 --kv-len 64 --json "$plain"
+    echo "== gk-decode-bench $m"
+    timeout 300 "$BUILD/bench/gk-decode-bench" --model "$m" --batch 64 --kv-len 64 --plain-json "$plain" --json "$json"
+    if [ "$m" = llama8b ]; then
+      echo "== gk-decode-bench $m, reference path"
+      timeout 240 "$BUILD/bench/gk-decode-bench" --model "$m" --batch 64 --kv-len 64 --steps 20 --reference \
+        --plain-json "$plain" --json "$json"
+      if [ "${GK_DECODE_FP8:-0}" = 1 ]; then
+        echo "== gk-decode-bench $m fp8"
+        timeout 240 "$BUILD/bench/gk-decode-bench" --model "$m" --format fp8 --batch 64 --kv-len 64 --json "$json"
+      fi
+    fi
+  done
+  if [ "${GK_DECODE_ONLINE:-1}" != 0 ]; then
+    echo '== gk-online-bench llama8b dense (fast decoder)'
+    timeout 240 "$BUILD/bench/gk-online-bench" --model llama8b --format dense --reps 1 --min-stage-steps 200 \
+      --json "$online"
+    if [ "${GK_DECODE_ONLINE:-1}" = all ]; then
+      echo '== gk-online-bench llama8b fp8, stage share 0.5'
+      timeout 240 "$BUILD/bench/gk-online-bench" --model llama8b --format fp8 --stage-share 0.5 --reps 1 \
+        --min-stage-steps 200 --json "$online"
+      echo '== gk-online-bench qwen3moe30b dense (no plain baseline)'
+      timeout 300 "$BUILD/bench/gk-online-bench" --model qwen3moe30b --format dense --no-plain --reps 1 \
+        --min-stage-steps 200 --json "$online"
+    fi
   fi
   return "$rc"
 }

@@ -24,6 +24,13 @@ if(TARGET gk-online-bench OR GRAPHKEEP_BUILD_BENCH)
     REGEX "\"drift\":0,\"batch\":4,")
 endif()
 
+# gk-decode-bench at the tiny size on the CPU: the row's keys and its run.
+if(TARGET gk-decode-bench OR GRAPHKEEP_BUILD_BENCH)
+  gk_add_output_test(bench.decode_smoke LABELS unit
+    COMMAND $<TARGET_FILE:gk-decode-bench> --model tiny --device cpu --batch 4 --kv-len 16 --steps 5
+    REGEX "\"model\":\"tiny\",\"format\":\"dense\",\"batch\":4,\"kv_len\":16,\"decode_step_ms\":[0-9.]+,\"gpu_step_ms\":[0-9.]+")
+endif()
+
 # The RL-loop demo (README's first command) on the CPU replay backend, with
 # the built-in model: every reload's replay equals a fresh engine built from
 # the same checkpoint, dense and FP8; with one slot left out of copy-back,

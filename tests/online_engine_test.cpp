@@ -173,17 +173,6 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   CHECK(demo::bitwise_equal(eng.decode(tokens, pos), expected[current.load()]));
 }
 
-// The built-in tiny model as Llama (no q/k norms), Qwen3 and Qwen3-MoE.
-std::vector<demo::HfConfig> tiny_configs() {
-  demo::HfConfig qwen3 = demo::builtin_tiny_config(), llama = qwen3, moe = qwen3;
-  llama.model_type = "llama";
-  moe.model_type = "qwen3_moe";
-  moe.num_experts = 8;
-  moe.num_experts_per_tok = 2;
-  moe.moe_intermediate_size = 32;
-  moe.norm_topk_prob = true;
-  return {llama, qwen3, moe};
-}
 
 // Every row of every layer's KV cache set to NaN, +Inf or -Inf (keys and
 // values in a different pattern): what rows written under NaN weights hold.
@@ -221,7 +210,7 @@ void stale_kv_rows_never_reach_logits(const c10::Device device) {
   // does, eagerly and through the captured decode graphs (the CPU replay
   // backend, or CUDA graphs).
   at::NoGradGuard no_grad;
-  for (const demo::HfConfig& c : tiny_configs()) {
+  for (const demo::HfConfig& c : demo::builtin_tiny_configs()) {
     CAPTURE(c.model_type);
     const std::vector<gk::NamedTensor> weights = demo::random_weights(c, 7);
     demo::LlmEngineOptions opts;

@@ -47,6 +47,17 @@ HfConfig builtin_tiny_config() {
   return c;
 }
 
+std::vector<HfConfig> builtin_tiny_configs() {
+  HfConfig qwen3 = builtin_tiny_config(), llama = qwen3, moe = qwen3;
+  llama.model_type = "llama";
+  moe.model_type = "qwen3_moe";
+  moe.num_experts = 8;
+  moe.num_experts_per_tok = 2;
+  moe.moe_intermediate_size = 32;
+  moe.norm_topk_prob = true;
+  return {llama, qwen3, moe};
+}
+
 std::vector<gk::NamedTensor> random_weights(const HfConfig& c, std::uint64_t seed) {
   at::NoGradGuard no_grad;
   CausalLM shape_only(c, c10::kCPU, WeightFormat::dense);

@@ -25,6 +25,9 @@ namespace demo {
 // The demo's built-in model: a Qwen3-shaped decoder small enough for a CPU
 // (2 layers, hidden 64, 4 heads of 16 over 2 KV heads, vocab 256, float32).
 HfConfig builtin_tiny_config();
+// The same model as each architecture the engine serves: Llama (no q/k
+// norms), Qwen3 (the built-in one) and Qwen3-MoE (8 experts of 32, top 2).
+std::vector<HfConfig> builtin_tiny_configs();
 
 // Every tensor the model of `c` expects, in Hugging Face names, with random
 // values of a trained model's magnitudes (projections ~ 1/sqrt(fan-in),

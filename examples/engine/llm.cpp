@@ -1,5 +1,9 @@
 #include "llm.h"
 
+#include "fused_ops.h"
+#include "ops.h"
+#include "part_timer.h"
+
 #include <graphkeep/core/check.h>
 #include <graphkeep/runtime/device.h>
 #include <graphkeep/runtime/host_stream.h>
@@ -23,19 +27,8 @@ namespace {
 // a CUDA graph burns in kernel arguments, so a CPU run shows the same
 // failures a GPU run would. Outputs come from gk::runtime::empty: the
 // capture's private pool while capturing.
-using Body = gk::hostrt::AtenBody;
-
-at::Tensor op(const char* name, const std::vector<at::Tensor>& in, at::IntArrayRef out_shape,
-              const at::TensorOptions& options, Body body) {
-  at::Tensor out = gk::runtime::empty(out_shape, options);
-  if (out.is_cuda()) {
-    std::vector<at::Tensor> inputs = in, outs{out};
-    body(inputs, outs);
-  } else {
-    gk::hostrt::launch_aten(name, in, {out}, std::move(body));
-  }
-  return out;
-}
+// (demo::ops::aten_op, ops.h.)
+constexpr auto op = &ops::aten_op;
 
 // transformers' RMSNorm: in float32, then back to the input dtype, times the weight.
 at::Tensor rms_norm_math(const at::Tensor& x, const at::Tensor& w, double eps) {
@@ -223,11 +216,35 @@ Plain::Plain(std::vector<int64_t> shape, at::TensorOptions options) {
 // significant bits each), and summed by at::mm in float32: the same value up
 // to the order of the additions. tests/hf/make_reference.py computes the same
 // quantization inside transformers for the oracle.
-void Fp8Weights::build(const at::Tensor& dense) {
-  const at::Tensor w = dense.to(at::kFloat);
-  const at::Tensor s = (w.abs().amax(1) / 448.0).clamp_min(1e-12);
-  qweight_ = (w / s.unsqueeze(1)).clamp(-448.0, 448.0).to(at::kFloat8_e4m3fn).contiguous();
-  scale_ = s.contiguous();
+//
+// Note [FP8 quantization in chunks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The scale is per output channel, so rows quantize independently: build()
+// widens and quantizes `chunk_elements` worth of rows at a time into the
+// final [N, K] e4m3 tensor. Its float32 working memory is then two chunks
+// (the widened rows and their quotient, clamped in place) instead of four
+// copies of the whole projection (widened, |w|, quotient, clamped): 8B's
+// gate_up_proj widened alone is 0.44 GiB, half the largest layer, and the
+// whole-tensor version peaked at 1.62x the largest layer while staging
+// (docs/performance.md). The values are bitwise those of the one-shot version
+// (tests/engine_decode_test.cpp builds both).
+void Fp8Weights::build(const at::Tensor& dense, std::int64_t chunk_elements) {
+  GK_CHECK(gk::StateError, dense.dim() == 2 && chunk_elements > 0, "Fp8Weights::build: dense ", dense.sizes(),
+           " must be [N, K] and chunk_elements ", chunk_elements, " positive");
+  const std::int64_t n = dense.size(0), k = dense.size(1);
+  const std::int64_t rows = std::max<std::int64_t>(1, chunk_elements / std::max<std::int64_t>(k, 1));
+  at::Tensor q = at::empty({n, k}, dense.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor s = at::empty({n}, dense.options().dtype(at::kFloat));
+  for (std::int64_t r = 0; r < n; r += rows) {
+    const std::int64_t m = std::min(rows, n - r);
+    const at::Tensor w = dense.narrow(0, r, m).to(at::kFloat);
+    const at::Tensor sc = (w.abs().amax(1) / 448.0).clamp_min(1e-12);
+    at::Tensor y = w / sc.unsqueeze(1);
+    q.narrow(0, r, m).copy_(y.clamp_(-448.0, 448.0));
+    s.narrow(0, r, m).copy_(sc);
+  }
+  qweight_ = q;
+  scale_ = s;
 }
 
 at::Tensor Fp8Weights::apply(const at::Tensor& x) const {
@@ -392,6 +409,46 @@ at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, cons
   return o_.apply("o_proj", a, o_proj_);
 }
 
+// Note [The fast CUDA path]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// On CUDA, with CausalLM::set_fast_cuda (LlmEngine's default), the decoder
+// computes the same model with fewer and larger kernels, each captured in
+// the decode graphs like any other:
+//   - a residual add and the RMSNorm after it are one kernel
+//     (fused::add_rms_norm): the layers pass the residual stream and their
+//     MLP's output, and the next norm adds them;
+//   - after the fused QKV GEMM, Qwen3's q/k norms, RoPE and the KV-cache
+//     write are one kernel (fused::qkv_rope_cache), and attention is one
+//     online-softmax kernel that reads, for each token, the cache rows of
+//     positions 0..its own of its sequence and no other (fused::decode_attention):
+//     a stale row (Note [Stale KV rows]) is never read, so it cannot reach a
+//     logit, NaN or not;
+//   - SwiGLU's activation is one kernel (fused::silu_and_mul);
+//   - the GEMMs are cuBLAS's (at::mm_out on the fused q/k/v and gate/up
+//     weights as the checkpoint fills them), and bf16 MoE layers on sm90 /
+//     sm100 route on the device and run their experts through
+//     at::_grouped_mm (Note [Qwen3-MoE through grouped GEMMs]).
+// Every fused kernel keeps the roundings of the ATen ops it replaces
+// (transformers' order), so the two paths differ in the order of sums
+// (norms, attention: float32 here, the model dtype's GEMM there) and, for the
+// MoE, in the dtype the top-k experts are summed in. The GPU test in
+// tests/engine_decode_test.cpp compares them within tolerance; the CPU path
+// is the reference, unchanged, and what the oracle tests check bitwise.
+// The benchmarks' per-part breakdown comes from the mark_part() calls
+// (part_timer.h), no-ops unless a PartTimer is active.
+at::Tensor Attention::forward_fast(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
+                                   const RopeTables& rope) {
+  mark_part(Part::gemm);
+  const at::Tensor qkv = qkv_.apply("qkv_proj", x, qkv_proj_);
+  mark_part(Part::attention);
+  const fused::HeadShape shape{heads_, kv_heads_, head_dim_, eps_};
+  const at::Tensor q = fused::qkv_rope_cache(qkv, batch, cache, rope, shape, q_norm_ ? q_norm_->weight : at::Tensor(),
+                                             k_norm_ ? k_norm_->weight : at::Tensor());
+  const at::Tensor a = fused::decode_attention(q, batch, cache, shape);
+  mark_part(Part::gemm);
+  return o_.apply("o_proj", a, o_proj_);
+}
+
 Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
     : gate_up_(format, checkpoint_names(prefix, "mlp", "gate_up_proj"), c.hidden_size, "hidden_size"),
       down_(format, checkpoint_names(prefix, "mlp", "down_proj"), c.intermediate_size, "intermediate_size"),
@@ -415,6 +472,15 @@ void Mlp::process_weights_after_loading() {
 
 at::Tensor Mlp::forward(const at::Tensor& x) {
   return down_.apply("down_proj", silu_and_mul(gate_up_.apply("gate_up_proj", x, gate_up_proj_)), down_proj_);
+}
+
+at::Tensor Mlp::forward_fast(const at::Tensor& x) {
+  mark_part(Part::gemm);
+  const at::Tensor h = gate_up_.apply("gate_up_proj", x, gate_up_proj_);
+  mark_part(Part::mlp_act);
+  const at::Tensor a = fused::silu_and_mul(h);
+  mark_part(Part::gemm);
+  return down_.apply("down_proj", a, down_proj_);
 }
 
 SparseMoe::SparseMoe(const HfConfig& c, c10::Device device)
@@ -467,6 +533,29 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
   return to_dtype("moe_out", y, x.scalar_type());
 }
 
+// Note [Qwen3-MoE through grouped GEMMs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// In bf16 on sm90 / sm100 (fused::grouped_mm_supported), the fast path runs a
+// MoE layer as serving engines do: the router GEMM, then routing on the
+// device with no host sync (softmax in float32, top-k, renormalized; the T k
+// (token, expert) pairs sorted stably by expert, the rows per expert counted
+// with scatter_add_ and their cumulative sum as the groups' offsets), the
+// tokens' rows gathered in that order, at::_grouped_mm over w13 (each
+// expert's [2I, H] block, transposed: no copy), the fused SwiGLU activation,
+// at::_grouped_mm over w2, the rows put back in (token, rank) order and
+// summed with their gates in float32. Every intermediate is a per-call
+// tensor of the capture's pool (the grouped GEMM's own argument buffers
+// too); no derived tensor outlives a call, so nothing new needs a slot.
+// Other dtypes and GPUs keep the SwigluExperts kernel (_grouped_mm's
+// fallback copies the offsets to the host, which a capture cannot do).
+at::Tensor SparseMoe::forward_fast(const at::Tensor& x) {
+  mark_part(Part::moe);
+  if (!fused::grouped_mm_supported(x)) return forward(x);
+  const at::Tensor logits = linear("router", x, gate_);
+  const int64_t E = num_experts_, I = inter_, Hd = hidden_;
+  return fused::moe_grouped_mm(x, logits, w13_.view({E, 2 * I, Hd}), w2_.view({E, Hd, I}), topk_, norm_topk_);
+}
+
 DecoderLayer::DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
     : eps_(c.rms_norm_eps) {
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
@@ -487,6 +576,17 @@ at::Tensor DecoderLayer::forward(const at::Tensor& x, const TokenBatch& batch, c
   return residual(h, moe_ ? moe_->forward(n) : mlp_->forward(n));
 }
 
+std::pair<at::Tensor, at::Tensor> DecoderLayer::forward_fast(const at::Tensor& x, const at::Tensor& delta,
+                                                             const TokenBatch& batch, const KvCache& cache,
+                                                             const RopeTables& rope) {
+  mark_part(Part::norm);
+  const fused::Normed in = fused::add_rms_norm(x, delta, input_layernorm_->weight, eps_);
+  const at::Tensor a = self_attn_->forward_fast(in.normed, batch, cache, rope);
+  mark_part(Part::norm);
+  const fused::Normed post = fused::add_rms_norm(in.residual, a, post_attention_layernorm_->weight, eps_);
+  return {post.residual, moe_ ? moe_->forward_fast(post.normed) : mlp_->forward_fast(post.normed)};
+}
+
 CausalLM::CausalLM(const HfConfig& c, c10::Device device, WeightFormat format)
     : config_(c), device_(device), format_(format) {
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
@@ -503,18 +603,40 @@ CausalLM::CausalLM(const HfConfig& c, c10::Device device, WeightFormat format)
     lm_head_ = register_module("lm_head", std::make_shared<Plain>(std::vector<int64_t>{c.vocab_size, c.hidden_size}, opts));
 }
 
+at::Tensor CausalLM::embed(const at::Tensor& ids) {
+  return op("embedding", {embed_tokens_->weight, ids}, {ids.size(0), config_.hidden_size},
+            embed_tokens_->weight.options(),
+            [](auto& in, auto& out) { at::index_select_out(out[0], in[0], 0, in[1]); });
+}
+
+at::Tensor CausalLM::lm_head(const at::Tensor& x) {
+  const at::Tensor& head = lm_head_ ? lm_head_->weight : embed_tokens_->weight;
+  return op("lm_head", {x, head}, {x.size(0), config_.vocab_size}, x.options().dtype(at::kFloat),
+            [](auto& in, auto& out) { out[0].copy_(at::mm(in[0], in[1].t())); });
+}
+
 at::Tensor CausalLM::forward(const at::Tensor& ids, const TokenBatch& batch, const std::vector<KvCache>& caches,
                              const RopeTables& rope) {
   GK_CHECK(gk::StateError, caches.size() == layers_.size(), "CausalLM: ", caches.size(), " caches for ",
            layers_.size(), " layers");
-  at::Tensor x = op("embedding", {embed_tokens_->weight, ids}, {ids.size(0), config_.hidden_size},
-                    embed_tokens_->weight.options(),
-                    [](auto& in, auto& out) { at::index_select_out(out[0], in[0], 0, in[1]); });
+  if (fast_cuda_ && fused::supported(embed_tokens_->weight)) return forward_fast(ids, batch, caches, rope);
+  at::Tensor x = embed(ids);
   for (std::size_t i = 0; i < layers_.size(); ++i) x = layers_[i]->forward(x, batch, caches[i], rope);
-  x = rms_norm(x, norm_->weight, config_.rms_norm_eps);
-  const at::Tensor& head = lm_head_ ? lm_head_->weight : embed_tokens_->weight;
-  return op("lm_head", {x, head}, {x.size(0), config_.vocab_size}, x.options().dtype(at::kFloat),
-            [](auto& in, auto& out) { out[0].copy_(at::mm(in[0], in[1].t())); });
+  return lm_head(rms_norm(x, norm_->weight, config_.rms_norm_eps));
+}
+
+at::Tensor CausalLM::forward_fast(const at::Tensor& ids, const TokenBatch& batch, const std::vector<KvCache>& caches,
+                                  const RopeTables& rope) {
+  mark_part(Part::embedding);
+  at::Tensor x = embed(ids), delta;
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    std::tie(x, delta) = layers_[i]->forward_fast(x, delta, batch, caches[i], rope);
+  mark_part(Part::norm);
+  const fused::Normed out = fused::add_rms_norm(x, delta, norm_->weight, config_.rms_norm_eps);
+  mark_part(Part::lm_head);
+  at::Tensor logits = lm_head(out.normed);
+  mark_part(Part::idle);
+  return logits;
 }
 
 std::vector<gk::CheckpointTensor> expected_checkpoint(torch::nn::Module& model) {

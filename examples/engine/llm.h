@@ -28,7 +28,11 @@
 //          packed weights are derived per PWAL too).
 // The router, norms, embedding and lm_head stay dense; the MoE experts, in
 // every format, run through graphkeep's grouped MoE kernel
-// (gk::kernels::SwigluExperts) on the checkpoint-dtype weights.
+// (gk::kernels::SwigluExperts) on the checkpoint-dtype weights, or in bf16 on
+// an H100/H200-class GPU through at::_grouped_mm.
+// On CUDA the decoder can run its fast path (set_fast_cuda; LlmEngine turns
+// it on): fused norms, RoPE and KV writes, attention over each sequence's
+// positions only, routing on the device (Note [The fast CUDA path] in llm.cpp).
 // PWAL builds the quantized weights, scales and kernel state at new addresses
 // on every reload: they are derived tensors, declared with their roles, and
 // graphkeep copies them back into the storage the graphs captured.
@@ -51,6 +55,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace demo {
@@ -94,9 +99,14 @@ class Plain : public torch::nn::Module {
 // checkpoint-format parameter.
 class Fp8Weights {
  public:
-  void build(const at::Tensor& dense);            // dense: [N, K] -> qweight [N, K] e4m3, scale [N]
+  // dense: [N, K] -> qweight [N, K] e4m3, scale [N], quantized
+  // chunk_elements at a time (Note [FP8 quantization in chunks] in llm.cpp).
+  static constexpr std::int64_t kChunkElements = std::int64_t{1} << 23;  // 32 MiB of float32
+  void build(const at::Tensor& dense, std::int64_t chunk_elements = kChunkElements);
   at::Tensor apply(const at::Tensor& x) const;    // x [T, K] model dtype -> [T, N] model dtype
   bool built() const { return qweight_.defined(); }
+  const at::Tensor& qweight() const { return qweight_; }
+  const at::Tensor& scale() const { return scale_; }
 
  private:
   at::Tensor qweight_;  // [N, K] float8_e4m3fn
@@ -157,6 +167,8 @@ class Attention : public torch::nn::Module, public gk::ReloadableLayer {
 
   // x [T, hidden] -> [T, hidden]; writes the batch's keys and values into `cache`.
   at::Tensor forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache, const RopeTables& rope);
+  // The same through the fused CUDA kernels (Note [The fast CUDA path]).
+  at::Tensor forward_fast(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache, const RopeTables& rope);
 
  private:
   at::Tensor qkv_proj_;  // [(H + 2 KV) D, hidden]
@@ -180,6 +192,7 @@ class Mlp : public torch::nn::Module, public gk::ReloadableLayer {
   void process_weights_after_loading() override;
   gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
   at::Tensor forward(const at::Tensor& x);
+  at::Tensor forward_fast(const at::Tensor& x);  // the activation fused (CUDA)
 
  private:
   at::Tensor gate_up_proj_;  // [2 I, hidden]
@@ -208,6 +221,9 @@ class SparseMoe : public torch::nn::Module, public gk::ReloadableLayer {
   void process_weights_after_loading() override;
   gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
   at::Tensor forward(const at::Tensor& x);
+  // bf16 on sm90 / sm100: routing on the device and at::_grouped_mm (Note
+  // [Qwen3-MoE through grouped GEMMs] in llm.cpp); else forward().
+  at::Tensor forward_fast(const at::Tensor& x);
 
  private:
   at::Tensor gate_;  // [E, hidden] router
@@ -226,6 +242,11 @@ class DecoderLayer : public torch::nn::Module {
  public:
   DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix);
   at::Tensor forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache, const RopeTables& rope);
+  // The fast path carries the residual stream: the layer's input is
+  // x + delta (delta undefined: x), and it returns {its residual, its MLP's
+  // output}, whose sum is its output; the add is fused into the next norm.
+  std::pair<at::Tensor, at::Tensor> forward_fast(const at::Tensor& x, const at::Tensor& delta, const TokenBatch& batch,
+                                                 const KvCache& cache, const RopeTables& rope);
 
  private:
   std::shared_ptr<Plain> input_layernorm_, post_attention_layernorm_;
@@ -240,8 +261,14 @@ class CausalLM : public torch::nn::Module {
   CausalLM(const HfConfig& config, c10::Device device, WeightFormat format);
 
   // ids [T] int64 -> logits [T, vocab] float32. caches: one per layer.
+  // On CUDA with fast_cuda() the fast path, else the reference ops.
   at::Tensor forward(const at::Tensor& ids, const TokenBatch& batch, const std::vector<KvCache>& caches,
                      const RopeTables& rope);
+
+  // The fast CUDA path (Note [The fast CUDA path] in llm.cpp): off by
+  // default; no effect on the CPU, where the reference ops always run.
+  void set_fast_cuda(bool on) { fast_cuda_ = on; }
+  bool fast_cuda() const { return fast_cuda_; }
 
   const HfConfig& config() const { return config_; }
   c10::Device device() const { return device_; }
@@ -253,6 +280,12 @@ class CausalLM : public torch::nn::Module {
   WeightFormat format_;
   std::shared_ptr<Plain> embed_tokens_, norm_, lm_head_;
   std::vector<std::shared_ptr<DecoderLayer>> layers_;
+  bool fast_cuda_ = false;
+
+  at::Tensor forward_fast(const at::Tensor& ids, const TokenBatch& batch, const std::vector<KvCache>& caches,
+                          const RopeTables& rope);
+  at::Tensor embed(const at::Tensor& ids);
+  at::Tensor lm_head(const at::Tensor& x);
 };
 
 // Every checkpoint tensor the model expects, with its full name, shape and

@@ -14,6 +14,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 #include <chrono>
 #include <functional>
@@ -133,9 +134,16 @@ void LlmEngine::start() {
   }
   rope_ = make_rope_tables(cfg, options_.max_len, device);
   const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
-  ids_ = at::zeros({max_batch}, longs);
-  positions_ = at::zeros({max_batch}, longs);
+  inputs_ = at::zeros({2, max_batch}, longs);
+  ids_ = inputs_.select(0, 0);
+  positions_ = inputs_.select(0, 1);
   seqs_ = at::arange(max_batch, longs);
+  // Host staging of the inputs and of the token ids: pinned on CUDA, so the
+  // copies are asynchronous DMA (Note [Sampling on the device] in sampler.cpp).
+  host_inputs_ = at::zeros({2, max_batch}, at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
+  host_tokens_ = at::zeros({max_batch}, at::TensorOptions().dtype(at::kInt).pinned_memory(device.is_cuda()));
+  sampling_ = SamplingRows::make(max_batch, device);
+  model_->set_fast_cuda(options_.fast_cuda);
 
   engine_ = std::make_unique<gk::ReloadEngine>(*model_, gk::EngineOptions{options_.reload});
   engine_->prepare();
@@ -145,9 +153,12 @@ void LlmEngine::start() {
   }
   engine_->add_static_io("rope.cos", rope_.cos);
   engine_->add_static_io("rope.sin", rope_.sin);
-  engine_->add_static_io("input_ids", ids_);
-  engine_->add_static_io("positions", positions_);
+  engine_->add_static_io("input_ids_and_positions", inputs_);
   engine_->add_static_io("seqs", seqs_);
+  engine_->add_static_io("sampling.temperature", sampling_.temperature);
+  engine_->add_static_io("sampling.top_k", sampling_.top_k);
+  engine_->add_static_io("sampling.top_p", sampling_.top_p);
+  engine_->add_static_io("sampling.seed", sampling_.seed);
   capture_graphs();
 }
 
@@ -162,19 +173,42 @@ void LlmEngine::capture_graphs() {
   graphs_.clear();
   if (!options_.batch_sizes.empty()) {
     positions_.zero_();
-    (void)model_->forward(ids_, {positions_, seqs_}, caches_, rope_);  // warm-up outside any capture
+    // warm-up outside any capture
+    const at::Tensor logits = model_->forward(ids_, {positions_, seqs_}, caches_, rope_);
+    (void)greedy_tokens(logits);
+    if (options_.sampling_graphs) (void)sample_tokens(logits, positions_, sampling_);
     gk::runtime::synchronize(device);
   }
   // Largest first, all in the first graph's memory pool (as serving engines
   // capture them): the smaller graphs reuse the larger one's memory.
   for (auto it = options_.batch_sizes.rbegin(); it != options_.batch_sizes.rend(); ++it) {
     const std::int64_t b = *it;
-    Graph g{b, gk::make_replay(device, "decode_bs" + std::to_string(b), graphs_.empty() || !options_.shared_pool ? nullptr : graphs_.front().graph.get()), {}};
+    Graph g{b, gk::make_replay(device, "decode_bs" + std::to_string(b), graphs_.empty() || !options_.shared_pool ? nullptr : graphs_.front().graph.get()), {}, {}, {}, {}};
     const TokenBatch batch{positions_.narrow(0, 0, b), seqs_.narrow(0, 0, b)};
     const at::Tensor ids = ids_.narrow(0, 0, b);
-    const std::function<void()> forward = [&] { g.logits = model_->forward(ids, batch, caches_, rope_); };
+    const std::function<void()> forward = [&] {
+      g.logits = model_->forward(ids, batch, caches_, rope_);
+      g.greedy = greedy_tokens(g.logits);
+    };
     g.graph->capture(forward);
     engine_->track(*g.graph, forward);  // with the forward: Note [Confirming raw addresses]
+    // The sampling graph reads the logits of the decode graph as tracked
+    // (track() may have captured it again), in the same pool. It reads no
+    // weight, so it is not tracked: a reload cannot change what it reads.
+    if (options_.sampling_graphs && !sampling_eager_) {
+      g.sampler = gk::make_replay(device, "sample_bs" + std::to_string(b), g.graph.get());
+      try {
+        g.sampler->capture([&] { g.sampled = sample_tokens(g.logits, batch.positions, sampling_.narrow(b)); });
+      } catch (const std::exception& e) {
+        // Sampling then runs eagerly on the device (decode_tokens); greedy
+        // decoding, inside the decode graphs, is unaffected.
+        const std::string what = e.what();
+        std::fprintf(stderr, "LlmEngine: the sampling graph of batch %lld could not be captured (%s); sampling runs "
+                     "eagerly on the device\n", static_cast<long long>(b), what.substr(0, what.find('\n')).c_str());
+        g.sampler.reset();
+        sampling_eager_ = true;
+      }
+    }
     graphs_.push_back(std::move(g));
   }
   std::reverse(graphs_.begin(), graphs_.end());  // smallest first, for decode()'s search
@@ -214,21 +248,72 @@ at::Tensor LlmEngine::decode_eager(const at::Tensor& tokens, const at::Tensor& p
   return run_eager(tokens.to(longs), {positions.to(longs), at::arange(n, longs)});
 }
 
-at::Tensor LlmEngine::decode(const at::Tensor& tokens, const at::Tensor& positions, bool checked) {
+LlmEngine::Graph& LlmEngine::prepare_step(const at::Tensor& tokens, const at::Tensor& positions, bool checked) {
   const std::int64_t n = tokens.size(0);
   auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const Graph& g) { return g.batch >= n; });
   GK_CHECK(gk::StateError, it != graphs_.end(), "decode: a batch of ", n, " exceeds the largest captured graph");
-  GK_CHECK(gk::StateError, positions.size(0) == n && positions.max().item<std::int64_t>() < options_.max_len,
-           "decode: positions must be [", n, "] and below max_len ", options_.max_len);
+  const at::Tensor ids = tokens.to(at::kCPU, at::kLong).contiguous();
+  const at::Tensor pos = positions.to(at::kCPU, at::kLong).contiguous();
+  GK_CHECK(gk::StateError, ids.dim() == 1 && pos.dim() == 1 && pos.size(0) == n, "decode: tokens ", tokens.sizes(),
+           " and positions ", positions.sizes(), " must both be [", n, "]");
+  GK_CHECK(gk::StateError, n == 0 || (pos.min().item<std::int64_t>() >= 0 && pos.max().item<std::int64_t>() < options_.max_len),
+           "decode: positions must be [", n, "] and in 0..max_len - 1 (max_len ", options_.max_len, ")");
+  GK_CHECK(gk::StateError,
+           n == 0 || (ids.min().item<std::int64_t>() >= 0 && ids.max().item<std::int64_t>() < config().vocab_size),
+           "decode: token ids must be in 0..", config().vocab_size - 1);
   if (checked) engine_->check_replay_allowed();
+  host_inputs_.zero_();
+  host_inputs_[0].narrow(0, 0, n).copy_(ids);
+  host_inputs_[1].narrow(0, 0, n).copy_(pos);
+  inputs_.copy_(host_inputs_, /*non_blocking=*/true);  // on the serving stream: the caller holds serving()
+  return *it;
+}
+
+at::Tensor LlmEngine::decode(const at::Tensor& tokens, const at::Tensor& positions, bool checked) {
   const auto guard = serving();
-  ids_.zero_();
-  positions_.zero_();
-  ids_.narrow(0, 0, n).copy_(tokens);
-  positions_.narrow(0, 0, n).copy_(positions);
-  it->graph->replay();
+  Graph& g = prepare_step(tokens, positions, checked);
+  g.graph->replay();
   wait_serving();  // not the device: a stage() may be running on its own stream
-  return it->logits.narrow(0, 0, n).to(at::kCPU).clone();
+  return g.logits.narrow(0, 0, tokens.size(0)).to(at::kCPU).clone();
+}
+
+at::Tensor LlmEngine::decode_tokens(const at::Tensor& tokens, const at::Tensor& positions, const SamplingParams& params,
+                                    bool checked) {
+  params.check();
+  GK_CHECK(gk::StateError, params.greedy() || options_.sampling_graphs,
+           "decode_tokens: sampling (temperature ", params.temperature,
+           ") needs the sampling graphs (LlmEngineOptions::sampling_graphs)");
+  const std::int64_t n = tokens.size(0);
+  const auto guard = serving();
+  Graph& g = prepare_step(tokens, positions, checked);
+  if (!params.greedy() && sampling_set_ != std::make_pair(params, n)) {
+    sampling_.set(params, n);
+    sampling_set_ = std::make_pair(params, n);
+  }
+  g.graph->replay();
+  if (!params.greedy()) {
+    if (g.sampler)
+      g.sampler->replay();
+    else  // the sampling graphs could not be captured (capture_graphs)
+      g.sampled = sample_tokens(g.logits, positions_.narrow(0, 0, g.batch), sampling_.narrow(g.batch));
+  }
+  const at::Tensor& ids = params.greedy() ? g.greedy : g.sampled;
+  host_tokens_.narrow(0, 0, n).copy_(ids.narrow(0, 0, n), /*non_blocking=*/true);
+  wait_serving();
+  return host_tokens_.narrow(0, 0, n).clone();
+}
+
+void LlmEngine::replay_graph(std::int64_t batch) {
+  auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const Graph& g) { return g.batch == batch; });
+  GK_CHECK(gk::StateError, it != graphs_.end(), "replay_graph: no decode graph of exactly ", batch, " rows");
+  const auto guard = serving();
+  it->graph->replay();
+}
+
+std::vector<const gk::ReplayBackend*> LlmEngine::decode_graphs() const {
+  std::vector<const gk::ReplayBackend*> out;
+  for (const Graph& g : graphs_) out.push_back(g.graph.get());
+  return out;
 }
 
 gk::ReloadReport LlmEngine::reload(const std::string& dir) { return reload(dir, engine_->options().defaults); }

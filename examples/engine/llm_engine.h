@@ -9,8 +9,15 @@
 //
 //   demo::LlmEngine eng("ckpt/step0", device, demo::WeightFormat::fp8);
 //   at::Tensor l0 = eng.prefill(/*seq=*/0, prompt);       // [T, vocab], eager
-//   at::Tensor l1 = eng.decode(next_tokens, positions);   // [B, vocab], a graph replay
+//   at::Tensor t1 = eng.decode_tokens(next, positions);   // [B] int32: greedy, only the ids leave the GPU
+//   at::Tensor t2 = eng.decode_tokens(t1, positions + 1, {.temperature = 0.7, .top_p = 0.9, .seed = 1});
+//   at::Tensor l1 = eng.decode(next_tokens, positions);   // [B, vocab] logits, a graph replay
 //   gk::ReloadReport r = eng.reload("ckpt/step1");        // no recapture
+//
+// On CUDA the decoder runs its fast path (fused kernels, cuBLAS GEMMs,
+// attention over each sequence's own positions, grouped MoE GEMMs: Note
+// [The fast CUDA path] in llm.cpp); decode_tokens() chooses the next tokens
+// on the device (Note [Sampling on the device] in sampler.cpp).
 //
 // Sequences are rows 0..max_seqs-1 of the KV cache; decode(tokens, positions)
 // advances sequences 0..B-1 by one token each. A graph captured for more rows
@@ -19,6 +26,7 @@
 #pragma once
 
 #include "llm.h"
+#include "sampler.h"
 
 #include <graphkeep/capture/replay.h>
 #include <graphkeep/reload/reload_engine.h>
@@ -53,6 +61,14 @@ struct LlmEngineOptions {
   // stage that competes with decode for memory bandwidth (PWAL quantizing
   // the weights) then slows decode less, and takes longer. 1: no pacing.
   double stage_device_share = 1.0;
+  // CUDA: the decoder's fast path (CausalLM::set_fast_cuda); false: the
+  // reference ops the CPU runs. No effect on the CPU.
+  bool fast_cuda = true;
+  // A sampling graph per decode graph (decode_tokens() with a temperature
+  // replays it after the decode graph; one that cannot be captured is
+  // reported on stderr, and sampling then runs eagerly on the device);
+  // false: decode_tokens() is greedy only.
+  bool sampling_graphs = true;
 
   // 1, 2, 4, then 8 to 256 in steps of 8 (35 sizes).
   static std::vector<std::int64_t> default_batch_sizes();
@@ -80,6 +96,18 @@ class LlmEngine {
   at::Tensor decode(const at::Tensor& tokens, const at::Tensor& positions, bool checked = true);
   // The same step without graphs.
   at::Tensor decode_eager(const at::Tensor& tokens, const at::Tensor& positions);
+  // The same step, returning the next token of each row instead of logits:
+  // [B] int32 on the CPU. Greedy (params.temperature 0) is computed inside
+  // the decode graph; otherwise the batch size's sampling graph replays
+  // after it, over the logits it left on the device. Only the ids are
+  // copied back (into pinned memory on CUDA). Row b samples from the stream
+  // of params.seed + b at its position: the same inputs draw the same tokens.
+  at::Tensor decode_tokens(const at::Tensor& tokens, const at::Tensor& positions, const SamplingParams& params = {},
+                           bool checked = true);
+  // For benchmarks: replays the decode graph of exactly `batch` rows on the
+  // inputs the last decode step left (no host work besides the launch) and
+  // does not wait for it.
+  void replay_graph(std::int64_t batch);
 
   // Loads the model directory `dir` into the running engine. Its config must
   // describe the same architecture, rope scaling included, with
@@ -111,6 +139,11 @@ class LlmEngine {
   // The rotary tables, [max_len, head_dim] float32 (static I/O as well).
   const RopeTables& rope_tables() const { return rope_; }
   std::size_t num_graphs() const { return graphs_.size(); }
+  // True when every decode graph has its sampling graph (false: sampling
+  // runs eagerly, or not at all without LlmEngineOptions::sampling_graphs).
+  bool sampling_in_graphs() const { return options_.sampling_graphs && !sampling_eager_; }
+  // The decode graphs, smallest batch first (each tracked by reload_engine()).
+  std::vector<const gk::ReplayBackend*> decode_graphs() const;
   double capture_ms() const { return capture_ms_; }
   // Captures every decode graph again (what an engine without graphkeep does
   // after a reload that moved tensors); returns the time taken in ms.
@@ -118,6 +151,10 @@ class LlmEngine {
 
  private:
   at::Tensor run_eager(const at::Tensor& ids, const TokenBatch& batch);
+  struct Graph;
+  // The smallest graph of at least n rows, with the step's inputs copied in
+  // (rows n.. zero) and the checks of decode() done.
+  Graph& prepare_step(const at::Tensor& tokens, const at::Tensor& positions, bool checked);
   void start();  // after the first load: KV cache, static inputs, prepare(), capture
   void capture_graphs();
   // The serving stream's scope, and waiting for what was enqueued on it
@@ -132,11 +169,20 @@ class LlmEngine {
   std::unique_ptr<gk::ReloadEngine> engine_;
   std::vector<KvCache> caches_;
   RopeTables rope_;
-  at::Tensor ids_, positions_, seqs_;  // the graphs' static inputs, [max batch]
+  at::Tensor inputs_;                  // [2, max batch] int64: the tokens, then the positions
+  at::Tensor ids_, positions_, seqs_;  // the graphs' static inputs, [max batch] (ids_, positions_: rows of inputs_)
+  at::Tensor host_inputs_;             // inputs_' staging copy (pinned on CUDA)
+  at::Tensor host_tokens_;             // [max batch] int32: decode_tokens()' result (pinned on CUDA)
+  SamplingRows sampling_;              // the sampling graphs' static inputs, [max batch]
+  std::optional<std::pair<SamplingParams, std::int64_t>> sampling_set_;  // what sampling_ holds, for how many rows
+  bool sampling_eager_ = false;  // a sampling graph could not be captured: decode_tokens samples eagerly
   struct Graph {
     std::int64_t batch;
     std::unique_ptr<gk::ReplayBackend> graph;
-    at::Tensor logits;
+    at::Tensor logits;  // [batch, vocab] float32
+    at::Tensor greedy;  // [batch] int32, the argmax of the logits (in the graph)
+    std::unique_ptr<gk::ReplayBackend> sampler;  // the sampling graph over `logits` (sampling_graphs)
+    at::Tensor sampled;  // [batch] int32
   };
   std::vector<Graph> graphs_;
   double capture_ms_ = 0;

@@ -122,9 +122,21 @@ class LlmEngine:
         p = torch.as_tensor(positions, dtype=torch.long)
         return self._e.decode(t, p, True) if graphs else self._e.decode_eager(t, p)
 
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, *, graphs: bool = True) -> torch.Tensor:
-        """One greedy decode step: the next token id of each sequence, [B] int64."""
-        return self.decode_logits(tokens, positions, graphs=graphs).argmax(-1)
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, *, graphs: bool = True,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> torch.Tensor:
+        """One decode step: the next token id of each sequence, [B] int64. Through the
+        graphs the tokens are chosen on the device and only they come back: greedy
+        (``temperature`` 0), or sampled from softmax(logits / temperature) restricted to
+        the ``top_k`` most likely tokens (0: all), then to the fewest whose probability
+        reaches ``top_p``; row b draws from the stream of ``seed`` + b at its position, so
+        the same call draws the same tokens. ``graphs=False``: eager and greedy only."""
+        if not graphs:
+            if temperature != 0:
+                raise StateError("decode: sampling (temperature != 0) runs through the graphs only")
+            return self.decode_logits(tokens, positions, graphs=False).argmax(-1)
+        t = torch.as_tensor(tokens, dtype=torch.long)
+        p = torch.as_tensor(positions, dtype=torch.long)
+        return self._e.decode_tokens(t, p, float(temperature), int(top_k), float(top_p), int(seed), True).long()
 
     def generate(self, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, *,
                  graphs: bool = True) -> torch.Tensor:

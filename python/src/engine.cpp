@@ -146,6 +146,15 @@ void bind_engine(py::module_& m) {
              return e.get().decode(tokens, positions, checked);
            },
            py::arg("tokens"), py::arg("positions"), py::arg("checked") = true)
+      .def("decode_tokens",
+           [](Engine& e, const at::Tensor& tokens, const at::Tensor& positions, double temperature, std::int64_t top_k,
+              double top_p, std::uint64_t seed, bool checked) {
+             const demo::SamplingParams params{temperature, top_k, top_p, seed};
+             py::gil_scoped_release nogil;
+             return e.get().decode_tokens(tokens, positions, params, checked);
+           },
+           py::arg("tokens"), py::arg("positions"), py::arg("temperature") = 0.0, py::arg("top_k") = 0,
+           py::arg("top_p") = 1.0, py::arg("seed") = 0, py::arg("checked") = true)
       .def("decode_eager",
            [](Engine& e, const at::Tensor& tokens, const at::Tensor& positions) {
              py::gil_scoped_release nogil;

@@ -108,6 +108,27 @@ def test_grpo_loop_stage_commit_equals_fresh_engine(policy_dir, quant):
     assert not torch.equal(history[0], history[-1])
 
 
+def test_decode_chooses_tokens_on_the_device(policy_dir):
+    """decode() through the graphs returns the ids chosen on the device: greedy is the
+    argmax of decode_logits; a seeded sampling step draws the same tokens again, and
+    draws from more than the argmax at a high temperature; bad parameters raise."""
+    _, d = policy_dir
+    eng = engine(d, batch_sizes=[4])
+    tok, pos = torch.tensor([3, 17, 42, 5]), torch.tensor([1, 2, 3, 4])
+    greedy = eng.decode(tok, pos)
+    assert greedy.dtype == torch.long
+    assert torch.equal(greedy, eng.decode_logits(tok, pos).argmax(-1))
+    hot = [eng.decode(tok, pos, temperature=5.0, seed=s) for s in range(8)]
+    assert torch.equal(hot[0], eng.decode(tok, pos, temperature=5.0, seed=0))
+    assert any(not torch.equal(h, greedy) for h in hot)
+    top1 = eng.decode(tok, pos, temperature=5.0, top_k=1, seed=3)
+    assert torch.equal(top1, greedy)
+    with pytest.raises(graphkeep.StateError, match="top_p is 0"):
+        eng.decode(tok, pos, temperature=1.0, top_p=0.0)
+    with pytest.raises(graphkeep.StateError, match="graphs only"):
+        eng.decode(tok, pos, temperature=1.0, graphs=False)
+
+
 def test_bad_updates_raise_and_serving_continues(policy_dir):
     model, d = policy_dir
     eng = engine(d)

@@ -1,0 +1,124 @@
+// bench/bench_models.h
+//
+// The model shapes the example engine's benchmarks serve, and random weights
+// for them made on the device (gk-online-bench, gk-decode-bench):
+//   llama8b      Llama-3-8B: 32 layers, hidden 4096, 32 heads over 8 KV
+//                heads of 128, MLP 14336, vocabulary 128256, bf16
+//   qwen3moe30b  Qwen3-30B-A3B-like: 48 layers, hidden 2048, 32 heads over 4
+//                KV heads of 128, 128 experts of 768, top 8, vocabulary 151936
+//   tiny         the example engine's built-in model (float32)
+//
+//   demo::HfConfig cfg = gkbench::model_config("llama8b");
+//   const auto shapes = gkbench::checkpoint_shapes(cfg, device);
+//   gkbench::RandomDeviceSource src(shapes, device);
+//   demo::LlmEngine eng(cfg, device, demo::WeightFormat::dense, src, opts);
+#pragma once
+
+#include "engine/checkpoint_writer.h"
+#include "engine/llm.h"
+
+#include <graphkeep/sources/weight_source.h>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gkbench {
+
+inline demo::HfConfig model_config(const std::string& name) {
+  demo::HfConfig c;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.max_position_embeddings = 8192;
+  c.dtype = at::kBFloat16;
+  if (name == "llama8b") {
+    c.model_type = "llama";
+    c.vocab_size = 128256;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_hidden_layers = 32;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+  } else if (name == "qwen3moe30b") {
+    c.model_type = "qwen3_moe";
+    c.vocab_size = 151936;
+    c.hidden_size = 2048;
+    c.intermediate_size = 6144;
+    c.num_hidden_layers = 48;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 4;
+    c.head_dim = 128;
+    c.num_experts = 128;
+    c.num_experts_per_tok = 8;
+    c.moe_intermediate_size = 768;
+    c.rope_theta = 1000000.0;
+  } else if (name == "tiny") {
+    c = demo::builtin_tiny_config();
+  } else {
+    throw std::invalid_argument("unknown --model " + name + " (llama8b, qwen3moe30b, tiny)");
+  }
+  return c;
+}
+
+struct Shape {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  at::ScalarType dtype;
+  std::int64_t nbytes() const {
+    std::int64_t n = static_cast<std::int64_t>(c10::elementSize(dtype));
+    for (auto d : shape) n *= d;
+    return n;
+  }
+};
+
+// The checkpoint's tensors, read off a model built on `device` (then freed).
+inline std::vector<Shape> checkpoint_shapes(const demo::HfConfig& c, c10::Device device) {
+  demo::CausalLM m(c, device, demo::WeightFormat::dense);
+  std::vector<Shape> out;
+  for (const gk::CheckpointTensor& t : demo::expected_checkpoint(m)) out.push_back({t.name, t.shape, t.dtype});
+  return out;
+}
+
+inline at::Tensor random_tensor(const Shape& s, c10::Device device) {
+  const auto o = at::TensorOptions().dtype(at::kFloat).device(device);
+  at::Tensor w = s.name.ends_with("norm.weight") ? 1.0 + 0.05 * at::randn(s.shape, o)
+                                                 : at::randn(s.shape, o) * (1.0 / std::sqrt(double(s.shape.back())));
+  return w.to(s.dtype);
+}
+
+// Yields random tensors made on the device as it goes: peak one tensor.
+class RandomDeviceSource final : public gk::WeightSource {
+ public:
+  RandomDeviceSource(const std::vector<Shape>& shapes, c10::Device device) : shapes_(shapes), device_(device) {}
+  std::optional<gk::NamedTensor> next() override {
+    if (i_ >= shapes_.size()) return std::nullopt;
+    const Shape& s = shapes_[i_++];
+    return gk::NamedTensor{s.name, random_tensor(s, device_), 0};
+  }
+  std::string describe() const override { return "random device weights"; }
+
+ private:
+  const std::vector<Shape>& shapes_;
+  c10::Device device_;
+  std::size_t i_ = 0;
+};
+
+// v rounded to `digits` decimals (the digits a reader of a JSON row uses).
+inline double rounded(double v, int digits) {
+  const double scale = std::pow(10.0, digits);
+  return std::round(v * scale) / scale;
+}
+
+// The same, or null for what a run did not measure (negative, NaN or infinite).
+inline nlohmann::ordered_json rounded_or_null(double v, int digits) {
+  if (!(v >= 0) || !std::isfinite(v)) return nullptr;
+  return rounded(v, digits);
+}
+
+}  // namespace gkbench
