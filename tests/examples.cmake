@@ -83,6 +83,11 @@ foreach(arch llama qwen3 qwen3_moe)
       COMMAND gk-hf-check --ref ${_hfref}/${arch} --device cpu --format ${format}
       REGEX "${_rope_ok}the served model's \\(default, 16 positions\\), default .*step2: reloaded in [0-9.]+ ms without recapture, drift 0.*\\| ok\nHF-CHECK PASS")
     set_tests_properties(hf.check.${arch}.${format} PROPERTIES FIXTURES_REQUIRED hfref_${arch})
+    # The steps as weight patches, bitwise against full reloads (gk-hf-check --patch).
+    gk_add_output_test(hf.check.${arch}.${format}.patch LABELS unit
+      COMMAND gk-hf-check --ref ${_hfref}/${arch} --device cpu --format ${format} --patch --max-batch 8
+      REGEX "patch step1->step2 on step0: refused: .*base hash.*step2: patch of .* slots bitwise equal, content version equal, decode logits bitwise equal to a full reload's .*\\| ok\nHF-CHECK PASS")
+    set_tests_properties(hf.check.${arch}.${format}.patch PROPERTIES FIXTURES_REQUIRED hfref_${arch})
   endforeach()
 endforeach()
 # Llama 3.1+'s rope scaling, "llama3" (make_reference.py --rope llama3: an
