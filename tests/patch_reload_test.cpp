@@ -12,6 +12,7 @@
 #include "gk_test.h"
 
 #include <graphkeep/capture/replay.h>
+#include <graphkeep/delta/apply_patch.h>
 #include <graphkeep/delta/make_patch.h>
 #include <graphkeep/delta/patch_file.h>
 #include <graphkeep/hashing/content_hash.h>
@@ -506,3 +507,103 @@ TEST_CASE("verify_served hashes the written tensors again; a stale staged patch 
   CHECK_THROWS_WITH_AS(rig.engine->reload(pt::patch_of(w0, w1, "step-0", "step-1")),
                        doctest::Contains("does not know the content it serves"), gk::StateError);
 }
+
+// ---------------------------------------------------------------------------
+// The CUDA scatter (label gpu): a plain module's parameters on the device
+// take the scatter path; every element size (1, 2, 4, 8 bytes), int32 and
+// int64 indices (a tensor of more than 2^31 elements), entries split across
+// several tasks and launches, dense entries; against gk::apply_patch, the
+// reference, bit for bit; and the undo after a fault at Stage::scatter.
+// ---------------------------------------------------------------------------
+TEST_SUITE("gpu patch") {
+
+TEST_CASE("the CUDA scatter writes every element size and index width exactly, across tasks and launches") {
+  REQUIRE(gk::testing::cuda_available());
+  const c10::Device dev(c10::kCUDA, 0);
+  struct Plain : torch::nn::Module {
+    explicit Plain(const std::vector<gk::NamedTensor>& w) {
+      for (const gk::NamedTensor& t : w) register_parameter(t.name, t.value.clone(), /*requires_grad=*/false);
+    }
+  };
+  at::Generator g = at::detail::createCPUGenerator(31);
+  auto random_bits = [&](at::ScalarType type, std::int64_t n) {
+    const auto size = static_cast<std::int64_t>(c10::elementSize(type));
+    return at::randint(0, 256, {n * size}, g, at::TensorOptions(at::kByte)).to(dev).view(type);
+  };
+  // Changes `fraction` of t's elements (flipped low bits: NaN payloads and all).
+  auto change = [&](const at::Tensor& t, double fraction) {
+    const at::ScalarType bits = t.element_size() == 1 ? at::kByte : t.element_size() == 2 ? at::kShort
+                                : t.element_size() == 4 ? at::kInt : at::kLong;
+    at::Tensor b = t.clone().view(bits);
+    const at::Tensor mask = at::rand({t.numel()}, g).to(dev) < fraction;
+    b.masked_fill_(mask, 0).bitwise_xor_(mask.to(bits));  // some become 0, then flip bit 0
+    return b.view(t.scalar_type());
+  };
+  std::vector<gk::NamedTensor> base = {
+      {"u8", random_bits(at::kByte, 3 * 16384 + 5), 0},
+      {"fp8", random_bits(at::kFloat8_e4m3fn, 70001), 0},
+      {"bf16", random_bits(at::kBFloat16, 40'000'000), 0},  // 50%: 20M indices, 1,221 tasks, 2 launches
+      {"f32", random_bits(at::kFloat, 1 << 20), 0},
+      {"i64", random_bits(at::kLong, 300'000), 0},
+      {"dense", random_bits(at::kFloat, 4096), 0},
+  };
+  std::vector<gk::NamedTensor> target;
+  for (const auto& t : base) {
+    const double f = t.name == "bf16" ? 0.5 : t.name == "dense" ? 0.9 : 0.01;
+    target.push_back({t.name, change(t.value, f), 0});
+  }
+  auto model = std::make_shared<Plain>(base);
+  gk::InMemorySource src(base);
+  const gk::ReloadReport first = gk::load_weights(*model, src);
+  gk::ReloadEngine engine(*model);
+  engine.prepare(first);
+  const gk::Patch p = gk::make_patch(base, target, {.base_version = "a", .target_version = "b"});
+  REQUIRE(p.find("dense")->encoding == gk::PatchEncoding::dense);
+  REQUIRE((p.find("u8")->indices.scalar_type() == at::kInt));
+  auto params = [&] {
+    std::vector<gk::NamedTensor> out;
+    for (const auto& t : base) out.push_back({t.name, model->named_parameters()[t.name], 0});
+    return out;
+  };
+  auto equal_bits = [](const at::Tensor& a, const at::Tensor& b) {
+    return at::equal(a.contiguous().view(-1).view(at::kByte), b.contiguous().view(-1).view(at::kByte));
+  };
+  // A fault after the scatter: written back, bit for bit.
+  {
+    const gk::testing::ScopedHooks hooks(&engine, gk::testing::fault_at(gk::testing::Stage::scatter, ""));
+    CHECK_THROWS_WITH(engine.reload(p), doctest::Contains("injected"));
+  }
+  {
+    const std::vector<gk::NamedTensor> now = params();
+    for (std::size_t i = 0; i < now.size(); ++i) CHECK(equal_bits(now[i].value, base[i].value));
+  }
+  const gk::ReloadReport r = engine.reload(p);
+  CHECK(r.patch.layers_scattered == 1);
+  const std::vector<gk::NamedTensor> want = gk::apply_patch(p, base);
+  const std::vector<gk::NamedTensor> got = params();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(got[i].name);
+    CHECK(equal_bits(got[i].value, want[i].value));
+    CHECK(equal_bits(got[i].value, target[i].value));
+  }
+  MESSAGE("patch of " << p.payload_bytes() << " bytes: stage " << r.times.stage_ms << " ms, pause " << r.times.commit_ms
+                      << " ms (scatter " << r.times.copy_ms << " ms)");
+
+  // int64 indices: a tensor of more than 2^31 elements (2 GiB of bytes).
+  const std::int64_t n = (std::int64_t{1} << 31) + 4096;
+  const at::Tensor big = at::zeros({n}, at::TensorOptions(at::kByte).device(dev));
+  at::Tensor big_target = big.clone();
+  const at::Tensor where = at::tensor({std::int64_t{0}, std::int64_t{12345}, (std::int64_t{1} << 31) - 1,
+                                       std::int64_t{1} << 31, n - 1}, at::kLong).to(dev);
+  big_target.index_fill_(0, where, 7);
+  auto big_model = std::make_shared<Plain>(std::vector<gk::NamedTensor>{{"big", big, 0}});
+  gk::InMemorySource big_src(std::vector<gk::NamedTensor>{{"big", big, 0}});
+  gk::ReloadEngine big_engine(*big_model);
+  big_engine.prepare(gk::load_weights(*big_model, big_src));
+  const gk::Patch bp = gk::make_patch({{"big", big, 0}}, {{"big", big_target, 0}}, {});
+  REQUIRE((bp.entries.front().indices.scalar_type() == at::kLong));
+  big_engine.reload(bp);
+  CHECK(equal_bits(big_model->named_parameters()["big"], big_target));
+}
+
+}  // TEST_SUITE("gpu patch")
