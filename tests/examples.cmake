@@ -43,6 +43,15 @@ gk_add_output_test(demo.rl_loop_fp8 LABELS unit
 gk_add_output_test(demo.rl_loop_online LABELS unit
   COMMAND gk-rl-demo --steps 3 --device cpu --quant fp8 --online --work ${_work}/online
   REGEX "SUMMARY: 3 online reloads \\(staged while serving\\), [0-9]+ slots tracked, drift 0, .* ${_equals}")
+# Weight patches: each step the trainer publishes the ~2% of elements it
+# changed; the engine applies them exactly (the served label is the patch's
+# target), dense by reload() and FP8 staged while serving.
+gk_add_output_test(demo.rl_loop_delta LABELS unit
+  COMMAND gk-rl-demo --steps 3 --device cpu --delta --work ${_work}/delta
+  REGEX "patch step2 -> step3: [0-9]+ tensors, density 0\\.0[0-9]+ .*serving step3 .*SUMMARY: 3 patch reloads, [0-9]+ slots tracked, drift 0, .* ${_equals}")
+gk_add_output_test(demo.rl_loop_delta_online LABELS unit
+  COMMAND gk-rl-demo --steps 2 --device cpu --quant fp8 --delta --online --work ${_work}/delta_online
+  REGEX "0 differed from the old weights' output.*re-ran PWAL. serving step2 .*SUMMARY: 2 online patch reloads \\(staged while serving\\), [0-9]+ slots tracked, drift 0, .* ${_equals}")
 gk_add_output_test(demo.rl_loop_w4a16 LABELS unit
   COMMAND gk-rl-demo --steps 2 --device cpu --quant w4a16 --work ${_work}/w4a16
   REGEX "SUMMARY: 2 reloads, [0-9]+ slots tracked, drift 0, .* ${_equals}")
