@@ -24,6 +24,14 @@ if(TARGET gk-online-bench OR GRAPHKEEP_BUILD_BENCH)
     REGEX "\"drift\": 0, \"batch\": 4")
 endif()
 
+# bench_delta at the tiny size on the CPU: a patch staged and committed
+# serves what a full reload of its target serves, bit for bit.
+if(TARGET bench_delta OR GRAPHKEEP_BUILD_BENCH)
+  gk_add_output_test(bench.delta_smoke LABELS unit
+    COMMAND $<TARGET_FILE:bench_delta> --model tiny --device cpu --densities adamw:1e-4,0.01 --max-batch 8
+    REGEX "\"change\":\"adamw:1e-4\".*\"exact\":true.*\"change\":\"0.01\".*\"exact\":true")
+endif()
+
 # The RL-loop demo (README's first command) on the CPU replay backend, with
 # the built-in model: every reload's replay equals a fresh engine built from
 # the same checkpoint, dense and FP8; with one slot left out of copy-back,
