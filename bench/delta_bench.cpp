@@ -9,17 +9,20 @@
 //      make_patch_ms), T made from B as the density says;
 //   3. stages it and commits it (stage_ms, pause_ms = the commit, hash_ms =
 //      the stage's hashing), then decodes one batch through the graphs;
-//   4. stages T in full and commits it (full_stage_ms, full_pause_ms), decodes
-//      the same batch: `exact` is the two decodes' logits bitwise equal and
-//      the two served content versions equal;
-//   5. reloads T in full (full_reload_ms), and stages T in full with
+//   4. reloads B, and applies the patch again with verify_served
+//      (pause_verify_ms: what re-hashing the served tensors adds to the
+//      pause); its decode must equal step 3's;
+//   5. stages T in full and commits it (full_stage_ms, full_pause_ms), decodes
+//      the same batch: `exact` is every decode's logits bitwise equal and
+//      the served content versions equal (--streaming-full: T by a streaming
+//      reload instead, whose whole time is then full_pause_ms; for a model
+//      whose staged copy does not fit beside it);
+//   6. reloads T in full (full_reload_ms), and stages T in full with
 //      ReloadOptions::hash_served off (full_stage_nohash_ms: what hashing
 //      adds to a stage; full_stage_hash_ms is the hashing's own time);
 // The full stages and reloads read tensors made on the device as they go;
 // the time making them is subtracted (a trainer's device tensors, handed
 // over).
-//   6. reloads B, and applies the patch again with verify_served
-//      (pause_verify_ms: what re-hashing the served tensors adds to the pause).
 // Once per run: one device copy of the model's bytes (d2d_copy_ms, the
 // baseline of the scatter's aim).
 //
@@ -206,6 +209,7 @@ int main(int argc, char** argv) {
               densities = "adamw:1e-6,adamw:3e-6,0.01,0.1";
   std::int64_t batch = 8, max_batch = 0;
   int warmup = 3;
+  bool streaming_full = false;  // the full baseline by a streaming reload (no staged copy of the model)
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     auto val = [&]() -> std::string {
@@ -220,10 +224,11 @@ int main(int argc, char** argv) {
     else if (k == "--batch") batch = std::stoll(val());
     else if (k == "--max-batch") max_batch = std::stoll(val());
     else if (k == "--warmup") warmup = std::stoi(val());
+    else if (k == "--streaming-full") streaming_full = true;
     else {
       std::fprintf(stderr, "usage: bench_delta [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
                            "[--device auto|cpu|cuda] [--densities adamw:LR,SHARE,...] [--batch B] [--max-batch N] "
-                           "[--warmup STEPS] [--json FILE]\n");
+                           "[--warmup STEPS] [--streaming-full] [--json FILE]\n");
       return 2;
     }
   }
@@ -295,23 +300,41 @@ int main(int argc, char** argv) {
       gk::ReloadReport staged = eng.commit(eng.stage(patch));
       const at::Tensor by_patch = eng.decode(tokens, pos);
       const std::uint64_t patched_version = eng.reload_engine().served()->content_version();
-      // 4. T in full, staged and committed.
+      // 4. B again, and the patch with verify_served (it must serve the same).
+      double verify_pause_ms = 0;
+      bool exact = true;
+      {
+        Weights::Source b(weights, c, false);
+        eng.reload(b);
+        gk::ReloadOptions o = eng.reload_engine().options().defaults;
+        o.verify_served = true;
+        verify_pause_ms = eng.reload_engine().commit(eng.reload_engine().stage(patch, o)).times.commit_ms;
+        exact = same_bits(eng.decode(tokens, pos), by_patch);
+      }
+      const std::size_t patch_bytes = patch.payload_bytes();
+      patch = gk::Patch();  // its memory, before the full stage (a 30B MoE's staged copy fills the GPU)
+      // 5. T in full, staged and committed (--streaming-full: reloaded).
       gk::ReloadReport full;
       double full_stage_ms = 0;
       {
         Weights::Source t(weights, c, true);
-        full = eng.commit(eng.stage(t));
-        full_stage_ms = full.times.stage_ms - t.made_ms;
+        if (streaming_full) {
+          full = eng.reload(t);
+          full.times.commit_ms = full.times.total_ms - t.made_ms;  // a reload's pause is all of it
+        } else {
+          full = eng.commit(eng.stage(t));
+          full_stage_ms = full.times.stage_ms - t.made_ms;
+        }
       }
       const at::Tensor by_full = eng.decode(tokens, pos);
-      const bool exact = same_bits(by_patch, by_full) && patched_version == eng.reload_engine().served()->content_version();
-      // 5. T reloaded in full; a stage without hashing.
+      exact = exact && same_bits(by_patch, by_full) && patched_version == eng.reload_engine().served()->content_version();
+      // 6. T reloaded in full; a stage without hashing.
       double full_reload_ms = 0, nohash_stage_ms = 0;
       {
         Weights::Source t(weights, c, true);
         full_reload_ms = eng.reload(t).times.total_ms - t.made_ms;
       }
-      {
+      if (!streaming_full) {
         Weights::Source t(weights, c, true);
         gk::ReloadOptions o = eng.reload_engine().options().defaults;
         o.hash_served = false;
@@ -319,26 +342,18 @@ int main(int argc, char** argv) {
         nohash_stage_ms = s.report().times.stage_ms - t.made_ms;
         s.abort();
       }
-      // 6. B again, and the patch with verify_served.
-      double verify_pause_ms = 0;
-      {
-        Weights::Source b(weights, c, false);
-        eng.reload(b);
-        gk::ReloadOptions o = eng.reload_engine().options().defaults;
-        o.verify_served = true;
-        verify_pause_ms = eng.reload_engine().commit(eng.reload_engine().stage(patch, o)).times.commit_ms;
-      }
       nlohmann::json row = {
           {"model", model},
           {"format", format_name},
           {"change", c.label},
           {"density", total > 0 ? static_cast<double>(changed) / static_cast<double>(total) : 0.0},
-          {"patch_bytes", patch.payload_bytes()},
+          {"patch_bytes", patch_bytes},
           {"model_bytes", model_bytes},
           {"make_patch_ms", make_ms},
           {"stage_ms", staged.times.stage_ms},
           {"pause_ms", staged.times.commit_ms},
           {"full_pause_ms", full.times.commit_ms},
+          {"full_pause_kind", streaming_full ? "streaming reload" : "staged commit"},
           {"full_stage_ms", full_stage_ms},
           {"full_reload_ms", full_reload_ms},
           {"hash_ms", staged.times.hash_ms},
