@@ -27,7 +27,7 @@
 // baseline of the scatter's aim).
 //
 // Densities: "adamw:LR" is a real AdamW step: every tensor (fp32 master
-// weights at realistic scale: N(0, 1/fan_in), norms near 1) takes --warmup
+// weights at realistic scale: std 1/sqrt(fan_in), norms near 1) takes --warmup
 // AdamW steps with random gradients (betas 0.9/0.999, eps 1e-8, weight decay
 // 0.01 except norms), B is its bf16 rounding before the last step and T
 // after it; the density is what changed bit for bit. A number is the share
