@@ -11,7 +11,10 @@
 // rope_scaling preset's: DIR/rope/<name>/config.json).
 //
 //   gk-hf-check --ref DIR [--format dense|fp8|w4a16] [--device cpu|cuda] [--prefill P] [--tol X]
-//               [--unprotect SLOT] [--bad-reload DIR]...
+//               [--unprotect SLOT] [--bad-reload DIR]... [--patch]
+//
+// --patch applies the steps as weight patches and checks them bitwise
+// against full reloads (Note [Patch exactness against the oracle] below).
 //
 // --bad-reload tries to reload DIR after step 0, expects it to be refused
 // (printing "refused: <the error>"), and then goes on: the served model must
@@ -29,9 +32,12 @@
 #include "engine/compare.h"
 #include "engine/llm_engine.h"
 
+#include <graphkeep/delta/make_patch.h>
+#include <graphkeep/delta/patch_file.h>
 #include <graphkeep/reload/errors.h>
 #include <graphkeep/reload/testing.h>
 #include <graphkeep/runtime/device.h>
+#include <graphkeep/sources/hf_checkpoint.h>
 #include <graphkeep/sources/safetensors_source.h>
 
 #include <ATen/ATen.h>
@@ -56,6 +62,7 @@ struct Args {
   std::vector<std::string> bad_reloads;
   bool allow_non_finite = false;  // serve NaN/inf weights (ReloadOptions::allow_non_finite)
   bool separate_pools = false;  // a memory pool per decode graph instead of one shared pool
+  bool patch = false;           // the steps as weight patches (Note [Patch exactness against the oracle])
   std::int64_t max_batch = 0;   // > 0: capture only the decode graphs of at most this many rows
 };
 
@@ -137,6 +144,132 @@ std::string concat_rel(const std::string& text, double rel) {
   return text + buf;
 }
 
+// --- --patch ------------------------------------------------------------------
+// Note [Patch exactness against the oracle]
+// The checkpoints' steps go to the engine as weight patches: the patch from
+// step k-1 to step k is made from the two directories (gk::make_patch over
+// every tensor, bitwise), written to a file and read back. Engine P applies
+// it by reload(patch), engine S by stage(patch) + commit(), and engine F
+// reloads step k in full. P and S must serve what F serves bit for bit:
+// every captured slot (weights, and the tensors PWAL derives from them), the
+// served content version, and the logits the decode graphs compute; and F's
+// logits are within tolerance of transformers' as in the plain mode. After
+// step 1, the patch from step 1 to step 2 is first applied to an engine that
+// still serves step 0: it must be refused, naming its base, changing nothing.
+
+// Every tensor of a checkpoint directory (the rotary tables some carry are
+// not the model's: open_checkpoint skips them too).
+std::vector<gk::NamedTensor> read_checkpoint(const std::string& dir) {
+  gk::HfCheckpointSource src(dir);
+  std::vector<gk::NamedTensor> out;
+  while (auto t = src.next())
+    if (!t->name.ends_with(".rotary_emb.inv_freq")) out.push_back(std::move(*t));
+  return out;
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  const auto bytes = [](const at::Tensor& t) { return t.to(at::kCPU).contiguous().view(-1).view(at::kByte); };
+  return at::equal(bytes(a), bytes(b));
+}
+
+// The captured slots of two engines of one model that differ in bits, by name.
+std::vector<std::string> differing_slots(demo::LlmEngine& a, demo::LlmEngine& b, std::size_t& compared) {
+  std::vector<std::string> out;
+  const auto& la = a.reload_engine().plan().layers();
+  const auto& lb = b.reload_engine().plan().layers();
+  for (std::size_t l = 0; l < la.size() && l < lb.size(); ++l)
+    for (std::size_t i = 0; i < la[l].slots.size() && i < lb[l].slots.size(); ++i) {
+      const gk::PlannedSlot& x = la[l].slots[i];
+      const gk::PlannedSlot& y = lb[l].slots[i];
+      if (!x.defined() || x.role.effective_init() != gk::Init::copy_new) continue;
+      ++compared;
+      if (x.name != y.name || !same_bits(x.captured, y.captured)) out.push_back(x.name);
+    }
+  return out;
+}
+
+int run_patch_check(const std::string& ref_dir, std::int64_t steps, c10::Device device, demo::WeightFormat format,
+                    const demo::LlmEngineOptions& opts, const std::map<std::string, at::Tensor>& ref,
+                    const std::string& logits_key, double tol, std::int64_t prefill_len) {
+  const std::filesystem::path ref_path(ref_dir);
+  auto dir = [&](std::int64_t k) { return (ref_path / ("step" + std::to_string(k))).string(); };
+  auto patch_between = [&](std::int64_t from, std::int64_t to) {
+    gk::MakePatchOptions o;
+    o.base_version = "step" + std::to_string(from);
+    o.target_version = "step" + std::to_string(to);
+    // Step 1's patch sparse in every entry (every element indexed, whatever
+    // the density), later ones as make_patch chooses (dense above 1/3 changed).
+    if (to == 1) o.encoding = gk::MakePatchOptions::Encoding::sparse;
+    const gk::Patch p = gk::make_patch(read_checkpoint(dir(from)), read_checkpoint(dir(to)), o);
+    const std::string file = (ref_path / ("patch-" + std::string(demo::to_string(format)) + "-" + o.base_version +
+                                          "-" + o.target_version + ".safetensors")).string();
+    gk::write_patch(file, p);
+    return gk::read_patch(file);
+  };
+  demo::LlmEngine full(dir(0), device, format, opts), by_reload(dir(0), device, format, opts),
+      by_stage(dir(0), device, format, opts);
+  bool pass = true;
+  if (steps > 2) {
+    const gk::Patch wrong = patch_between(1, 2);
+    try {
+      by_reload.reload(wrong);
+      std::printf("patch step1->step2 on step0: ACCEPTED\n");
+      pass = false;
+    } catch (const gk::WeightError& e) {
+      std::printf("patch step1->step2 on step0: refused: %s\n", e.message().substr(0, e.message().find('\n')).c_str());
+    }
+  }
+  for (std::int64_t k = 1; k < steps; ++k) {
+    const std::string s = "step" + std::to_string(k);
+    const gk::Patch p = patch_between(k - 1, k);
+    std::size_t elements = 0;
+    for (const gk::PatchEntry& e : p.entries) elements += static_cast<std::size_t>(e.count());
+    const std::size_t served_tensors = full.reload_engine().served()->hashes().size();
+    full.reload(dir(k));
+    const gk::ReloadReport r = by_reload.reload(p);
+    const gk::ReloadReport c = by_stage.commit(by_stage.stage(p));
+    std::size_t compared = 0;
+    std::vector<std::string> bad = differing_slots(by_reload, full, compared);
+    for (const std::string& n : differing_slots(by_stage, full, compared)) bad.push_back("(staged) " + n);
+    const bool versions = by_reload.reload_engine().served()->content_version() ==
+                              full.reload_engine().served()->content_version() &&
+                          by_stage.reload_engine().served()->content_version() ==
+                              full.reload_engine().served()->content_version();
+    // The decode graphs' logits, teacher-forced, against F's bitwise and
+    // transformers' within tolerance.
+    const at::Tensor tokens = need(ref, s + ".tokens");
+    const at::Tensor want = need(ref, s + "." + logits_key).to(at::kFloat);
+    const std::int64_t B = tokens.size(0), T = tokens.size(1);
+    Compare vs_ref;
+    bool logits_equal = true;
+    for (std::int64_t b = 0; b < B; ++b) {
+      const at::Tensor pre = tokens[b].narrow(0, 0, prefill_len);
+      (void)full.prefill(b, pre), (void)by_reload.prefill(b, pre), (void)by_stage.prefill(b, pre);
+    }
+    for (std::int64_t t = prefill_len; t < T; ++t) {
+      const at::Tensor pos = at::full({B}, t, at::kLong);
+      const at::Tensor lf = full.decode(tokens.select(1, t), pos), lr = by_reload.decode(tokens.select(1, t), pos),
+                       ls = by_stage.decode(tokens.select(1, t), pos);
+      logits_equal = logits_equal && same_bits(lf, lr) && same_bits(lf, ls);
+      vs_ref.add(lf, want.select(1, t));
+    }
+    const bool ok = bad.empty() && versions && logits_equal && vs_ref.diff.within(tol) && r.patch.applied &&
+                    c.patch.applied;
+    pass = pass && ok;
+    std::printf("%s: patch of %zu tensors, %zu elements, %zu bytes (%zu layers scattered, %zu re-run, %zu of %zu "
+                "served tensors touched); reload(patch) pause %.2f ms, stage %.2f ms + commit %.2f ms | %zu slots "
+                "%s, content version %s, decode logits %s a full reload's | transformers: %s | %s\n",
+                s.c_str(), p.entries.size(), elements, p.payload_bytes(), r.patch.layers_scattered, r.patch.layers_rerun,
+                p.entries.size(), served_tensors, r.times.commit_ms, c.times.stage_ms, c.times.commit_ms, compared,
+                bad.empty() ? "bitwise equal" : ("DIFFER (" + bad.front() + ", ...)").c_str(),
+                versions ? "equal" : "DIFFERS", logits_equal ? "bitwise equal to" : "DIFFER from",
+                vs_ref.summary().c_str(), ok ? "ok" : "FAIL");
+  }
+  std::printf("HF-CHECK %s\n", pass ? "PASS" : "FAIL");
+  return pass ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,10 +288,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--bad-reload")) a.bad_reloads.push_back(val());
     else if (!std::strcmp(argv[i], "--allow-non-finite")) a.allow_non_finite = true;
     else if (!std::strcmp(argv[i], "--separate-pools")) a.separate_pools = true;
+    else if (!std::strcmp(argv[i], "--patch")) a.patch = true;
     else if (!std::strcmp(argv[i], "--max-batch")) a.max_batch = std::stoll(val());
     else {
       std::fprintf(stderr, "usage: gk-hf-check --ref DIR [--format dense|fp8|w4a16] [--device cpu|cuda] [--prefill P] "
-                           "[--tol X] [--unprotect SLOT] [--bad-reload DIR]... [--allow-non-finite] [--separate-pools] [--max-batch N]\n");
+                           "[--tol X] [--unprotect SLOT] [--bad-reload DIR]... [--allow-non-finite] [--separate-pools] [--max-batch N] [--patch]\n");
       return 2;
     }
   }
@@ -192,6 +326,8 @@ int main(int argc, char** argv) {
     std::printf("hf-check: %s %s, %lld layers, format %s, device %s, %lld x %lld tokens, tol %g\n",
                 cfg.model_type.c_str(), c10::toString(cfg.dtype), static_cast<long long>(cfg.num_hidden_layers),
                 a.format.c_str(), device.str().c_str(), static_cast<long long>(B), static_cast<long long>(T), tol);
+
+    if (a.patch) return run_patch_check(a.ref, steps, device, format, opts, ref, logits_key, tol, a.prefill);
 
     std::unique_ptr<demo::LlmEngine> eng;
     bool pass = true;

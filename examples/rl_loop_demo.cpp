@@ -11,6 +11,10 @@
 //   gk-rl-demo --model DIR --quant fp8 a Hugging Face directory (config.json + safetensors), FP8 made in PWAL
 //   gk-rl-demo --online                stage each checkpoint on another thread while this one keeps
 //                                      decoding on the old weights; pause only for the commit
+//   gk-rl-demo --delta                 the trainer publishes a weight patch per step (only the elements its
+//                                      step changed, with content hashes); the engine applies it exactly,
+//                                      pausing for a scatter of the changed elements (with --online: staged
+//                                      while serving)
 //   gk-rl-demo --unprotect model.layers.0.self_attn.qkv_.fp8_.scale_ --quant fp8
 //                                      disable one slot's copy-back: the manifest catches the drift, and
 //                                      replaying anyway shows what an engine without graphkeep serves
@@ -19,18 +23,24 @@
 #include "engine/llm_engine.h"
 
 #include <graphkeep/core/stopwatch.h>
+#include <graphkeep/delta/make_patch.h>
+#include <graphkeep/delta/patch_file.h>
 #include <graphkeep/reload/errors.h>
+#include <graphkeep/reload/served_weights.h>
+#include <graphkeep/sources/hf_checkpoint.h>
 #include <graphkeep/reload/testing.h>
 #include <graphkeep/runtime/device.h>
 
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <thread>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +60,8 @@ struct Args {
   std::uint64_t seed = 1234;
   bool list_slots = false;
   bool online = false;
+  bool delta = false;
+  double density = 0.02;  // --delta: the share of elements a trainer step changes
 };
 
 void usage() {
@@ -72,6 +84,10 @@ void usage() {
       "  --mode M             streaming (default) or transactional reloads\n"
       "  --online             stage each checkpoint on another thread while serving goes on (decode\n"
       "                       replays on the old weights); the pause is the commit alone\n"
+      "  --delta              the trainer publishes a weight patch per step (the elements it changed, with\n"
+      "                       content hashes); the engine applies it through graphkeep exactly, and the\n"
+      "                       pause scales with what changed\n"
+      "  --density F          --delta: the share of elements each trainer step changes (default 0.02)\n"
       "  --unprotect SLOT     disable copy-back of one slot to show what goes wrong without graphkeep\n"
       "  --list-slots         print the engine's slot plan and exit\n"
       "  --seed S             trainer seed (default 1234)\n"
@@ -100,11 +116,39 @@ void parse(int argc, char** argv, Args& a) {
     else if (k == "--seed") a.seed = std::stoull(value());
     else if (k == "--list-slots") a.list_slots = true;
     else if (k == "--online") a.online = true;
+    else if (k == "--delta") a.delta = true;
+    else if (k == "--density") a.density = std::stod(value());
     else throw std::invalid_argument("unknown option " + k + " (try --help)");
   }
   if (a.mode != "streaming" && a.mode != "transactional")
     throw std::invalid_argument("--mode must be streaming or transactional");
   if (a.batch < 1 || a.batch > 256) throw std::invalid_argument("--batch must be in 1..256");
+  if (!(a.density >= 0 && a.density <= 1)) throw std::invalid_argument("--density must be in [0, 1]");
+}
+
+// --delta: every tensor of a checkpoint directory, in memory (the trainer's copy).
+std::vector<gk::NamedTensor> read_weights(const std::string& dir) {
+  gk::HfCheckpointSource src(dir);
+  std::vector<gk::NamedTensor> out;
+  while (auto t = src.next()) out.push_back({t->name, t->value.clone(), 0});
+  return out;
+}
+
+// --delta: one trainer step that moves a share `density` of the elements
+// (w + 0.05 * rms(w) * noise on a random mask), as an optimizer step at a
+// small learning rate leaves most bf16 elements bit for bit as they were.
+std::vector<gk::NamedTensor> sparse_update(const std::vector<gk::NamedTensor>& w, std::uint64_t seed, int step,
+                                           double density) {
+  std::vector<gk::NamedTensor> out;
+  at::Generator g = at::detail::createCPUGenerator(seed * 1000003 + static_cast<std::uint64_t>(step));
+  for (const gk::NamedTensor& t : w) {
+    const at::Tensor f = t.value.to(at::kFloat);
+    const double rms = std::sqrt(f.pow(2).mean().item<double>());
+    const at::Tensor mask = at::rand(f.sizes(), g) < density;
+    const at::Tensor moved = f + 0.05 * rms * at::randn(f.sizes(), g) * mask;
+    out.push_back({t.name, moved.to(t.value.scalar_type()), 0});
+  }
+  return out;
 }
 
 // Greedy generation: prefill each sequence's prompt eagerly, then decode
@@ -152,7 +196,7 @@ struct OnlineStep {
 };
 
 OnlineStep stage_while_serving(demo::LlmEngine& eng, const std::string& dir, std::int64_t batch,
-                               std::int64_t position) {
+                               std::int64_t position, const gk::Patch* patch = nullptr) {
   const at::Tensor tokens = at::arange(batch, at::kLong).remainder(eng.config().vocab_size);
   const at::Tensor pos = at::full({batch}, position, at::kLong);
   const at::Tensor before = eng.decode(tokens, pos);
@@ -167,7 +211,7 @@ OnlineStep stage_while_serving(demo::LlmEngine& eng, const std::string& dir, std
   std::thread stager([&] {
     const gk::Stopwatch w;
     try {
-      o.staged = eng.stage(dir);
+      o.staged = patch != nullptr ? eng.stage(*patch) : eng.stage(dir);
     } catch (...) {
       error = std::current_exception();
     }
@@ -252,10 +296,47 @@ int main(int argc, char** argv) {
     std::size_t drift = 0;
     bool all_equal = true;
     std::string prev = base;
+    std::vector<gk::NamedTensor> trainer;  // --delta: the trainer's weights
+    if (args.delta) trainer = read_weights(base);
+    std::size_t patch_bytes = 0, model_bytes = 0;
+    for (const gk::NamedTensor& t : trainer) model_bytes += t.value.nbytes();
     for (int step = 1; step <= args.steps; ++step) {
       // --- the trainer publishes the next checkpoint ---------------------------
+      // (--delta: and the patch from the last one; the checkpoint is the
+      // fresh engine's reference)
       const std::string dir = (fs::path(args.work) / ("step" + std::to_string(step))).string();
-      demo::write_hf_checkpoint(dir, cfg, demo::trainer_update(prev, args.seed, step));
+      std::optional<gk::Patch> patch;
+      std::string delta_note;
+      if (args.delta) {
+        std::vector<gk::NamedTensor> next = sparse_update(trainer, args.seed, step, args.density);
+        demo::write_hf_checkpoint(dir, cfg, next);
+        gk::MakePatchOptions po;
+        po.base_version = "step" + std::to_string(step - 1);
+        po.target_version = "step" + std::to_string(step);
+        const gk::Stopwatch make;
+        const gk::Patch made = gk::make_patch(trainer, next, po);
+        const double make_ms = make.elapsed_ms();
+        const std::string file = dir + ".gkpatch.safetensors";
+        gk::write_patch(file, made);
+        patch = gk::read_patch(file);  // what the engine receives
+        std::size_t changed = 0, total = 0;
+        for (const gk::PatchEntry& e : patch->entries) changed += static_cast<std::size_t>(e.count());
+        for (const gk::NamedTensor& t : next) total += static_cast<std::size_t>(t.value.numel());
+        const std::size_t bytes = fs::file_size(file);
+        patch_bytes += bytes;
+        char buf[256];
+        std::snprintf(buf, sizeof buf,
+                      "  patch %s -> %s: %zu tensors, density %.4f (%zu of %zu elements), %zu bytes = %.4f of the "
+                      "model's %zu, made in %.1f ms",
+                      po.base_version.c_str(), po.target_version.c_str(), patch->entries.size(),
+                      total > 0 ? static_cast<double>(changed) / static_cast<double>(total) : 0.0, changed, total,
+                      bytes, model_bytes > 0 ? static_cast<double>(bytes) / static_cast<double>(model_bytes) : 0.0,
+                      model_bytes, make_ms);
+        delta_note = buf;
+        trainer = std::move(next);
+      } else {
+        demo::write_hf_checkpoint(dir, cfg, demo::trainer_update(prev, args.seed, step));
+      }
       prev = dir;
       // --- serving pauses for the reload (or, --online, only for the commit) ----
       const gk::Stopwatch pause_watch;
@@ -264,7 +345,7 @@ int main(int argc, char** argv) {
       std::string online_note;
       try {
         if (args.online) {
-          OnlineStep o = stage_while_serving(eng, dir, args.batch, args.prompt);
+          OnlineStep o = stage_while_serving(eng, dir, args.batch, args.prompt, patch ? &*patch : nullptr);
           const gk::Stopwatch commit_watch;
           r = eng.commit(std::move(o.staged));
           online_pause = commit_watch.elapsed_ms();
@@ -276,6 +357,8 @@ int main(int argc, char** argv) {
                         static_cast<long long>(o.mixed), static_cast<unsigned long long>(eng.weight_version()));
           online_note = buf;
           all_equal = all_equal && o.mixed == 0;
+        } else if (patch) {
+          r = eng.reload(*patch);
         } else {
           r = eng.reload(dir);
         }
@@ -307,12 +390,19 @@ int main(int argc, char** argv) {
                   r.addresses_verified, c.equal() ? "==" : "!=", static_cast<long long>(c.total - c.differ),
                   static_cast<long long>(c.total), c.logits.max_abs());
       if (!online_note.empty()) std::printf("%s\n", online_note.c_str());
+      if (patch) {
+        std::printf("%s; %zu layers scattered, %zu re-ran PWAL; serving %s\n", delta_note.c_str(),
+                    r.patch.layers_scattered, r.patch.layers_rerun, eng.reload_engine().served()->describe().c_str());
+        all_equal = all_equal && eng.reload_engine().served()->label() == "step" + std::to_string(step);
+      }
       std::fflush(stdout);
     }
     const double recapture_ms = eng.recapture();  // what an engine without graphkeep pays per reload
     std::printf("SUMMARY: %d %s, %zu slots tracked, drift %zu, mean reload %.2f ms (serving paused %.2f ms) vs "
                 "recapture of %zu graphs %.1f ms, replay after reload %s a fresh engine (max |dlogit| %.3g)\n",
-                args.steps, args.online ? "online reloads (staged while serving)" : "reloads",
+                args.steps,
+                args.delta ? (args.online ? "online patch reloads (staged while serving)" : "patch reloads")
+                : args.online ? "online reloads (staged while serving)" : "reloads",
                 eng.reload_engine().plan().num_slots(), drift, args.steps > 0 ? reload_ms / args.steps : 0.0,
                 args.steps > 0 ? pause_ms / args.steps : 0.0, eng.num_graphs(), recapture_ms,
                 all_equal ? "equals" : "DIFFERS FROM", worst.max_abs());

@@ -6,10 +6,15 @@
 //   pwal_guard.cpp        what protects captured storage during PWAL (per pass)
 //   staged_reload.cpp     stage(), commit(), StagedReload
 //   capture_tracking.cpp  track(), untrack(), verification, capture verdicts
+//   served_state.cpp      content hashes, landings and kept bases (served())
+//   patch_stage.cpp       stage(const Patch&) and its commit
+//   patch_scatter.cpp     the patch's writes into captured storage
 #pragma once
 
 #include "layer_run.h"
+#include "patch_stage.h"
 #include "pwal_guard.h"
+#include "served_state.h"
 
 #include <graphkeep/core/stopwatch.h>
 #include <graphkeep/reload/manifest.h>
@@ -17,6 +22,7 @@
 #include <graphkeep/reload/testing.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -48,6 +54,11 @@ inline bool same_storage_and_offset(const at::Tensor& a, const at::Tensor& b) {
          a.storage_offset() == b.storage_offset();
 }
 
+struct LayerRun;
+// Waits for the calling thread's current stream on every device the runs'
+// staged tensors are on (staged_reload.cpp; Note [Online reload threading]).
+void sync_staged_streams(const std::vector<LayerRun>& runs);
+
 namespace detail {
 // What a StagedReload holds (staged_reload.h).
 struct StagedState {
@@ -59,6 +70,10 @@ struct StagedState {
   std::string dropped;  // why the engine dropped it (prepare(), the engine destroyed); empty otherwise
   std::size_t bytes = 0;
   bool done = false;  // committed or aborted
+  // What the engine serves once committed (null: unknown, hashing off).
+  std::shared_ptr<const ServedWeights> served_after;
+  // A patch: the scatter and the layers whose PWAL ran again (null: a full stage).
+  std::unique_ptr<StagedPatch> patch;
 };
 }  // namespace detail
 
@@ -101,6 +116,11 @@ struct ReloadEngine::Impl {
   std::vector<Tracked> graphs;
   std::vector<StaticBuffer> io;
   std::vector<AddressRange> allowed;  // allow_address_range()
+  // What the engine serves (served()), replaced whole under served_mu; and
+  // the label of every content version it served (Note [Content versions]).
+  std::shared_ptr<const ServedWeights> served;
+  mutable std::mutex served_mu;
+  std::map<std::uint64_t, std::string> labels;
 
   Impl(torch::nn::Module& m, EngineOptions o) : model(m), options(std::move(o)) {}
 
@@ -153,6 +173,35 @@ struct ReloadEngine::Impl {
   // Drops the outstanding staged reload, releasing its tensors; its commit()
   // is then refused with `why`. The caller holds op_mu.
   void drop_outstanding(std::string why, bool engine_gone);
+  // The checks every stage() runs first, and a new staged state for it.
+  std::unique_ptr<detail::StagedState> begin_stage(ReloadEngine* self, const ReloadOptions& options);
+  // After the staged layers (mask: those, empty: all) passed their checks:
+  // copies PWAL left alone commit in place, every field points at its
+  // captured tensor again, the configuration values PWAL left are kept, and
+  // st.bytes counts what the staged tensors hold.
+  void settle_staged(std::vector<LayerRun>& runs, StagingCopies& copies, detail::StagedState& st,
+                     const std::vector<char>& mask);
+
+  // --- served_state.cpp -------------------------------------------------------
+  // The served weights for `st` (null: unknown), its label recalled from
+  // `labels` when it has none. Does not publish.
+  std::shared_ptr<const ServedWeights> make_served(std::unique_ptr<ServedWeights::State> st) const;
+  // Serves `s` (null: unknown), recording its label.
+  void publish_served(std::shared_ptr<const ServedWeights> s);
+  std::shared_ptr<const ServedWeights> served_now() const;
+  // ReloadOptions::verify_served after a full reload: hashes the captured
+  // storage of every passthrough checkpoint tensor against rep.served; a
+  // difference leaves the model inconsistent and throws gk::WeightError.
+  void verify_served_content(ReloadReport& rep);
+  // The captured tensor holding checkpoint tensor `name` of a passthrough
+  // parameter (a contiguous view of its parameter slot), or undefined.
+  at::Tensor captured_tensor(const Expected& e) const;
+
+  // --- patch_stage.cpp --------------------------------------------------------
+  // Everything stage(const Patch&) does between begin_stage and the return.
+  void stage_patch(const Patch& patch, const ReloadOptions& o, detail::StagedState& st);
+  // Commits what stage_patch staged (after commit()'s stale checks).
+  void commit_patch(detail::StagedState& st, ReloadReport& rep);
 
   // --- capture_tracking.cpp ---------------------------------------------------
   // Drops the tracked graphs that were destroyed; returns their names.

@@ -7,6 +7,7 @@
 #include "engine_impl.h"
 #include "non_finite.h"
 #include "reload_internal.h"
+#include "served_state.h"
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
@@ -248,14 +249,15 @@ void ReloadEngine::Impl::snapshot_and_detach(LayerPlan& lp, LayerRun& run, const
 
 void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep,
                                  const WeightSource& source, PwalGuard& guard) {
+  const std::size_t n = lp.params.size();
+  std::vector<at::Tensor> targets(n);
+  std::vector<char> custom(n, 0);  // a load_weight() took some tensor of the parameter
   {
     ScopedMsTimer t(rep.times.load_ms);
     fault(testing::Stage::load, lp.prefix);
     // Materialize fresh checkpoint-format parameters (each right before
     // its first load, so an adopted one holds no new storage) and replay
     // the loads, adopting what can be adopted (Note [Adopting source tensors]).
-    const std::size_t n = lp.params.size();
-    std::vector<at::Tensor> targets(n);
     std::vector<char> materialized(n, 0);
     auto handle = [&](std::size_t pi) -> at::Tensor& {
       if (!targets[pi].defined()) targets[pi] = find_param_or_buffer(*lp.module, lp.params[pi].param);
@@ -285,8 +287,10 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
       }
       // The layer's own loader first (it needs its target materialized); a
       // plain module has none, so its parameter is adopted before allocating.
-      if (lp.layer != nullptr && lp.layer->load_weight({cp, p.tensor, p.shard, p.value, materialize(p.param)}))
+      if (lp.layer != nullptr && lp.layer->load_weight({cp, p.tensor, p.shard, p.value, materialize(p.param)})) {
+        custom[p.param] = 1;
         continue;
+      }
       const bool whole = cp.tensors.size() == 1 && cp.tensors.front().num_shards == 1;
       if (adopt && whole && try_adopt(plan, lp, run, p, handle(p.param), device_of(p.param), rep)) {
         materialized[p.param] = 1;
@@ -295,8 +299,10 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
       default_load({cp, p.tensor, p.shard, p.value, materialize(p.param)});
     }
     for (std::size_t pi = 0; pi < n; ++pi) materialize(pi);
-    run.pending.clear();
   }
+  // The content hashes of what was loaded (Note [Patch landings] in layer_record.h).
+  record_loaded(lp, run, targets, custom, o, rep);
+  run.pending.clear();
   guard.after_load(run, o, rep);
   if (!o.allow_non_finite) {
     ScopedMsTimer t(rep.times.finite_ms);
@@ -324,6 +330,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
     check(lp, run, o, rep);
     guard.after_check(lp, run);
   }
+  record_after_pwal(lp, run, o, rep);
   run.phase = LayerRun::Phase::processed;
   if (guard.captured() && o.after_layer) o.after_layer(lp.prefix);
 }

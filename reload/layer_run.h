@@ -3,6 +3,7 @@
 // arrived, what it adopted, the post-PWAL tensors, the undo log.
 #pragma once
 
+#include "layer_record.h"
 #include "storage_backups.h"
 
 #include <ATen/core/Tensor.h>
@@ -46,6 +47,7 @@ struct LayerRun {
   StorageBackups backups;                            // captured storages this layer may write, before it did
   bool pwal_unguarded = false;  // PWAL ran on writable captured storage without a backup (restore_in_place_writes off)
   std::vector<std::shared_ptr<const void>> configs_after;  // staged: the configuration values PWAL left
+  LayerRecord record;  // content hashes and landings (Note [Patch landings] in layer_record.h)
 };
 
 }  // namespace gk

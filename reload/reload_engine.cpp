@@ -107,10 +107,16 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
                          : "a streaming reload failed after some layers were committed: the model mixes old and "
                            "new weights";
       if (guard.captured()) version.fetch_add(1, std::memory_order_acq_rel);  // the weights the graphs read changed
+      publish_served(nullptr);
     }
     throw;
   }
   fields_unrestored = false;
+  rep.served = make_served(served_from_runs(runs, o.version_label));
+  if (guard.captured()) {
+    publish_served(rep.served);
+    if (o.verify_served) verify_served_content(rep);
+  }
   return finish(rep, o, total, guard);
 }
 
@@ -157,6 +163,9 @@ ReloadReport load_weights(torch::nn::Module& model, WeightSource& source) { retu
 ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const ReloadOptions& options) {
   ReloadOptions o;
   o.allow_non_finite = options.allow_non_finite;
+  o.hash_served = options.hash_served;
+  o.version_label = options.version_label;
+  o.patch_base = options.patch_base;
   ReloadEngine::Impl impl(model, {o});
   impl.plan = build_slot_plan(model);
   impl.index_expected();
@@ -191,6 +200,37 @@ void ReloadEngine::prepare() {
   impl_->fields_unrestored = false;
   impl_->state = EngineState::ready;
   impl_->reason.clear();
+}
+
+void ReloadEngine::prepare(const ReloadReport& first_load) {
+  GK_CHECK(StateError, first_load.served != nullptr, "ReloadEngine::prepare(first_load): the report holds no served "
+           "content (the load ran with ReloadOptions::hash_served off); load with hashing, or call prepare() and "
+           "reload before the first patch");
+  prepare();
+  const ServedWeights& s = *first_load.served;
+  std::vector<std::string> problems;
+  for (const auto& [name, e] : impl_->expected)
+    if (!s.hash(name)) problems.push_back(concat("'", name, "' has no hash"));
+  if (s.hashes().size() != impl_->expected.size())
+    for (const auto& [name, h] : s.hashes())
+      if (!impl_->expected.count(name)) problems.push_back(concat("'", name, "' is no checkpoint tensor of the model"));
+  if (!problems.empty()) {
+    std::sort(problems.begin(), problems.end());
+    GK_THROW(StateError, "ReloadEngine::prepare(first_load): the report's served content is not this model's: ",
+             problems.size(), " problem(s), first: ", problems.front(),
+             " (pass the report of gk::load_weights on this model)");
+  }
+  impl_->publish_served(first_load.served);
+}
+
+std::shared_ptr<const ServedWeights> ReloadEngine::served() const { return impl_->served_now(); }
+
+ReloadReport ReloadEngine::reload(const Patch& patch) { return reload(patch, impl_->options.defaults); }
+ReloadReport ReloadEngine::reload(const Patch& patch, const ReloadOptions& options) {
+  StagedReload staged = stage(patch, options);
+  ReloadReport rep = commit(std::move(staged));
+  rep.staged = false;
+  return rep;
 }
 
 ReloadReport ReloadEngine::reload(WeightSource& source) { return reload(source, impl_->options.defaults); }
@@ -234,6 +274,7 @@ std::string_view to_string(Stage s) noexcept {
     case Stage::check: return "check";
     case Stage::copy: return "copy";
     case Stage::commit: return "commit";
+    case Stage::scatter: return "scatter";
   }
   return "?";
 }

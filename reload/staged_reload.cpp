@@ -71,8 +71,6 @@ namespace gk {
 // pause (measured in docs/performance.md); a trainer that guarantees no
 // writes turns it off with ReloadOptions::check_adopted_content.
 
-namespace {
-
 // Waits for the calling thread's current stream on every non-CPU device the
 // staged tensors live on. stage() and commit() may run on different threads,
 // hence streams: the staged values must be complete before another stream's
@@ -88,6 +86,8 @@ void sync_staged_streams(const std::vector<LayerRun>& runs) {
         devices.push_back(t.device());
   for (const c10::Device& d : devices) c10::impl::VirtualGuardImpl(d.type()).getStream(d).synchronize();
 }
+
+namespace {
 
 // Fails closed before a staged commit writes anything: every slot must
 // still point at its captured storage.
@@ -118,29 +118,68 @@ void ReloadEngine::Impl::drop_outstanding(std::string why, bool engine_gone) {
   outstanding = nullptr;
 }
 
-StagedReload ReloadEngine::stage(WeightSource& source) { return stage(source, impl_->options.defaults); }
-StagedReload ReloadEngine::stage(WeightSource& source, const ReloadOptions& options) {
-  Impl& I = *impl_;
-  Impl::Busy busy(I, "stage()", /*refuse_outstanding=*/true);
-  GK_CHECK(StateError, I.state == EngineState::ready, "stage() refused: the engine is ",
-           to_string(I.state.load()), I.reason.empty() ? std::string() : concat(" (", I.reason, ")"),
+std::unique_ptr<detail::StagedState> ReloadEngine::Impl::begin_stage(ReloadEngine* self, const ReloadOptions& options) {
+  GK_CHECK(StateError, state == EngineState::ready, "stage() refused: the engine is ", to_string(state.load()),
+           reason.empty() ? std::string() : concat(" (", reason, ")"),
            "; a staged reload can only be committed to a ready engine: use reload() (after prepare() if the "
            "engine is unprepared or needs recapture)");
-  GK_CHECK(StateError, !I.fields_unrestored, "stage() refused: a failed stage() could not point every field back at "
+  GK_CHECK(StateError, !fields_unrestored, "stage() refused: a failed stage() could not point every field back at "
            "its captured tensor (PWAL changed the object tree); reload() to recover first");
   GK_CHECK(StateError, options.on_mismatch == MismatchPolicy::raise, "stage() refused: "
            "MismatchPolicy::needs_recapture cannot be staged (the graphs would have to be recaptured anyway): use "
            "reload()");
-  GK_CHECK(StateError, I.hooks.unprotected_slots.empty(), "stage() refused: gk::testing::EngineHooks::"
+  GK_CHECK(StateError, hooks.unprotected_slots.empty(), "stage() refused: gk::testing::EngineHooks::"
            "unprotected_slots is set, a demonstration of reload() without copy-back; a staged reload always copies "
            "back");
   auto st = std::make_unique<detail::StagedState>();
-  st->engine = this;
+  st->engine = self;
   st->options = options;
   st->options.mode = ReloadMode::transactional;
-  st->base_version = I.version.load(std::memory_order_acquire);
-  st->plan_generation = I.plan_generation;
-  st->graphs_generation = I.graphs_generation;
+  st->base_version = version.load(std::memory_order_acquire);
+  st->plan_generation = plan_generation;
+  st->graphs_generation = graphs_generation;
+  return st;
+}
+
+void ReloadEngine::Impl::settle_staged(std::vector<LayerRun>& runs, StagingCopies& copies, detail::StagedState& st,
+                                       const std::vector<char>& mask) {
+  auto staged = [&](std::size_t li) { return mask.empty() || mask[li]; };
+  // A copy PWAL did not write commits in place (Note [Staging copies]).
+  for (std::size_t li = 0; li < runs.size(); ++li) {
+    if (!staged(li)) continue;
+    const LayerPlan& lp = plan.layers()[li];
+    for (std::size_t i = 0; i < lp.slots.size() && i < runs[li].current.size(); ++i)
+      if (copies.untouched(runs[li].current[i])) runs[li].current[i] = lp.slots[i].captured;
+  }
+  // Point every field back at its captured tensor; keep the staged
+  // tensors and the configuration values PWAL left.
+  for (std::size_t li = 0; li < runs.size(); ++li) {
+    if (!staged(li)) continue;
+    LayerPlan& lp = plan.layers()[li];
+    LayerRun& run = runs[li];
+    run.configs_after.clear();
+    for (const PlannedConfig& c : lp.configs) {
+      void* p = c.path.resolve(lp.root.ptr);
+      run.configs_after.push_back(p != nullptr ? c.ops->copy(p) : nullptr);
+    }
+    std::vector<at::Tensor> kept = std::move(run.current);
+    const bool ok = rollback(lp, run);
+    run.current = std::move(kept);
+    GK_INTERNAL_ASSERT(ok, "layer '", lp.prefix, "' passed its checks but a path does not resolve");
+  }
+  // What the staged tensors hold beyond the captured storage.
+  std::unordered_set<const void*> seen;
+  for (const LayerRun& run : runs)
+    for (const at::Tensor& t : run.current)
+      if (t.defined() && t.has_storage() && !copies.captured(t) && seen.insert(t.storage().unsafeGetStorageImpl()).second)
+        st.bytes += t.storage().nbytes();
+}
+
+StagedReload ReloadEngine::stage(WeightSource& source) { return stage(source, impl_->options.defaults); }
+StagedReload ReloadEngine::stage(WeightSource& source, const ReloadOptions& options) {
+  Impl& I = *impl_;
+  Impl::Busy busy(I, "stage()", /*refuse_outstanding=*/true);
+  std::unique_ptr<detail::StagedState> st = I.begin_stage(this, options);
   at::NoGradGuard no_grad;
   const Stopwatch total;
   ReloadReport rep = I.new_report(st->options);
@@ -149,43 +188,17 @@ StagedReload ReloadEngine::stage(WeightSource& source, const ReloadOptions& opti
   bool any_committed = false;
   {
     StageGuard guard(I.plan, [&I](std::string why) { I.refuse_replay(std::move(why)); });
-    StagingCopies& copies = guard.copies();
     try {
       I.run_until_commit(source, st->options, guard, runs, rep, any_committed);
       GK_INTERNAL_ASSERT(!any_committed, "a stage committed a layer");
-      // A copy PWAL did not write commits in place (Note [Staging copies]).
-      for (std::size_t li = 0; li < runs.size(); ++li) {
-        const LayerPlan& lp = I.plan.layers()[li];
-        for (std::size_t i = 0; i < lp.slots.size() && i < runs[li].current.size(); ++i)
-          if (copies.untouched(runs[li].current[i])) runs[li].current[i] = lp.slots[i].captured;
-      }
-      // Point every field back at its captured tensor; keep the staged
-      // tensors and the configuration values PWAL left.
-      for (std::size_t li = 0; li < runs.size(); ++li) {
-        LayerPlan& lp = I.plan.layers()[li];
-        LayerRun& run = runs[li];
-        run.configs_after.clear();
-        for (const PlannedConfig& c : lp.configs) {
-          void* p = c.path.resolve(lp.root.ptr);
-          run.configs_after.push_back(p != nullptr ? c.ops->copy(p) : nullptr);
-        }
-        std::vector<at::Tensor> staged = std::move(run.current);
-        const bool ok = I.rollback(lp, run);
-        run.current = std::move(staged);
-        GK_INTERNAL_ASSERT(ok, "layer '", lp.prefix, "' passed its checks but a path does not resolve");
-      }
-      // What the staged tensors hold beyond the captured storage.
-      std::unordered_set<const void*> seen;
-      for (const LayerRun& run : runs)
-        for (const at::Tensor& t : run.current)
-          if (t.defined() && t.has_storage() && !copies.captured(t) &&
-              seen.insert(t.storage().unsafeGetStorageImpl()).second)
-            st->bytes += t.storage().nbytes();
+      I.settle_staged(runs, guard.copies(), *st, {});
     } catch (...) {
       if (!I.rollback_all(runs, st->options)) I.fields_unrestored = true;
       throw;
     }
   }  // the copies no staged tensor views are freed here
+  st->served_after = I.make_served(served_from_runs(runs, st->options.version_label));
+  rep.served = st->served_after;
   sync_staged_streams(runs);
   rep.times.stage_ms = rep.times.total_ms = total.elapsed_ms();
   st->rep = std::move(rep);
@@ -253,16 +266,26 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
   }
   at::NoGradGuard no_grad;
   const ReloadOptions& o = st.options;
+  // A patch writes the layers it touched: by its scatter, and by copying
+  // the staged tensors of those whose PWAL ran again.
+  StagedPatch* patch = st.patch.get();
+  auto writes = [&](std::size_t li) { return patch == nullptr || patch->touched[li]; };
+  auto copies = [&](std::size_t li) { return patch == nullptr || patch->rerun[li]; };
   // Fail closed before anything is written.
   for (std::size_t li = 0; li < st.runs.size(); ++li) check_fields_captured(I.plan.layers()[li]);
-  for (std::size_t li = 0; li < st.runs.size(); ++li) I.fault(testing::Stage::copy, I.plan.layers()[li].prefix);
+  for (std::size_t li = 0; li < st.runs.size(); ++li)
+    if (writes(li)) I.fault(testing::Stage::copy, I.plan.layers()[li].prefix);
   ReloadReport rep = std::move(st.rep);
   const ReloadGuard committing;  // a commit writes captured storage, as a reload does
   const double stage_total = rep.times.total_ms;
+  bool copied = false;  // a layer's staged tensors were copied (a patch's scatter alone can be undone)
   try {
+    if (patch != nullptr) I.commit_patch(st, rep);
     for (std::size_t li = 0; li < st.runs.size(); ++li) {
+      if (!copies(li)) continue;
       LayerPlan& lp = I.plan.layers()[li];
       LayerRun& run = st.runs[li];
+      copied = true;
       I.commit(lp, run, o, rep, committing, /*staged=*/true);
       for (std::size_t c = 0; c < lp.configs.size() && c < run.configs_after.size(); ++c) {
         void* p = lp.configs[c].path.resolve(lp.root.ptr);
@@ -271,10 +294,14 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
       }
     }
   } catch (...) {
-    I.state = EngineState::inconsistent;
-    I.reason = "a staged commit failed while writing the captured storage: the model mixes old and new weights; "
-               "reload() to recover";
-    I.version.fetch_add(1, std::memory_order_acq_rel);
+    const bool unchanged = patch != nullptr && patch->undone && !copied;  // the scatter was written back
+    if (!unchanged) {
+      I.state = EngineState::inconsistent;
+      I.reason = "a staged commit failed while writing the captured storage: the model mixes old and new weights; "
+                 "reload() to recover";
+      I.version.fetch_add(1, std::memory_order_acq_rel);
+      I.publish_served(nullptr);
+    }
     try {
       sync_staged_streams(st.runs);
     } catch (...) {  // the first error is the one to report
@@ -283,9 +310,15 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
     throw;
   }
   sync_staged_streams(st.runs);  // the copy is done before the staged tensors are released
+  I.publish_served(st.served_after);
+  rep.served = st.served_after;
+  // A patch that ran no PWAL re-pointed nothing: no captured address can
+  // have moved, so the manifests need no verification inside the pause.
+  ReloadOptions fo = o;
+  if (patch != nullptr && !patch->any_rerun()) fo.verify = false;
   staged.abort();  // done: releases the staged tensors and the engine's record of them
   try {
-    I.finish(rep, o, total, committing);
+    I.finish(rep, fo, total, committing);
   } catch (...) {
     rep.times.commit_ms = total.elapsed_ms();
     throw;

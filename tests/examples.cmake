@@ -31,6 +31,14 @@ if(TARGET gk-decode-bench OR GRAPHKEEP_BUILD_BENCH)
     REGEX "\"model\":\"tiny\",\"format\":\"dense\",\"batch\":4,\"kv_len\":16,\"decode_step_ms\":[0-9.]+,\"gpu_step_ms\":[0-9.]+")
 endif()
 
+# bench_delta at the tiny size on the CPU: a patch staged and committed
+# serves what a full reload of its target serves, bit for bit.
+if(TARGET bench_delta OR GRAPHKEEP_BUILD_BENCH)
+  gk_add_output_test(bench.delta_smoke LABELS unit
+    COMMAND $<TARGET_FILE:bench_delta> --model tiny --device cpu --densities adamw:1e-4,0.01 --max-batch 8
+    REGEX "\"change\":\"adamw:1e-4\".*\"exact\":true.*\"change\":\"0.01\".*\"exact\":true")
+endif()
+
 # The RL-loop demo (README's first command) on the CPU replay backend, with
 # the built-in model: every reload's replay equals a fresh engine built from
 # the same checkpoint, dense and FP8; with one slot left out of copy-back,
@@ -50,6 +58,15 @@ gk_add_output_test(demo.rl_loop_fp8 LABELS unit
 gk_add_output_test(demo.rl_loop_online LABELS unit
   COMMAND gk-rl-demo --steps 3 --device cpu --quant fp8 --online --work ${_work}/online
   REGEX "SUMMARY: 3 online reloads \\(staged while serving\\), [0-9]+ slots tracked, drift 0, .* ${_equals}")
+# Weight patches: each step the trainer publishes the ~2% of elements it
+# changed; the engine applies them exactly (the served label is the patch's
+# target), dense by reload() and FP8 staged while serving.
+gk_add_output_test(demo.rl_loop_delta LABELS unit
+  COMMAND gk-rl-demo --steps 3 --device cpu --delta --work ${_work}/delta
+  REGEX "patch step2 -> step3: [0-9]+ tensors, density 0\\.0[0-9]+ .*serving step3 .*SUMMARY: 3 patch reloads, [0-9]+ slots tracked, drift 0, .* ${_equals}")
+gk_add_output_test(demo.rl_loop_delta_online LABELS unit
+  COMMAND gk-rl-demo --steps 2 --device cpu --quant fp8 --delta --online --work ${_work}/delta_online
+  REGEX "0 differed from the old weights' output.*re-ran PWAL. serving step2 .*SUMMARY: 2 online patch reloads \\(staged while serving\\), [0-9]+ slots tracked, drift 0, .* ${_equals}")
 gk_add_output_test(demo.rl_loop_w4a16 LABELS unit
   COMMAND gk-rl-demo --steps 2 --device cpu --quant w4a16 --work ${_work}/w4a16
   REGEX "SUMMARY: 2 reloads, [0-9]+ slots tracked, drift 0, .* ${_equals}")
@@ -90,6 +107,11 @@ foreach(arch llama qwen3 qwen3_moe)
       COMMAND gk-hf-check --ref ${_hfref}/${arch} --device cpu --format ${format}
       REGEX "${_rope_ok}the served model's \\(default, 16 positions\\), default .*step2: reloaded in [0-9.]+ ms without recapture, drift 0.*\\| ok\nHF-CHECK PASS")
     set_tests_properties(hf.check.${arch}.${format} PROPERTIES FIXTURES_REQUIRED hfref_${arch})
+    # The steps as weight patches, bitwise against full reloads (gk-hf-check --patch).
+    gk_add_output_test(hf.check.${arch}.${format}.patch LABELS unit
+      COMMAND gk-hf-check --ref ${_hfref}/${arch} --device cpu --format ${format} --patch --max-batch 8
+      REGEX "patch step1->step2 on step0: refused: .*base hash.*step2: patch of .* slots bitwise equal, content version equal, decode logits bitwise equal to a full reload's .*\\| ok\nHF-CHECK PASS")
+    set_tests_properties(hf.check.${arch}.${format}.patch PROPERTIES FIXTURES_REQUIRED hfref_${arch})
   endforeach()
 endforeach()
 # Llama 3.1+'s rope scaling, "llama3" (make_reference.py --rope llama3: an

@@ -9,6 +9,7 @@
 #include "engine/compare.h"
 #include "engine/llm_engine.h"
 
+#include <graphkeep/delta/make_patch.h>
 #include <graphkeep/reload/reload_engine.h>
 
 #include <torch/nn/module.h>
@@ -83,6 +84,11 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     REQUIRE(demo::bitwise_equal(eng.decode(tokens, pos), expected[0]));
   }
   const std::uint64_t version0 = eng.reload_engine().weight_version();
+  // Every other round stages a weight patch instead of the other weights:
+  // the checkpoint tensors that changed, checked against the served hashes.
+  const gk::Patch patches[2] = {gk::make_patch(weights[1], weights[0], {.base_version = "B", .target_version = "A"}),
+                                gk::make_patch(weights[0], weights[1], {.base_version = "A", .target_version = "B"})};
+  std::atomic<int> patch_rounds{0};
 
   std::mutex mu;
   std::condition_variable cv;
@@ -104,8 +110,10 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
         gk::InMemorySource src(weights[target]);
         staging = true;
         stages_begun += 1;
-        gk::StagedReload s = eng.stage(src);
+        const bool patch = round % 2 == 1;
+        gk::StagedReload s = patch ? eng.stage(patches[target]) : eng.stage(src);
         staging = false;
+        patch_rounds += patch ? 1 : 0;
         std::lock_guard<std::mutex> lock(mu);
         slot.emplace(std::move(s));
         slot_weights = target;
@@ -161,7 +169,10 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   }
   stager.join();
   MESSAGE(steps << " decode steps (" << during_stage << " while stage() ran), " << commits << " commits, " << aborts
-                << " aborts; longest commit pause " << max_pause_ms << " ms");
+                << " aborts, " << patch_rounds.load() << " of the stages weight patches; longest commit pause "
+                << max_pause_ms << " ms");
+  CHECK(patch_rounds.load() == kRounds / 2);
+  CHECK(eng.reload_engine().served()->label() == (current.load() == 0 ? "A" : "B"));
   CHECK_MESSAGE(stager_error.empty(), stager_error);
   CHECK(wrong == 0);
   CHECK(commits + aborts == kRounds);

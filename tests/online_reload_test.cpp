@@ -9,6 +9,8 @@
 #include "gk_test.h"
 
 #include <graphkeep/capture/replay.h>
+#include <graphkeep/delta/make_patch.h>
+#include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/model/layer.h>
 #include <graphkeep/registry.h>
 #include <graphkeep/reload/manifest.h>
@@ -566,6 +568,11 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
   REQUIRE(out_a.equal(fresh_output(A, rig.input, d, h)));
   const std::vector<gk::NamedTensor> weights_a = rig.weights(A), weights_b = rig.weights(B);
   const std::uint64_t v0 = rig.engine->weight_version();
+  // Two rounds in three stage a weight patch instead (A -> B or B -> A):
+  // the plain module's is scattered, the linear layers' PWAL runs again.
+  const gk::Patch to_b = gk::make_patch(weights_a, weights_b, {.base_version = "A", .target_version = "B"});
+  const gk::Patch to_a = gk::make_patch(weights_b, weights_a, {.base_version = "B", .target_version = "A"});
+  int patches = 0;
 
   // The serving thread's lock, held around each replay and around commit/abort.
   std::mutex serve_mu;
@@ -635,9 +642,12 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
       gk::StagedReload staged;
       try {
         gk::InMemorySource src(target == A ? weights_a : weights_b);
+        const bool patch = i % 3 != 0;
         staging = true;
-        staged = rig.engine->stage(src);  // without the serving lock: replays go on meanwhile
+        // Without the serving lock: replays go on meanwhile.
+        staged = patch ? rig.engine->stage(target == A ? to_a : to_b) : rig.engine->stage(src);
         staging = false;
+        patches += patch ? 1 : 0;
         stage_ms += staged.report().times.stage_ms;
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> box_lock(box_mu);
@@ -659,7 +669,7 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
   server.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MESSAGE("online reload stress: " << rounds << " rounds (" << committed << " commits, " << aborted
-          << " aborts), " << replays.load() << " replays (" << during_stage.load() << " during a stage) in "
+          << " aborts; " << patches << " weight patches), " << replays.load() << " replays (" << during_stage.load() << " during a stage) in "
           << seconds << " s; mean stage "
           << stage_ms / rounds << " ms, mean pause (commit) " << pause_ms / std::max(committed, 1) << " ms");
   CHECK(stager_error.empty());
@@ -673,6 +683,9 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
   CHECK(rig.engine->weight_version() == v0 + static_cast<std::uint64_t>(committed));
   CHECK(rig.replay().equal(serving == A ? out_a : out_b));
   CHECK(rig.engine->verify().ok());
+  CHECK(patches > 0);
+  for (const gk::NamedTensor& t : serving == A ? weights_a : weights_b)  // what is served, by content
+    CHECK(rig.engine->served()->hash(t.name) == gk::content_hash(t.value));
 }
 
 TEST_CASE("a failed stage that changed the object tree: replay stays right, the next stage waits for a reload") {

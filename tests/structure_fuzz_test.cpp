@@ -48,6 +48,21 @@
 // into the output with its own coefficient (the first test case checks that a
 // stale value in any captured slot changes the output).
 //
+// Patches (one operation in three, graphkeep/delta through
+// ReloadEngine::reload(const Patch&) or stage()+commit()): the committed
+// weights with a random subset of tensors changed at a random density (0 to
+// 100%), made into a patch (automatic, sparse or dense entries), sometimes
+// made bad (an unknown name, an index out of range, a duplicate index,
+// values and indices of different lengths, a wrong dtype or shape, another
+// base, values that miss the target hash), with a fault at a stage and the
+// PWAL behaviours above. The promise for a patch: either it is committed and
+// replay equals a fresh model loaded with the target (and the engine serves
+// the target's content hashes), or it is refused and, if replay was allowed
+// before, replay is allowed and equals the old weights. A bad patch is never
+// accepted. Each iteration picks where the engine keeps the bases of tensors
+// PWAL transforms (the custom loader's k makes the fused parameter one):
+// on the device, or nowhere (such patches are then refused).
+//
 // Recovery. After a failure, a clean reload (rebuild PWAL, complete weights,
 // no fault) must succeed and allow replay: it rebuilds every object from the
 // weights, the plan still holds every captured storage, and no behaviour here
@@ -61,6 +76,8 @@
 
 #include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/capture/replay.h>
+#include <graphkeep/delta/make_patch.h>
+#include <graphkeep/hashing/content_hash.h>
 
 #include <graphkeep/runtime/host_stream.h>
 #include <graphkeep/registry.h>
@@ -384,6 +401,7 @@ struct Behaviour {
 std::vector<Behaviour> g_pwal;      // set by the harness around each reload; empty: rebuild
 std::vector<std::string> g_notes;   // what the PWALs did, for the log
 bool g_must_fail = false;           // a PWAL changed a captured layout or shrank the tree
+gk::PatchBase g_patch_base = gk::PatchBase::device;  // per iteration: where loads keep patch bases
 
 struct TensorRefs final : gk::Walker {
   std::vector<at::Tensor*> all;
@@ -660,7 +678,17 @@ const char* to_string(BadSet b) {
   return n[static_cast<int>(b)];
 }
 
+enum class BadPatch { none, unknown_name, out_of_range, duplicate, length, dtype, shape, base, target };
+const char* to_string(BadPatch b) {
+  const char* n[] = {"good", "unknown_name", "out_of_range", "duplicate", "length", "dtype", "shape", "base", "target"};
+  return n[static_cast<int>(b)];
+}
+
 struct Op {
+  bool patch = false, staged = false;  // a weight patch, by reload(patch) or stage()+commit()
+  double density = 0;
+  int encoding = 0;                    // gk::MakePatchOptions::Encoding
+  BadPatch bad_patch = BadPatch::none;
   bool recovery = false;
   gk::ReloadMode mode = gk::ReloadMode::streaming;
   bool restore_in_place_writes = true;
@@ -668,10 +696,10 @@ struct Op {
   BadSet bad = BadSet::none;
   std::string fault_stage, fault_layer;
   std::vector<Behaviour> pwal;
-  // Staged (stage() then commit()) instead of reload(); with `poke`, one
-  // element of one weight is written through its raw pointer in between
+  // With `poke` (a staged reload of weights, not a patch), one element of one
+  // weight is written through its raw pointer between stage() and commit()
   // (what a trainer's kernel does: no version counter moves).
-  bool staged = false, poke = false;
+  bool poke = false;
 };
 
 Op random_op(const ModelSpec& s, Rng& rng, bool recovery) {
@@ -700,6 +728,17 @@ Op random_op(const ModelSpec& s, Rng& rng, bool recovery) {
   if (op.fault_stage.empty() && pick(rng, 4) == 0) {
     op.staged = true;
     op.poke = pick(rng, 2) == 0;
+  }
+  if (pick(rng, 3) == 0) {  // a patch instead (a transactional stage by nature: no weight-set faults)
+    op.patch = true;
+    op.staged = pick(rng, 2);
+    op.poke = false;
+    const double densities[] = {0.0, 0.05, 0.25, 0.5, 1.0};
+    op.density = densities[pick(rng, 5)];
+    op.encoding = static_cast<int>(pick(rng, 3));
+    op.bad = BadSet::none;
+    op.bad_patch = pick(rng, 4) == 0 ? static_cast<BadPatch>(1 + pick(rng, 8)) : BadPatch::none;
+    if (op.fault_stage == "commit") op.fault_stage = "scatter";  // a patch's own stage
   }
   return op;
 }
@@ -733,6 +772,16 @@ std::vector<gk::NamedTensor> corrupt(std::vector<gk::NamedTensor> w, const Op& o
 
 std::string describe(const Op& op, const std::string& bad_what) {
   std::ostringstream os;
+  if (op.patch) {
+    os << "PATCH " << (op.staged ? "stage+commit" : "reload") << " density=" << op.density << " encoding="
+       << op.encoding << " " << to_string(op.bad_patch) << (bad_what.empty() ? "" : "(" + bad_what + ")") << " pwal=[";
+    for (std::size_t i = 0; i < op.pwal.size(); ++i)
+      os << (i ? " " : "") << "l" << i << ":" << to_string(op.pwal[i].kind)
+         << (op.pwal[i].kind >= Pwal::mixed ? "/" + std::to_string(op.pwal[i].arg & 511) : "");
+    os << "]";
+    if (!op.fault_stage.empty()) os << " fault=" << op.fault_stage << "@" << op.fault_layer;
+    return os.str();
+  }
   os << (op.recovery ? "RECOVERY " : "") << (op.mode == gk::ReloadMode::streaming ? "streaming" : "transactional")
      << (op.restore_in_place_writes ? "" : " restore_in_place_writes=false") << (op.shuffled ? " shuffled" : "")
      << " weights=" << to_string(op.bad) << (bad_what.empty() ? "" : "(" + bad_what + ")") << " pwal=[";
@@ -741,7 +790,7 @@ std::string describe(const Op& op, const std::string& bad_what) {
        << (op.pwal[i].kind >= Pwal::mixed ? "/" + std::to_string(op.pwal[i].arg & 511) : "");
   os << "]";
   if (!op.fault_stage.empty()) os << " fault=" << op.fault_stage << "@" << op.fault_layer;
-  if (op.staged) os << (op.poke ? " staged+poke" : " staged");
+  if (op.staged && !op.patch) os << (op.poke ? " staged+poke" : " staged");
   return os.str();
 }
 
@@ -773,16 +822,25 @@ std::string values(const at::Tensor& t) {
 }
 
 // A model loaded with `w`, its engine prepared, its forward captured and tracked.
-struct Rig : gk::testing::Rig<FuzzModel, gk::HostReplay> {
-  Rig(const ModelSpec& s, const std::vector<gk::NamedTensor>& w)
-      : gk::testing::Rig<FuzzModel, gk::HostReplay>(
-            [&] {
-              auto m = std::make_shared<FuzzModel>(s);
-              g_pwal.clear();
-              return m;
-            }(),
-            at::linspace(-1.0, 1.0, M * D).reshape({M, D}), [&](FuzzModel&) { return w; },
-            gk::testing::RigSetup().named("structure-fuzz").labelled("initial weights")) {}
+struct Rig {
+  std::shared_ptr<FuzzModel> model;
+  at::Tensor input, output;
+  gk::HostReplay graph{"structure-fuzz"};  // outlives the engine
+  std::unique_ptr<gk::ReloadEngine> engine;
+
+  Rig(const ModelSpec& s, const std::vector<gk::NamedTensor>& w) : model(std::make_shared<FuzzModel>(s)) {
+    g_pwal.clear();
+    gk::InMemorySource src(w, "initial weights");
+    gk::ReloadOptions first;
+    first.patch_base = g_patch_base;
+    const gk::ReloadReport loaded = gk::load_weights(*model, src, first);
+    engine = std::make_unique<gk::ReloadEngine>(*model);
+    engine->prepare(loaded);  // the served content, for patches
+    input = at::linspace(-1.0, 1.0, M * D).reshape({M, D});
+    engine->add_static_io("input", input);
+    graph.capture([&] { output = model->forward(input); });
+    engine->track(graph);
+  }
 };
 
 // The INVARIANT. Returns "" when it holds, else what broke.
@@ -823,6 +881,7 @@ Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::Name
   o.mode = op.mode;
   o.restore_in_place_writes = op.restore_in_place_writes;
   o.adopt_source_tensors = adopting();
+  o.patch_base = g_patch_base;
   gk::testing::EngineHooks hooks;
   if (!op.fault_stage.empty())
     hooks.fault = [stage = op.fault_stage, layer = op.fault_layer](gk::testing::Stage s, const std::string& l) {
@@ -869,11 +928,138 @@ Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::Name
   return r;
 }
 
+// q arrives in shards; a patch is over whole checkpoint tensors.
+std::vector<gk::NamedTensor> to_whole(const ModelSpec& s, const std::vector<gk::NamedTensor>& w) {
+  std::map<std::string, std::vector<at::Tensor>> shards;
+  for (const auto& t : w) {
+    auto& v = shards[t.name];
+    if (v.size() <= static_cast<std::size_t>(t.shard)) v.resize(static_cast<std::size_t>(t.shard) + 1);
+    v[static_cast<std::size_t>(t.shard)] = t.value;
+  }
+  std::vector<gk::NamedTensor> out;
+  for (const auto& [name, v] : shards) {
+    int64_t dim = 0;
+    for (const auto& l : s.layers)
+      if (name == "l" + std::to_string(l.index) + ".q_proj.weight") dim = l.q_shard_dim;
+    out.push_back({name, v.size() == 1 ? v.front() : at::cat(v, dim), 0});
+  }
+  return out;
+}
+std::vector<gk::NamedTensor> to_delivered(const ModelSpec& s, const std::vector<gk::NamedTensor>& whole) {
+  std::vector<gk::NamedTensor> out;
+  for (const auto& t : whole) {
+    const LayerSpec* q = nullptr;
+    for (const auto& l : s.layers)
+      if (t.name == "l" + std::to_string(l.index) + ".q_proj.weight") q = &l;
+    if (q == nullptr || q->q_shards == 1) {
+      out.push_back(t);
+      continue;
+    }
+    for (int64_t k = 0; k < q->q_shards; ++k) out.push_back({t.name, t.value.chunk(q->q_shards, q->q_shard_dim)[k].contiguous(), k});
+  }
+  return out;
+}
+
+// `whole` with a random half of its tensors changed at `density` (values
+// stay multiples of 1/64 in [-1, 1]; norm.gamma stays away from 0).
+std::vector<gk::NamedTensor> changed(const std::vector<gk::NamedTensor>& whole, double density, bool all, Rng& rng) {
+  std::vector<gk::NamedTensor> out;
+  for (const auto& t : whole) {
+    at::Tensor v = t.value.clone();
+    if (all || pick(rng, 2)) {
+      float* p = v.data_ptr<float>();
+      for (int64_t i = 0; i < v.numel(); ++i)
+        if (static_cast<double>(pick(rng, 1000)) < density * 1000.0) p[i] = p[i] > 0.5f ? p[i] - 0.25f : p[i] + 0.25f;
+    }
+    out.push_back({t.name, v, 0});
+  }
+  return out;
+}
+
+// The patch from `base` to `target`, made bad as the op says; `what` names the damage.
+gk::Patch make_fuzz_patch(const ModelSpec& s, const std::vector<gk::NamedTensor>& base,
+                          const std::vector<gk::NamedTensor>& target, const Op& op, Rng& rng, std::string& what) {
+  gk::MakePatchOptions o;
+  o.base_version = "committed";
+  o.target_version = "next";
+  o.encoding = static_cast<gk::MakePatchOptions::Encoding>(op.encoding);
+  const bool indexed = op.bad_patch == BadPatch::out_of_range || op.bad_patch == BadPatch::duplicate ||
+                       op.bad_patch == BadPatch::length;
+  if (indexed) o.encoding = gk::MakePatchOptions::Encoding::sparse;
+  o.record_unchanged = op.bad_patch != BadPatch::none;  // an entry to damage, whatever changed
+  if (op.bad_patch == BadPatch::base) {
+    gk::Patch p = gk::make_patch(to_whole(s, random_weights(s, rng)), target, o);
+    if (!p.entries.empty()) what = "made from other weights";  // a model of frozen layers has no tensor
+    return p;
+  }
+  gk::Patch p = gk::make_patch(base, target, o);
+  if (op.bad_patch == BadPatch::none || p.entries.empty()) return p;
+  std::vector<std::size_t> candidates;
+  for (std::size_t i = 0; i < p.entries.size(); ++i)
+    if (!indexed || p.entries[i].count() >= 2) candidates.push_back(i);
+  if (candidates.empty()) return p;  // nothing to damage: the patch stays good
+  gk::PatchEntry& e = p.entries[candidates[static_cast<std::size_t>(pick(rng, static_cast<int64_t>(candidates.size())))]];
+  what = e.name;
+  switch (op.bad_patch) {
+    case BadPatch::unknown_name:
+      e.name += "_x";
+      std::sort(p.entries.begin(), p.entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+      break;
+    case BadPatch::out_of_range: e.indices = e.indices.clone(), e.indices[-1] = static_cast<int>(e.numel()); break;
+    case BadPatch::duplicate: e.indices = e.indices.clone(), e.indices[1] = e.indices[0]; break;
+    case BadPatch::length: e.values = e.values.narrow(0, 1, e.values.numel() - 1); break;
+    case BadPatch::dtype: e.dtype = at::kDouble, e.values = e.values.to(at::kDouble); break;
+    case BadPatch::shape: e.shape = {e.numel(), 1}; break;
+    case BadPatch::target:
+      if (e.count() == 0) {  // no value to damage: a target hash that is not the base's
+        e.target_hash ^= 1;
+      } else {
+        e.values = e.values.clone();
+        e.values.view(-1)[0] = e.values.view(-1)[0] + 1.0f / 64;
+      }
+      break;
+    default: break;
+  }
+  return p;
+}
+
+Outcome patch_once(gk::ReloadEngine& engine, const Op& op, const gk::Patch& patch) {
+  gk::testing::EngineHooks hooks;
+  if (!op.fault_stage.empty())
+    hooks.fault = [stage = op.fault_stage, layer = op.fault_layer](gk::testing::Stage s, const std::string& l) {
+      if (gk::testing::to_string(s) == stage && l == layer)
+        throw std::runtime_error("injected fault at " + stage + "@" + layer);
+    };
+  const gk::testing::ScopedHooks scoped(&engine, std::move(hooks));
+  g_pwal = op.pwal;
+  g_notes.clear();
+  g_must_fail = false;
+  Outcome r{"ok", "ok"};
+  try {
+    gk::ReloadOptions o;
+    o.patch_base = g_patch_base;
+    const gk::ReloadReport rep = op.staged ? engine.commit(engine.stage(patch, o)) : engine.reload(patch, o);
+    g_counts["patch: layers scattered"] += static_cast<int64_t>(rep.patch.layers_scattered);
+    g_counts["patch: layers re-run"] += static_cast<int64_t>(rep.patch.layers_rerun);
+  } catch (const gk::Error& e) {
+    const char* kinds[] = {"DeclarationError", "WeightError", "MismatchError", "DriftError", "StateError", "InternalError"};
+    r.label = kinds[static_cast<int>(e.kind())];
+    r.message = r.label + ": " + e.what();
+  } catch (const std::exception& e) {
+    r.label = std::string(e.what()).rfind("injected ", 0) == 0 ? "injected fault" : "unexpected exception";
+    r.message = r.label + ": " + e.what();
+  }
+  g_pwal.clear();
+  g_counts["patch: " + r.label + (op.bad_patch != BadPatch::none ? " (bad patch)" : "")] += 1;
+  return r;
+}
+
 // Runs iteration `it`; every line is printed as it happens (a crash keeps the
 // log), and a violation is printed as a block the parent collects.
 void run_iteration(uint64_t seed, int64_t it) {
   Rng rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(it));
   const ModelSpec spec = random_structure(rng);
+  g_patch_base = pick(rng, 3) == 0 ? gk::PatchBase::none : gk::PatchBase::device;
   std::vector<std::string> log;
   auto violation = [&](const std::string& key, const std::string& what) {
     std::printf("@@VIOLATION %s\n", key.c_str());
@@ -950,13 +1136,21 @@ void run_iteration(uint64_t seed, int64_t it) {
         stray_tracked = false;
       }
       const Op op = random_op(spec, rng, failed && (k >= n_ops || pick(rng, 3) != 0));
-      const std::vector<gk::NamedTensor> good = random_weights(spec, rng);
+      std::vector<gk::NamedTensor> good = random_weights(spec, rng);
       std::string bad_what;
-      std::vector<gk::NamedTensor> sent = corrupt(op.poke ? deep_copy(good) : good, op, rng, bad_what);
+      const bool was_allowed = rig.engine->replay_allowed();
+      gk::Patch patch;
+      std::vector<gk::NamedTensor> target_whole;
+      if (op.patch) {
+        target_whole = changed(to_whole(spec, committed), op.density, op.bad_patch != BadPatch::none, rng);
+        patch = make_fuzz_patch(spec, to_whole(spec, committed), target_whole, op, rng, bad_what);
+        good = to_delivered(spec, target_whole);
+      }
+      std::vector<gk::NamedTensor> sent = op.patch ? good : corrupt(op.poke ? deep_copy(good) : good, op, rng, bad_what);
       const std::string what = "reload " + std::to_string(k) + ": " + describe(op, bad_what);
       std::printf("  %s\n", what.c_str());  // before the call: a crash keeps it
       std::fflush(stdout);
-      const Outcome r = reload_once(*rig.engine, op, std::move(sent));
+      const Outcome r = op.patch ? patch_once(*rig.engine, op, patch) : reload_once(*rig.engine, op, std::move(sent));
       const bool ok = r.label == "ok";
       std::string line = what;
       for (const auto& n : g_notes) line += " {" + n + "}";
@@ -967,8 +1161,9 @@ void run_iteration(uint64_t seed, int64_t it) {
         committed = deep_copy(good);
         expected = fresh_output(spec, committed, rig.input);
       }
-      const std::string key = std::string(op.recovery ? "recovery, " : "reload, ") +
-                              (op.mode == gk::ReloadMode::streaming ? "streaming" : "transactional") +
+      const std::string key = std::string(op.patch ? "patch, " : op.recovery ? "recovery, " : "reload, ") +
+                              (op.patch ? (op.staged ? "staged" : "reload") :
+                               op.mode == gk::ReloadMode::streaming ? "streaming" : "transactional") +
                               (ok ? " ok" : " failed (" + r.label + ")");
       // The INVARIANT, after every call; then what else this call promised.
       const std::string v = check_invariant(rig, expected, allowed);
@@ -979,6 +1174,12 @@ void run_iteration(uint64_t seed, int64_t it) {
       else if (!v.empty()) broke = v.substr(0, v.find('\n'));
       else if (stray_tracked && allowed) broke = "replay allowed while a graph refused at capture is tracked";
       else if (op.recovery && !stray_tracked && !(ok && allowed)) broke = "a clean recovery reload did not restore replay";
+      else if (op.patch && ok && op.bad_patch != BadPatch::none && !bad_what.empty()) broke = "accepted a bad patch";
+      else if (op.patch && !ok && was_allowed && !allowed) broke = "a refused patch left replay refused";
+      else if (op.patch && ok)
+        for (const auto& t : target_whole)
+          if (rig.engine->served() == nullptr || rig.engine->served()->hash(t.name) != gk::content_hash(t.value))
+            broke = "after a patch the engine does not serve the target's content hash of " + t.name;
       if (!broke.empty())
         return violation(key + ": " + broke,
                          broke + "\n  reload: " + r.message.substr(0, r.message.find('\n')) + "\n  after it: " +

@@ -84,19 +84,19 @@ LlmEngine::LlmEngine(const std::string& dir, c10::Device device, WeightFormat fo
     : options_(std::move(options)) {
   const HfConfig cfg = read_hf_config(dir);
   model_ = std::make_shared<CausalLM>(cfg, device, format);
+  gk::ReloadReport first;
   {
     auto src = open_checkpoint(dir, *model_);
-    gk::load_weights(*model_, *src, options_.reload);
+    first = gk::load_weights(*model_, *src, options_.reload);
   }
-  start();
+  start(first);
 }
 
 LlmEngine::LlmEngine(const HfConfig& cfg, c10::Device device, WeightFormat format, gk::WeightSource& weights,
                      LlmEngineOptions options)
     : options_(std::move(options)) {
   model_ = std::make_shared<CausalLM>(cfg, device, format);
-  gk::load_weights(*model_, weights, options_.reload);
-  start();
+  start(gk::load_weights(*model_, weights, options_.reload));
 }
 
 std::optional<c10::StreamGuard> LlmEngine::serving() const {
@@ -111,7 +111,7 @@ void LlmEngine::wait_serving() const {
     gk::runtime::synchronize(model_->device());
 }
 
-void LlmEngine::start() {
+void LlmEngine::start(const gk::ReloadReport& first_load) {
   const HfConfig& cfg = model_->config();
   const c10::Device device = model_->device();
 #ifdef GRAPHKEEP_WITH_CUDA
@@ -146,7 +146,8 @@ void LlmEngine::start() {
   model_->set_fast_cuda(options_.fast_cuda);
 
   engine_ = std::make_unique<gk::ReloadEngine>(*model_, gk::EngineOptions{options_.reload});
-  engine_->prepare();
+  if (first_load.served != nullptr) engine_->prepare(first_load);  // the served content, for patches
+  else engine_->prepare();
   for (std::size_t l = 0; l < caches_.size(); ++l) {
     engine_->add_static_io("kv_cache." + std::to_string(l) + ".k", caches_[l].k);
     engine_->add_static_io("kv_cache." + std::to_string(l) + ".v", caches_[l].v);
@@ -329,6 +330,27 @@ gk::ReloadReport LlmEngine::reload(gk::WeightSource& weights, const gk::ReloadOp
   gk::ReloadReport r = engine_->reload(weights, options);
   wait_serving();
   return r;
+}
+
+gk::ReloadReport LlmEngine::reload(const gk::Patch& patch) {
+  const auto guard = serving();
+  gk::ReloadReport r = engine_->reload(patch);
+  wait_serving();
+  return r;
+}
+
+gk::StagedReload LlmEngine::stage(const gk::Patch& patch) {
+  const c10::Device device = model_->device();
+#ifdef GRAPHKEEP_WITH_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    c10::cuda::CUDAStreamGuard guard(side);
+    gk::StagedReload staged = engine_->stage(patch, paced_stage_options());
+    side.synchronize();
+    return staged;
+  }
+#endif
+  return engine_->stage(patch, paced_stage_options());
 }
 
 gk::StagedReload LlmEngine::stage(const std::string& dir) {

@@ -127,6 +127,11 @@ class LlmEngine {
   // the decoding thread between two decode() calls; the pause is the commit.
   gk::StagedReload stage(const std::string& dir);
   gk::StagedReload stage(gk::WeightSource& weights);
+  // A weight patch (graphkeep/delta, docs/delta.md), checked against the
+  // served content: reload() applies it in one call; stage() stages it as
+  // stage(dir) does, for commit().
+  gk::ReloadReport reload(const gk::Patch& patch);
+  gk::StagedReload stage(const gk::Patch& patch);
   gk::ReloadReport commit(gk::StagedReload&& staged);
   std::uint64_t weight_version() const { return engine_->weight_version(); }
 
@@ -155,7 +160,8 @@ class LlmEngine {
   // The smallest graph of at least n rows, with the step's inputs copied in
   // (rows n.. zero) and the checks of decode() done.
   Graph& prepare_step(const at::Tensor& tokens, const at::Tensor& positions, bool checked);
-  void start();  // after the first load: KV cache, static inputs, prepare(), capture
+  // After the first load: KV cache, static inputs, prepare(first_load), capture.
+  void start(const gk::ReloadReport& first_load);
   void capture_graphs();
   // The serving stream's scope, and waiting for what was enqueued on it
   // (LlmEngineOptions::high_priority_serving).

@@ -19,6 +19,15 @@
 //   gk::StagedReload staged = engine.stage(src);   // staging thread
 //   engine.commit(std::move(staged));              // serving thread
 //
+// Weight patches (graphkeep/delta, docs/delta.md): only what changed, checked
+// against the content the engine serves, applied exactly through the
+// tensors PWAL derives; the stage and the pause scale with the change.
+//
+//   gk::ReloadReport first = gk::load_weights(model, source);
+//   engine.prepare(first);                             // the served content, by hash
+//   engine.reload(gk::read_patch("step-42.safetensors"));   // or stage(patch) + commit
+//   engine.served()->label();                          // "step-42"
+//
 // Per layer, a reload snapshots the captured tensors, detaches the
 // checkpoint-format parameters from their storage, buffers the incoming
 // weights and, once the layer's weights are complete, materializes, loads and
@@ -39,9 +48,11 @@
 //                  prepare() runs again after recapture.
 #pragma once
 
+#include <graphkeep/delta/patch.h>
 #include <graphkeep/reload/errors.h>
 #include <graphkeep/reload/reload_options.h>
 #include <graphkeep/reload/report.h>
+#include <graphkeep/reload/served_weights.h>
 #include <graphkeep/reload/slot_plan.h>
 #include <graphkeep/reload/staged_reload.h>
 #include <graphkeep/sources/weight_source.h>
@@ -83,7 +94,10 @@ std::string_view to_string(EngineState s) noexcept;
 // checkpoint-format parameters, loads `source` through the layers' loaders
 // with the same completion gate and checks as a reload, and runs PWAL.
 // Nothing is captured yet, so nothing is copied back.
-// Of `options`, only allow_non_finite applies.
+// Of `options`, allow_non_finite, hash_served, version_label and patch_base
+// apply. The report's `served` (the content hash of every checkpoint tensor,
+// and the bases kept for patches) goes to the engine through
+// ReloadEngine::prepare(const ReloadReport&).
 ReloadReport load_weights(torch::nn::Module& model, WeightSource& source);
 ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const ReloadOptions& options);
 
@@ -95,11 +109,23 @@ class ReloadEngine {
   ReloadEngine& operator=(const ReloadEngine&) = delete;
 
   // Builds the slot plan. Call after the first load and PWAL, before any
-  // capture; call again after a recapture.
+  // capture; call again after a recapture (the served content is kept).
   void prepare();
+  // The same, and the engine serves the content `first_load` (the report of
+  // gk::load_weights on this model) recorded: its content hashes and kept
+  // bases, so that the first patch can be checked against them. Nothing may
+  // write the weights between load_weights() and prepare(). gk::StateError
+  // when the report has no served content (hash_served off) or names other
+  // checkpoint tensors than the model expects.
+  void prepare(const ReloadReport& first_load);
 
   ReloadReport reload(WeightSource& source);
   ReloadReport reload(WeightSource& source, const ReloadOptions& options);
+  // Applies a weight patch: stage(patch) and commit() in one call (Note
+  // [Applying a patch] in reload/patch_stage.cpp). Always transactional:
+  // refused with nothing changed, or committed whole.
+  ReloadReport reload(const Patch& patch);
+  ReloadReport reload(const Patch& patch, const ReloadOptions& options);
 
   // Online reload (staged_reload.h; Note [Online reload threading] in
   // reload/staged_reload.cpp). stage() loads `source`, runs PWAL and every check
@@ -115,6 +141,18 @@ class ReloadEngine {
   // refused (use reload()).
   StagedReload stage(WeightSource& source);
   StagedReload stage(WeightSource& source, const ReloadOptions& options);
+  // Stages a weight patch (Note [Applying a patch] in reload/patch_stage.cpp):
+  // checks it (format, names, shapes, dtypes, index ranges, duplicates, and
+  // each tensor's base hash against served()), computes every touched
+  // tensor's result and checks it against the patch's target hash, and
+  // re-runs PWAL for the layers whose tensors PWAL transforms, all without
+  // writing a captured storage. The commit then scatters the changed
+  // elements into captured storage and copies the re-run layers' derived
+  // tensors. Refused with a gk::WeightError naming the tensor and the patch
+  // (its label names the file), changing nothing; the same threading rules
+  // as stage(source).
+  StagedReload stage(const Patch& patch);
+  StagedReload stage(const Patch& patch, const ReloadOptions& options);
   // Commits a staged reload, on the serving thread between two replays:
   // copies the staged values into the captured storage (batched copy-back),
   // applies init policies, verifies the capture manifests and bumps
@@ -127,6 +165,11 @@ class ReloadEngine {
   // weights the graphs read (one that failed after writing, leaving the
   // model inconsistent, counts too). Atomic: readable from any thread.
   std::uint64_t weight_version() const noexcept;
+  // What the engine serves, by content (served_weights.h): the content hash
+  // of every checkpoint tensor, the content version and its label. Null
+  // while unknown: before prepare(first_load) or a reload that hashed, and
+  // after a failure left the model inconsistent. Readable from any thread.
+  std::shared_ptr<const ServedWeights> served() const;
 
   // Records `graph`'s capture manifest (classifying every address it uses)
   // and verifies it after each reload. The graph must outlive the engine or

@@ -16,10 +16,25 @@
 
 #include <graphkeep/reload/report.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 namespace gk {
+
+// Where the engine keeps the checkpoint-format values of the tensors that
+// PWAL transforms (an FP8 weight made from bf16, a repacked int4 weight), the
+// base a weight patch is applied to before PWAL runs again for the layers it
+// touches (Note [Patch landings] in reload/layer_record.h). Tensors that
+// land unchanged in captured storage need no kept base: the captured storage
+// is their base.
+enum class PatchBase : std::uint8_t {
+  none,         // keep nothing: a patch touching a layer with such a tensor is refused
+  device,       // on the tensor's device (memory: those tensors in checkpoint format, once more)
+  pinned_host,  // in pinned host memory (plain host memory where CUDA is absent)
+};
+std::string_view to_string(PatchBase b) noexcept;
 
 struct ReloadOptions {
   ReloadMode mode = ReloadMode::streaming;
@@ -83,6 +98,30 @@ struct ReloadOptions {
   // the staging thread, once everything is staged and checked: throwing from
   // it aborts the stage (nothing changed).
   std::function<void()> before_commit;
+
+  // --- Content identity and patches (docs/delta.md) --------------------------
+  // Hash every checkpoint tensor as it loads (checkpoint format, before PWAL;
+  // on its device, one batched gk::content_hashes per layer), and hash the
+  // loaded parameters again after PWAL to find those PWAL left bit for bit
+  // as loaded (they can then be patched in place: Note [Patch landings]).
+  // The hashes are what ReloadEngine::served() reports and what a patch's
+  // base hashes are checked against. false: no hashing (times.hash_ms 0); the
+  // served content is then unknown and every patch is refused until a load
+  // with hashing.
+  bool hash_served = true;
+  // The version id of the weights this load brings (ServedWeights::label()).
+  // Empty: the label the engine recorded for the same content before, if any.
+  std::string version_label;
+  // Where a full load keeps the checkpoint-format bases of the tensors PWAL
+  // transforms (PatchBase). The first load's option counts until the first
+  // reload; each full reload records again with its own.
+  PatchBase patch_base = PatchBase::none;
+  // After a commit (of a patch or a full reload) wrote the captured storage,
+  // hash the served tensors that land unchanged there again and compare with
+  // the hashes recorded at staging; a difference is a gk::WeightError (a
+  // patch is then rolled back). Costs one read of those tensors (the touched
+  // ones for a patch) inside the pause.
+  bool verify_served = false;
 };
 
 // Given to the ReloadEngine once.

@@ -9,10 +9,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace gk {
+
+class ServedWeights;
 
 enum class ReloadMode {
   streaming,      // layer by layer; peak memory about one layer above the model
@@ -32,7 +35,8 @@ struct PhaseTimes {
   double pwal_ms = 0;     // process_weights_after_loading
   double check_ms = 0;    // layout and configuration checks
   double finite_ms = 0;   // the non-finite weight check (ReloadOptions::allow_non_finite)
-  double hash_ms = 0;     // content hashes of adopted tensors (stage: at adoption; commit: in the pause)
+  double hash_ms = 0;     // content hashes: served tensors (load, stage), adopted tensors (stage: at adoption;
+                          // commit: in the pause), a patch's targets (stage) and verify_served (commit)
   double copy_ms = 0;     // copy-back, re-pointing, init policies
   double verify_ms = 0;   // capture-manifest verification
   double total_ms = 0;
@@ -64,6 +68,20 @@ struct ReloadReport {
   // Graphs destroyed while tracked: dropped before verification (untrack a
   // graph before destroying it, or destroy it after the engine).
   std::vector<std::string> graphs_destroyed;
+  // What the engine serves after this reload (and what gk::load_weights
+  // hands to ReloadEngine::prepare): every checkpoint tensor's content hash
+  // and the content version (served_weights.h). Null when the content is
+  // unknown (ReloadOptions::hash_served off).
+  std::shared_ptr<const ServedWeights> served;
+  // A weight patch (ReloadEngine::reload(const Patch&), stage(const Patch&)):
+  // the checkpoint tensors it touched, the elements it changed, the patch's
+  // payload bytes, the layers whose PWAL ran again (the rest were written by
+  // the scatter alone), and the bytes the scatter wrote into captured storage.
+  struct PatchStats {
+    bool applied = false;
+    std::size_t tensors = 0, elements = 0, payload_bytes = 0, layers_scattered = 0, layers_rerun = 0;
+    std::size_t bytes_scattered = 0;
+  } patch;
   PhaseTimes times;
 
   std::string summary() const;

@@ -32,6 +32,7 @@ enum class Stage {
   check,   // layout and configuration checks
   copy,    // before the layer's copy into the captured storage
   commit,  // transactional: once per layer, after the completion gate, before any copy
+  scatter, // a patch's commit: once per layer it touches, after its scatter wrote captured storage
 };
 std::string_view to_string(Stage s) noexcept;
 

@@ -1,0 +1,380 @@
+// bench_delta: weight patches through the reload engine at the sizes users
+// serve, against full reloads of the same target in the same run.
+//
+// Builds the example engine (examples/engine) for a model shape, with its
+// decode graphs captured, and for each density:
+//   1. loads the base weights B in full (every tensor made on the device
+//      from a seed: nothing of the model's size is kept outside the engine);
+//   2. makes the patch B -> T tensor by tensor (gk::make_patch on the device;
+//      make_patch_ms), T made from B as the density says;
+//   3. stages it and commits it (stage_ms, pause_ms = the commit, hash_ms =
+//      the stage's hashing), then decodes one batch through the graphs;
+//   4. reloads B, and applies the patch again with verify_served
+//      (pause_verify_ms: what re-hashing the served tensors adds to the
+//      pause); its decode must equal step 3's;
+//   5. stages T in full and commits it (full_stage_ms, full_pause_ms), decodes
+//      the same batch: `exact` is every decode's logits bitwise equal and
+//      the served content versions equal (--streaming-full: T by a streaming
+//      reload instead, whose whole time is then full_pause_ms; for a model
+//      whose staged copy does not fit beside it);
+//   6. reloads T in full (full_reload_ms), and stages T in full with
+//      ReloadOptions::hash_served off (full_stage_nohash_ms: what hashing
+//      adds to a stage; full_stage_hash_ms is the hashing's own time);
+// The full stages and reloads read tensors made on the device as they go;
+// the time making them is subtracted (a trainer's device tensors, handed
+// over).
+// Once per run: one device copy of the model's bytes (d2d_copy_ms, the
+// baseline of the scatter's aim).
+//
+// Densities: "adamw:LR" is a real AdamW step: every tensor (fp32 master
+// weights at realistic scale: std 1/sqrt(fan_in), norms near 1) takes --warmup
+// AdamW steps with random gradients (betas 0.9/0.999, eps 1e-8, weight decay
+// 0.01 except norms), B is its bf16 rounding before the last step and T
+// after it; the density is what changed bit for bit. A number is the share
+// of elements changed at random positions of random-init weights.
+//
+//   bench_delta --model llama8b --format dense --densities adamw:1e-6,adamw:3e-6,0.01,0.1 --json out.json
+//   bench_delta --model tiny --device cpu --densities 0.01          (a smoke run anywhere)
+//
+// One JSON object per density, appended as a line to --json (and printed):
+// model, format, density, patch_bytes, model_bytes, make_patch_ms, stage_ms,
+// pause_ms, full_pause_ms, full_reload_ms, hash_ms, exact, and more keys.
+#include "engine/checkpoint_writer.h"
+#include "engine/llm_engine.h"
+
+#include <graphkeep/core/stopwatch.h>
+#include <graphkeep/delta/make_patch.h>
+#include <graphkeep/reload/served_weights.h>
+#include <graphkeep/runtime/device.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+// The shapes of the models measured (Llama-3-8B; a Qwen3-30B-A3B-like MoE:
+// 48 layers, 128 experts, top 8), and the example engine's tiny model.
+demo::HfConfig model_config(const std::string& name) {
+  if (name == "tiny") return demo::builtin_tiny_config();
+  demo::HfConfig c;
+  c.rms_norm_eps = 1e-5;
+  c.max_position_embeddings = 8192;
+  c.dtype = at::kBFloat16;
+  c.num_attention_heads = 32;
+  c.head_dim = 128;
+  if (name == "llama8b") {
+    c.model_type = "llama";
+    c.rope_theta = 500000.0;
+    c.vocab_size = 128256, c.hidden_size = 4096, c.intermediate_size = 14336;
+    c.num_hidden_layers = 32, c.num_key_value_heads = 8;
+  } else if (name == "qwen3moe30b") {
+    c.model_type = "qwen3_moe";
+    c.rope_theta = 1000000.0;
+    c.vocab_size = 151936, c.hidden_size = 2048, c.intermediate_size = 6144;
+    c.num_hidden_layers = 48, c.num_key_value_heads = 4;
+    c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 768;
+  } else {
+    throw std::invalid_argument("unknown --model " + name + " (llama8b, qwen3moe30b, tiny)");
+  }
+  return c;
+}
+
+// How T is made from B.
+struct Change {
+  std::string label;   // "adamw:1e-06" or "0.01"
+  double lr = 0;       // > 0: an AdamW step at this learning rate
+  double share = 0;    // else: this share of elements at random positions
+};
+Change parse_change(const std::string& s) {
+  Change c{s};
+  if (s.rfind("adamw:", 0) == 0) c.lr = std::stod(s.substr(6));
+  else c.share = std::stod(s);
+  return c;
+}
+
+// Every tensor made where it lives, from a seed of its own: B and T of one
+// checkpoint tensor, on demand.
+class Weights {
+ public:
+  Weights(std::vector<gk::CheckpointTensor> shapes, c10::Device device, int warmup)
+      : shapes_(std::move(shapes)), device_(device), warmup_(warmup) {}
+  const std::vector<gk::CheckpointTensor>& shapes() const { return shapes_; }
+
+  // (B, T) of tensor i for `c`; T undefined when !target.
+  std::pair<at::Tensor, at::Tensor> make(std::size_t i, const Change& c, bool target) {
+    const gk::CheckpointTensor& s = shapes_[i];
+    // The device's default generator, seeded per tensor (one thread makes
+    // the weights; ATen's ops lock the generator themselves).
+    at::Generator g = at::globalContext().defaultGenerator(device_);
+    {
+      std::lock_guard<std::mutex> lock(g.mutex());
+      g.set_current_seed(0x9E3779B97F4A7C15ull ^ std::hash<std::string>{}(s.name));
+    }
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
+    const bool norm = s.name.ends_with("norm.weight");
+    at::Tensor w = norm ? 1.0 + 0.05 * at::randn(s.shape, g, f32)
+                        : at::randn(s.shape, g, f32) * (1.0 / std::sqrt(static_cast<double>(s.shape.back())));
+    if (c.lr <= 0) {
+      const at::Tensor base = w.to(s.dtype, /*non_blocking=*/false, /*copy=*/true);
+      if (!target) return {base, {}};
+      const at::Tensor mask = at::rand(s.shape, g, f32) < c.share;
+      // A relative move of 1% (several bf16 ulps): the element's bits change.
+      const at::Tensor moved = (w * (1.0 + 0.01 * at::sign(at::randn(s.shape, g, f32)))).to(s.dtype);
+      return {base, at::where(mask, moved, base)};
+    }
+    // AdamW from zero moments; B before the last step, T after it.
+    at::Tensor m = at::zeros_like(w), v = at::zeros_like(w);
+    const double b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = norm ? 0.0 : 0.01;
+    at::Tensor base;
+    for (int step = 1; step <= warmup_ + 1; ++step) {
+      if (step == warmup_ + 1) {
+        base = w.to(s.dtype, /*non_blocking=*/false, /*copy=*/true);  // w moves on in place
+        if (!target) return {base, {}};
+      }
+      const at::Tensor grad = at::randn(s.shape, g, f32);
+      m.mul_(b1).add_(grad, 1 - b1);
+      v.mul_(b2).addcmul_(grad, grad, 1 - b2);
+      const double c1 = 1 - std::pow(b1, step), c2 = 1 - std::pow(b2, step);
+      w.mul_(1 - c.lr * wd).sub_((m / c1) / ((v / c2).sqrt() + eps) * c.lr);
+    }
+    return {base, w.to(s.dtype)};
+  }
+
+  // A source yielding B (or T) of every tensor, made as it goes. made_ms:
+  // the time spent making them (the device synchronized around each), which
+  // the full-reload baselines subtract: they stand for a reload from tensors
+  // a trainer already holds on the device.
+  class Source final : public gk::WeightSource {
+   public:
+    Source(Weights& w, Change c, bool target) : w_(w), c_(std::move(c)), target_(target) {}
+    std::optional<gk::NamedTensor> next() override {
+      if (i_ >= w_.shapes_.size()) return std::nullopt;
+      const std::size_t i = i_++;
+      gk::runtime::synchronize(w_.device_);
+      const gk::Stopwatch watch;
+      auto [b, t] = w_.make(i, c_, target_);
+      gk::runtime::synchronize(w_.device_);
+      made_ms += watch.elapsed_ms();
+      return gk::NamedTensor{w_.shapes_[i].name, target_ ? t : b, 0};
+    }
+    std::string describe() const override { return std::string(target_ ? "T" : "B") + " of " + c_.label; }
+    double made_ms = 0;
+
+   private:
+    Weights& w_;
+    Change c_;
+    bool target_;
+    std::size_t i_ = 0;
+  };
+
+ private:
+  std::vector<gk::CheckpointTensor> shapes_;
+  c10::Device device_;
+  int warmup_;
+};
+
+double copy_ms(std::int64_t bytes, c10::Device device) {
+  const std::int64_t chunk = std::min<std::int64_t>(bytes, std::int64_t{1} << 30);
+  const auto o = at::TensorOptions().dtype(at::kByte).device(device);
+  at::Tensor src = at::ones({chunk}, o), dst = at::empty({chunk}, o);
+  dst.copy_(src);
+  gk::runtime::synchronize(device);
+  const gk::Stopwatch w;
+  for (std::int64_t done = 0; done < bytes; done += chunk) {
+    const std::int64_t n = std::min(chunk, bytes - done);
+    dst.narrow(0, 0, n).copy_(src.narrow(0, 0, n));
+  }
+  gk::runtime::synchronize(device);
+  return w.elapsed_ms();
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && at::equal(a.contiguous().view(at::kByte), b.contiguous().view(at::kByte));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "tiny", format_name = "dense", json, device_name = "auto",
+              densities = "adamw:1e-6,adamw:3e-6,0.01,0.1";
+  std::int64_t batch = 8, max_batch = 0;
+  int warmup = 3;
+  bool streaming_full = false;  // the full baseline by a streaming reload (no staged copy of the model)
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "--model") model = val();
+    else if (k == "--format") format_name = val();
+    else if (k == "--json") json = val();
+    else if (k == "--device") device_name = val();
+    else if (k == "--densities") densities = val();
+    else if (k == "--batch") batch = std::stoll(val());
+    else if (k == "--max-batch") max_batch = std::stoll(val());
+    else if (k == "--warmup") warmup = std::stoi(val());
+    else if (k == "--streaming-full") streaming_full = true;
+    else {
+      std::fprintf(stderr, "usage: bench_delta [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
+                           "[--device auto|cpu|cuda] [--densities adamw:LR,SHARE,...] [--batch B] [--max-batch N] "
+                           "[--warmup STEPS] [--streaming-full] [--json FILE]\n");
+      return 2;
+    }
+  }
+  try {
+    at::NoGradGuard no_grad;
+    const bool cuda = device_name == "cuda" || (device_name == "auto" && gk::runtime::cuda_device_available());
+    const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+    const demo::HfConfig cfg = model_config(model);
+    const demo::WeightFormat format = demo::parse_weight_format(format_name);
+    std::vector<gk::CheckpointTensor> shapes;
+    {
+      demo::CausalLM m(cfg, c10::Device(c10::kMeta), demo::WeightFormat::dense);
+      shapes = demo::expected_checkpoint(m);
+    }
+    std::int64_t model_bytes = 0;
+    for (const gk::CheckpointTensor& s : shapes) {
+      std::int64_t n = static_cast<std::int64_t>(c10::elementSize(s.dtype));
+      for (const std::int64_t d : s.shape) n *= d;
+      model_bytes += n;
+    }
+    Weights weights(shapes, device, warmup);
+    std::vector<Change> changes;
+    {
+      std::stringstream ss(densities);
+      for (std::string item; std::getline(ss, item, ',');) changes.push_back(parse_change(item));
+    }
+    std::printf("bench_delta: %s (%s), %s, %.2f GiB of weights, device %s\n", model.c_str(), cfg.model_type.c_str(),
+                format_name.c_str(), static_cast<double>(model_bytes) / (1 << 30), device.str().c_str());
+    std::fflush(stdout);
+
+    demo::LlmEngineOptions opts;
+    opts.max_len = 32;
+    if (max_batch > 0) std::erase_if(opts.batch_sizes, [&](std::int64_t b) { return b > max_batch; });
+    Weights::Source first(weights, changes.front(), false);
+    demo::LlmEngine eng(cfg, device, format, first, opts);
+    const double d2d_ms = device.is_cuda() ? copy_ms(model_bytes, device) : 0.0;
+    const at::Tensor tokens = at::arange(batch, at::kLong).mul(7).remainder(cfg.vocab_size);
+    const at::Tensor pos = at::full({batch}, 3, at::kLong);
+
+    for (const Change& c : changes) {
+      // 1. B in full.
+      {
+        Weights::Source b(weights, c, false);
+        eng.reload(b);
+      }
+      // 2. The patch B -> T, tensor by tensor.
+      gk::Patch patch;
+      patch.base_version = "B";
+      patch.target_version = "T " + c.label;
+      double make_ms = 0;
+      std::size_t changed = 0, total = 0;
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        auto [b, t] = weights.make(i, c, true);
+        gk::runtime::synchronize(device);
+        const gk::Stopwatch w;
+        gk::Patch one = gk::make_patch({{shapes[i].name, b, 0}}, {{shapes[i].name, t, 0}},
+                                       {.base_version = "B", .target_version = patch.target_version});
+        gk::runtime::synchronize(device);
+        make_ms += w.elapsed_ms();
+        total += static_cast<std::size_t>(b.numel());
+        for (gk::PatchEntry& e : one.entries) {
+          changed += static_cast<std::size_t>(e.encoding == gk::PatchEncoding::sparse ? e.count() : 0);
+          if (e.encoding == gk::PatchEncoding::dense) changed += static_cast<std::size_t>(b.ne(t).sum().item<std::int64_t>());
+          patch.entries.push_back(std::move(e));
+        }
+      }
+      std::sort(patch.entries.begin(), patch.entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+      // 3. The patch, staged and committed.
+      gk::ReloadReport staged = eng.commit(eng.stage(patch));
+      const at::Tensor by_patch = eng.decode(tokens, pos);
+      const std::uint64_t patched_version = eng.reload_engine().served()->content_version();
+      // 4. B again, and the patch with verify_served (it must serve the same).
+      double verify_pause_ms = 0;
+      bool exact = true;
+      {
+        Weights::Source b(weights, c, false);
+        eng.reload(b);
+        gk::ReloadOptions o = eng.reload_engine().options().defaults;
+        o.verify_served = true;
+        verify_pause_ms = eng.reload_engine().commit(eng.reload_engine().stage(patch, o)).times.commit_ms;
+        exact = same_bits(eng.decode(tokens, pos), by_patch);
+      }
+      const std::size_t patch_bytes = patch.payload_bytes();
+      patch = gk::Patch();  // its memory, before the full stage (a 30B MoE's staged copy fills the GPU)
+      // 5. T in full, staged and committed (--streaming-full: reloaded).
+      gk::ReloadReport full;
+      double full_stage_ms = 0;
+      {
+        Weights::Source t(weights, c, true);
+        if (streaming_full) {
+          full = eng.reload(t);
+          full.times.commit_ms = full.times.total_ms - t.made_ms;  // a reload's pause is all of it
+        } else {
+          full = eng.commit(eng.stage(t));
+          full_stage_ms = full.times.stage_ms - t.made_ms;
+        }
+      }
+      const at::Tensor by_full = eng.decode(tokens, pos);
+      exact = exact && same_bits(by_patch, by_full) && patched_version == eng.reload_engine().served()->content_version();
+      // 6. T reloaded in full; a stage without hashing.
+      double full_reload_ms = 0, nohash_stage_ms = 0;
+      {
+        Weights::Source t(weights, c, true);
+        full_reload_ms = eng.reload(t).times.total_ms - t.made_ms;
+      }
+      if (!streaming_full) {
+        Weights::Source t(weights, c, true);
+        gk::ReloadOptions o = eng.reload_engine().options().defaults;
+        o.hash_served = false;
+        gk::StagedReload s = eng.reload_engine().stage(t, o);
+        nohash_stage_ms = s.report().times.stage_ms - t.made_ms;
+        s.abort();
+      }
+      nlohmann::json row = {
+          {"model", model},
+          {"format", format_name},
+          {"change", c.label},
+          {"density", total > 0 ? static_cast<double>(changed) / static_cast<double>(total) : 0.0},
+          {"patch_bytes", patch_bytes},
+          {"model_bytes", model_bytes},
+          {"make_patch_ms", make_ms},
+          {"stage_ms", staged.times.stage_ms},
+          {"pause_ms", staged.times.commit_ms},
+          {"full_pause_ms", full.times.commit_ms},
+          {"full_pause_kind", streaming_full ? "streaming reload" : "staged commit"},
+          {"full_stage_ms", full_stage_ms},
+          {"full_reload_ms", full_reload_ms},
+          {"hash_ms", staged.times.hash_ms},
+          {"full_stage_hash_ms", full.times.hash_ms},
+          {"full_stage_nohash_ms", nohash_stage_ms},
+          {"pause_verify_ms", verify_pause_ms},
+          {"d2d_copy_ms", d2d_ms},
+          {"layers_scattered", staged.patch.layers_scattered},
+          {"layers_rerun", staged.patch.layers_rerun},
+          {"bytes_scattered", staged.patch.bytes_scattered},
+          {"exact", exact},
+          {"device", device.str()},
+      };
+      const std::string line = row.dump();
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+      if (!json.empty()) std::ofstream(json, std::ios::app) << line << "\n";
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_delta: %s\n", e.what());
+    return 1;
+  }
+}

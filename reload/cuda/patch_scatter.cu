@@ -1,0 +1,60 @@
+// The scatter kernel behind a patch's commit (Note [Scatter tasks] in
+// patch_scatter.h): one block per task, each thread moving elements as
+// integers of their size, several loads in flight per thread.
+#include "patch_scatter.h"
+
+#include <cuda_runtime.h>
+
+namespace gk::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+
+template <class T, class I>
+__device__ void scatter(const ScatterTask& t) {
+  T* dst = static_cast<T*>(t.dst);
+  const I* idx = static_cast<const I*>(t.indices);
+  const T* val = static_cast<const T*>(t.values);
+  const std::uint32_t n = t.count;
+  std::uint32_t i = threadIdx.x;
+  for (; i + (kUnroll - 1) * kThreads < n; i += kUnroll * kThreads) {
+    I k[kUnroll];
+    T v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      k[u] = idx[i + u * kThreads];
+      v[u] = val[i + u * kThreads];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) dst[k[u]] = v[u];
+  }
+  for (; i < n; i += kThreads) dst[idx[i]] = val[i];
+}
+
+template <class I>
+__device__ void scatter_by_size(const ScatterTask& t) {
+  switch (t.elem_bytes) {
+    case 1: scatter<unsigned char, I>(t); break;
+    case 2: scatter<unsigned short, I>(t); break;
+    case 4: scatter<unsigned int, I>(t); break;
+    case 8: scatter<unsigned long long, I>(t); break;
+    default: break;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) patch_scatter_kernel(const __grid_constant__ ScatterBatch batch) {
+  const ScatterTask& t = batch.task[blockIdx.x];
+  if (t.index_bytes == 8) scatter_by_size<long long>(t);
+  else scatter_by_size<int>(t);
+}
+
+}  // namespace
+
+int launch_patch_scatter(const ScatterBatch& batch, void* stream) {
+  if (batch.count <= 0) return 0;
+  patch_scatter_kernel<<<static_cast<unsigned>(batch.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(batch);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace gk::cuda

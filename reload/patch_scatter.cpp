@@ -1,0 +1,140 @@
+#include "patch_scatter.h"
+
+#include <graphkeep/core/check.h>
+#include <graphkeep/reload/copy_slots.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#if defined(GRAPHKEEP_WITH_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/patch_scatter.h"
+#endif
+
+namespace gk {
+namespace {
+
+at::ScalarType bits_dtype(std::size_t itemsize) {
+  switch (itemsize) {
+    case 1: return at::kByte;
+    case 2: return at::kShort;
+    case 4: return at::kInt;
+    case 8: return at::kLong;
+    default: break;
+  }
+  GK_THROW(WeightError, "a patch moves elements of 1, 2, 4 or 8 bytes, not ", itemsize);
+}
+
+template <class T, class I>
+void scatter_host(const ScatterItem& it) {
+  T* dst = static_cast<T*>(it.dst.data_ptr());
+  const I* idx = static_cast<const I*>(it.indices.const_data_ptr());
+  const T* val = static_cast<const T*>(it.values.const_data_ptr());
+  at::parallel_for(0, it.indices.numel(), 1 << 14, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) dst[idx[i]] = val[i];
+  });
+}
+
+template <class T>
+void scatter_host_by_index(const ScatterItem& it) {
+  if (it.indices.scalar_type() == at::kLong) scatter_host<T, std::int64_t>(it);
+  else scatter_host<T, std::int32_t>(it);
+}
+
+void scatter_host(const ScatterItem& it) {
+  switch (it.dst.element_size()) {
+    case 1: scatter_host_by_index<std::uint8_t>(it); break;
+    case 2: scatter_host_by_index<std::uint16_t>(it); break;
+    case 4: scatter_host_by_index<std::uint32_t>(it); break;
+    case 8: scatter_host_by_index<std::uint64_t>(it); break;
+    default: GK_THROW(InternalError, "scatter of ", it.dst.element_size(), "-byte elements");
+  }
+}
+
+#if defined(GRAPHKEEP_WITH_CUDA)
+void launch(const cuda::ScatterBatch& b, c10::Device device) {
+  const int err = cuda::launch_patch_scatter(b, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  GK_CHECK(StateError, err == 0, "the patch scatter failed to launch on ", device, " (cudaError ", err, ")");
+}
+#endif
+
+}  // namespace
+
+std::size_t ScatterItem::bytes() const {
+  return indices.defined() ? static_cast<std::size_t>(indices.numel()) * dst.element_size() : dst.nbytes();
+}
+
+void wait_for(const std::vector<ScatterItem>& items) {
+  std::vector<c10::Device> devices;
+  for (const ScatterItem& it : items)
+    if (!it.dst.device().is_cpu() && std::find(devices.begin(), devices.end(), it.dst.device()) == devices.end())
+      devices.push_back(it.dst.device());
+  for (const c10::Device& d : devices) c10::impl::VirtualGuardImpl(d.type()).getStream(d).synchronize();
+}
+
+at::Tensor flat_bits(const at::Tensor& t) { return t.view(-1).view(bits_dtype(t.element_size())); }
+
+void scatter_items(const std::vector<ScatterItem>& items) {
+  std::vector<at::Tensor> dense_dst, dense_src;
+  for (const ScatterItem& it : items) {
+    GK_INTERNAL_ASSERT(it.dst.is_contiguous() && it.values.device() == it.dst.device() &&
+                           it.values.element_size() == it.dst.element_size(),
+                       "scatter item: a non-contiguous destination, or values on another device or of another size");
+    if (!it.indices.defined()) {
+      dense_dst.push_back(it.dst);
+      dense_src.push_back(it.values);
+    }
+  }
+  if (!dense_dst.empty()) copy_slots(dense_dst, dense_src);
+#if defined(GRAPHKEEP_WITH_CUDA)
+  cuda::ScatterBatch batch;
+  c10::Device device(c10::kCUDA, -1);
+  c10::cuda::OptionalCUDAGuard guard;
+  auto flush = [&] {
+    if (batch.count > 0) launch(batch, device);
+    batch.count = 0;
+  };
+#endif
+  for (const ScatterItem& it : items) {
+    if (!it.indices.defined() || it.indices.numel() == 0) continue;
+    if (!it.dst.is_cuda()) {
+      scatter_host(it);
+      continue;
+    }
+#if defined(GRAPHKEEP_WITH_CUDA)
+    if (it.dst.device() != device) {
+      flush();
+      device = it.dst.device();
+      guard.set_device(device);
+    }
+    const auto n = static_cast<std::uint64_t>(it.indices.numel());
+    const std::size_t ib = it.indices.element_size(), eb = it.dst.element_size();
+    const auto* idx = static_cast<const unsigned char*>(it.indices.const_data_ptr());
+    const auto* val = static_cast<const unsigned char*>(it.values.const_data_ptr());
+    for (std::uint64_t o = 0; o < n; o += cuda::kScatterChunk) {
+      if (batch.full()) flush();
+      cuda::ScatterTask& t = batch.task[batch.count++];
+      t.dst = it.dst.data_ptr();
+      t.indices = idx + o * ib;
+      t.values = val + o * eb;
+      t.count = static_cast<std::uint32_t>(std::min<std::uint64_t>(cuda::kScatterChunk, n - o));
+      t.elem_bytes = static_cast<std::uint16_t>(eb);
+      t.index_bytes = static_cast<std::uint16_t>(ib);
+    }
+#else
+    GK_THROW(StateError, "a CUDA tensor in a build without CUDA");
+#endif
+  }
+#if defined(GRAPHKEEP_WITH_CUDA)
+  flush();
+#endif
+}
+
+}  // namespace gk

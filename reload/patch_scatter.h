@@ -1,0 +1,37 @@
+// reload/patch_scatter.h: writing a weight patch's changed elements into
+// flat tensors, and nothing else (internal to the reload layer). The commit
+// of a patch writes captured storage with it; Note [Scatter tasks] in
+// reload/cuda/patch_scatter.h describes the CUDA kernel.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace gk {
+
+// One tensor's writes.
+struct ScatterItem {
+  at::Tensor dst;      // a contiguous 1-D view of the destination, as integers of its element size
+  at::Tensor indices;  // 1-D int32 or int64 on dst's device, in range and unique; undefined: dense
+  at::Tensor values;   // 1-D, dst's dtype, on dst's device: as long as `indices` (dense: as `dst`)
+
+  // Bytes written into dst.
+  std::size_t bytes() const;
+};
+
+// dst[indices[i]] = values[i] for every item (dense: dst = values). CUDA
+// items go through the scatter kernel on each device's current stream (one
+// launch per 1,000 tasks of at most 16,384 elements; dense items through
+// gk::copy_slots), CPU items through at::parallel_for. Does not wait for
+// the device.
+void scatter_items(const std::vector<ScatterItem>& items);
+
+// Waits for the current stream of every device the items' destinations are on.
+void wait_for(const std::vector<ScatterItem>& items);
+
+// `t` (contiguous) as a 1-D view of integers of its element size.
+at::Tensor flat_bits(const at::Tensor& t);
+
+}  // namespace gk

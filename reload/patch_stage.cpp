@@ -1,0 +1,402 @@
+// Weight patches through the engine: stage(const Patch&), which checks a
+// patch against what the engine serves and stages its effect without
+// writing a captured storage, and the commit of what it staged.
+//
+// Note [Applying a patch]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A patch (graphkeep/delta/patch.h) names checkpoint tensors, flat element
+// indices and values, and the content hashes of each tensor before and
+// after. stage(patch), on the staging thread while the graphs replay:
+//   1. Checks, before anything else: the engine knows what it serves (its
+//      content hashes, served_state.cpp); validate_patch (format, dtypes,
+//      shapes, lengths, every index in range, strictly ascending hence no
+//      duplicate, computed on the patch's device without a device assert);
+//      every entry names a checkpoint tensor of the model with its shape and
+//      dtype; every base hash equals the served hash. A failure is a
+//      gk::WeightError naming the tensor and the patch (its label names the
+//      file): nothing was changed or staged.
+//   2. Per layer it touches, one of two paths (Note [Patch landings] in
+//      layer_record.h):
+//      scatter  every touched parameter is passthrough, and the layer has no
+//               copy-back slot that is not a view of a passthrough
+//               parameter's captured storage (nothing derived: PWAL would
+//               produce the same tensors from the new values, bar the
+//               parameters themselves; a configuration PWAL changed would
+//               be a mismatch while check_configs is on, so with it off the
+//               layer takes the other path). A plain module always
+//               qualifies. The entry's indices map into the parameter's
+//               captured storage by default_load's layout; staging moves
+//               the entry to the device, gathers the elements it will
+//               overwrite (the commit's undo), and hashes the result (a
+//               clone of the tensor with the entry applied) against the
+//               target hash. O(changed) memory kept, one read of each
+//               touched tensor for its hash.
+//      re-run   anything else (an FP8 weight or scale made from the
+//               parameter, a Marlin repack, a derived stride array, a
+//               load_weight() of the layer's own): the layer's checkpoint
+//               tensors are rebuilt whole from their bases (the captured
+//               storage for passthrough parameters, the kept base for the
+//               others; without one the patch is refused, saying why), the
+//               entries applied, and the layer goes through the pipeline a
+//               reload runs (load, non-finite check, PWAL under the stage's
+//               guard, layout and configuration checks). Every loaded
+//               tensor's hash must equal the target (or, untouched, the
+//               served) hash. The re-run also records the layer's landings
+//               afresh. Passthrough parameters are then written by the
+//               scatter, not copied; the layer's other staged tensors are
+//               copied by the commit as a stage's are.
+//   3. The served content after the commit (the target hashes, the new
+//      bases of re-run layers, the label patch.target_version) is built
+//      here, so the commit only swaps a pointer.
+// commit(), between two replays: the stale checks of any staged reload,
+// then the scatter (one launch per device for every tensor; CPU: a host
+// loop), the re-run layers' copies and configuration values, and, with
+// ReloadOptions::verify_served, the touched captured tensors hashed again.
+// A failure after the scatter (an injected fault at Stage::scatter, a
+// verification mismatch) writes the undo back before any re-run layer was
+// copied: the old weights are served bit for bit and replay stays allowed.
+// A patch commit that re-ran no PWAL moved no field, so it skips the
+// capture-manifest verification; the pause is then the scatter alone.
+#include "engine_impl.h"
+#include "reload_internal.h"
+
+#include <graphkeep/core/check.h>
+#include <graphkeep/core/stopwatch.h>
+#include <graphkeep/delta/patch.h>
+#include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/sources/weight_source.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <map>
+#include <unordered_set>
+
+namespace gk {
+namespace {
+
+std::string_view label_of(const Patch& p) { return p.label.empty() ? std::string_view("patch") : p.label; }
+
+// An entry's data on `device`: the indices as stored (int32 or int64), the
+// values as integers of their size.
+struct EntryData {
+  at::Tensor indices, values;
+};
+EntryData on_device(const PatchEntry& pe, c10::Device device) {
+  EntryData x;
+  if (pe.encoding == PatchEncoding::sparse) x.indices = pe.indices.to(device).contiguous();
+  x.values = flat_bits(pe.values.to(device).contiguous());
+  return x;
+}
+
+// `base` with the entry applied, as a new contiguous tensor of base's dtype.
+at::Tensor patched(const at::Tensor& base, const PatchEntry& pe) {
+  at::Tensor r = base.clone(at::MemoryFormat::Contiguous);
+  const EntryData x = on_device(pe, r.device());
+  scatter_items({{flat_bits(r), x.indices, x.values}});
+  return r;
+}
+
+const void* storage_key(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+
+// The slot of the module's parameter or buffer `param`, or -1.
+std::ptrdiff_t param_slot(const LayerPlan& lp, const std::string& param) {
+  for (std::size_t i = 0; i < lp.slots.size(); ++i)
+    if (lp.slots[i].kind != PlannedSlot::Kind::declared && lp.slots[i].local == param && lp.slots[i].defined())
+      return static_cast<std::ptrdiff_t>(i);
+  return -1;
+}
+
+// Where a re-run keeps the bases of a layer that has kept ones: where they
+// are (a re-run must not drop them because this call's options say none).
+PatchBase kept_where(const ServedWeights::State& s, const LayerPlan& lp, PatchBase asked) {
+  for (const CheckpointParam& cp : lp.params) {
+    const auto it = s.params.find(lp.full_name(cp.param));
+    if (it != s.params.end() && !it->second.base.empty())
+      return it->second.base.front().device().is_cpu() ? PatchBase::pinned_host : PatchBase::device;
+  }
+  return asked;
+}
+
+}  // namespace
+
+StagedReload ReloadEngine::stage(const Patch& patch) { return stage(patch, impl_->options.defaults); }
+StagedReload ReloadEngine::stage(const Patch& patch, const ReloadOptions& options) {
+  Impl& I = *impl_;
+  Impl::Busy busy(I, "stage(patch)", /*refuse_outstanding=*/true);
+  std::unique_ptr<detail::StagedState> st = I.begin_stage(this, options);
+  at::NoGradGuard no_grad;
+  const Stopwatch total;
+  I.stage_patch(patch, st->options, *st);
+  st->rep.times.stage_ms = st->rep.times.total_ms = total.elapsed_ms();
+  std::lock_guard<std::mutex> lock(I.op_mu);
+  I.outstanding = st.get();
+  return StagedReload(std::move(st));
+}
+
+void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o, detail::StagedState& st) {
+  ReloadReport rep = new_report(o);
+  rep.staged = true;
+  rep.patch.applied = true;
+  const std::string_view label = label_of(patch);
+  const std::shared_ptr<const ServedWeights> served0 = served_now();
+  GK_CHECK(StateError, served0 != nullptr, "stage(patch) refused for ", label,
+           ": the engine does not know the content it serves (no prepare(first_load) with the report of "
+           "gk::load_weights, or the last reload ran without ReloadOptions::hash_served, or a failure left the model "
+           "inconsistent); reload the weights in full first");
+  const ServedWeights::State& S = served0->state();
+
+  // 1. Every check before anything is staged.
+  {
+    ScopedMsTimer t(rep.times.check_ms);
+    validate_patch(patch);
+  }
+  const std::size_t L = plan.layers().size();
+  std::vector<std::vector<std::size_t>> by_layer(L);  // entry indices
+  std::vector<const Expected*> where(patch.entries.size());
+  for (std::size_t k = 0; k < patch.entries.size(); ++k) {
+    const PatchEntry& pe = patch.entries[k];
+    const auto it = expected.find(pe.name);
+    GK_CHECK(WeightError, it != expected.end(), label, ": tensor '", pe.name, "' is not a checkpoint tensor of the "
+             "model (an unknown name; the model expects ", expected.size(), " tensors); nothing was changed");
+    const Expected& e = it->second;
+    const CheckpointTensor& ct = plan.layers()[e.layer].params[e.param].tensors[e.tensor];
+    GK_CHECK(WeightError, pe.shape == ct.shape && pe.dtype == ct.dtype, label, ": tensor '", pe.name, "' is ",
+             pe.dtype, " ", at::IntArrayRef(pe.shape), " in the patch but ", ct.dtype, " ", at::IntArrayRef(ct.shape),
+             " in the model; nothing was changed");
+    const std::uint64_t* h = S.find(pe.name);
+    GK_INTERNAL_ASSERT(h != nullptr, "no served hash for '", pe.name, "'");
+    GK_CHECK(WeightError, *h == pe.base_hash, label, ": tensor '", pe.name, "': the patch's base hash is ",
+             format_content_hash(pe.base_hash), " but the engine serves ", format_content_hash(*h), " (version ",
+             served0->describe(), "): the patch was made from other weights than those served (its base is '",
+             patch.base_version, "'); nothing was changed");
+    where[k] = &e;
+    by_layer[e.layer].push_back(k);
+    rep.patch.elements += static_cast<std::size_t>(pe.count());
+  }
+  rep.patch.tensors = patch.entries.size();
+  rep.patch.payload_bytes = patch.payload_bytes();
+
+  // 2. The path of each touched layer.
+  auto sp = std::make_unique<StagedPatch>();
+  sp->touched.assign(L, 0);
+  sp->rerun.assign(L, 0);
+  auto landing = [&](const LayerPlan& lp, std::size_t pi) -> const ServedParam& {
+    const auto it = S.params.find(lp.full_name(lp.params[pi].param));
+    GK_INTERNAL_ASSERT(it != S.params.end(), "no landing for parameter '", lp.full_name(lp.params[pi].param), "'");
+    return it->second;
+  };
+  auto scatter_only = [&](std::size_t li) {
+    const LayerPlan& lp = plan.layers()[li];
+    for (std::size_t k : by_layer[li])
+      if (!landing(lp, where[k]->param).passthrough || !captured_tensor(*where[k]).defined()) return false;
+    if (lp.layer == nullptr) return true;
+    if (!o.check_configs && !lp.configs.empty()) return false;
+    std::unordered_set<const void*> passthrough;
+    for (std::size_t pi = 0; pi < lp.params.size(); ++pi)
+      if (const std::ptrdiff_t i = param_slot(lp, lp.params[pi].param); i >= 0 && landing(lp, pi).passthrough)
+        passthrough.insert(storage_key(lp.slots[static_cast<std::size_t>(i)].captured));
+    for (const PlannedSlot& s : lp.slots)
+      if (s.defined() && s.role.effective_init() == Init::copy_new && !passthrough.count(storage_key(s.captured)))
+        return false;
+    return true;
+  };
+  for (std::size_t li = 0; li < L; ++li) {
+    if (by_layer[li].empty()) continue;
+    sp->touched[li] = 1;
+    if (scatter_only(li)) {
+      rep.patch.layers_scattered += 1;
+      continue;
+    }
+    sp->rerun[li] = 1;
+    rep.patch.layers_rerun += 1;
+    const LayerPlan& lp = plan.layers()[li];
+    for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+      const ServedParam& p = landing(lp, pi);
+      GK_CHECK(WeightError, p.passthrough || !p.base.empty(), label, ": tensor '", patch.entries[by_layer[li].front()].name,
+               "' cannot be patched: its layer '", lp.prefix, "' must run PWAL again, and ", p.no_base,
+               "; nothing was changed");
+    }
+  }
+
+  // The served content after the commit, updated as the layers are staged.
+  auto next = std::make_unique<ServedWeights::State>();
+  next->hashes = S.hashes;
+  next->params = S.params;
+  next->label = patch.target_version;
+  auto add_scatter = [&](const at::Tensor& dst, const PatchEntry& pe, const EntryData& x) {
+    const at::Tensor bits = flat_bits(dst);
+    sp->undo.push_back({bits, x.indices, x.indices.defined() ? bits.index_select(0, x.indices) : bits.clone()});
+    sp->writes.push_back({bits, x.indices, x.values});
+    rep.patch.bytes_scattered += sp->writes.back().bytes();
+    if (o.verify_served) {
+      sp->verify.push_back(bits);
+      sp->verify_names.push_back(pe.name);
+      sp->verify_hashes.push_back(pe.target_hash);
+    }
+  };
+
+  // Scatter layers: the entries, their undo, and each result's hash.
+  for (std::size_t li = 0; li < L; ++li) {
+    if (!sp->touched[li] || sp->rerun[li]) continue;
+    const LayerPlan& lp = plan.layers()[li];
+    std::vector<at::Tensor> results;
+    {
+      ScopedMsTimer t(rep.times.load_ms);
+      fault(testing::Stage::load, lp.prefix);
+      for (std::size_t k : by_layer[li]) {
+        const PatchEntry& pe = patch.entries[k];
+        const at::Tensor dst = captured_tensor(*where[k]);
+        const EntryData x = on_device(pe, dst.device());
+        add_scatter(dst, pe, x);
+        results.push_back(x.indices.defined() ? patched(dst, pe) : x.values);
+      }
+    }
+    ScopedMsTimer t(rep.times.hash_ms);
+    fault(testing::Stage::check, lp.prefix);
+    const std::vector<std::uint64_t> got = content_hashes(results);
+    for (std::size_t j = 0; j < got.size(); ++j) {
+      const PatchEntry& pe = patch.entries[by_layer[li][j]];
+      GK_CHECK(WeightError, got[j] == pe.target_hash, label, ": tensor '", pe.name, "': after the patch its content "
+               "hash is ", format_content_hash(got[j]), " but the patch's target hash is ",
+               format_content_hash(pe.target_hash), " (the patch's values do not produce its target version '",
+               patch.target_version, "'); nothing was changed");
+      *next->find(pe.name) = pe.target_hash;
+    }
+  }
+
+  // Re-run layers: rebuild, patch, and run them through the pipeline.
+  std::vector<LayerRun> runs = new_runs();
+  if (sp->any_rerun()) {
+    const InMemorySource described({}, std::string(label));
+    StageGuard guard(plan, [this](std::string why) { refuse_replay(std::move(why)); });
+    try {
+      for (std::size_t li = 0; li < L; ++li) {
+        if (!sp->rerun[li]) continue;
+        LayerPlan& lp = plan.layers()[li];
+        LayerRun& run = runs[li];
+        std::map<std::string, const PatchEntry*> touched;
+        for (std::size_t k : by_layer[li]) touched.emplace(patch.entries[k].name, &patch.entries[k]);
+        {
+          ScopedMsTimer t(rep.times.load_ms);
+          for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+            const CheckpointParam& cp = lp.params[pi];
+            const ServedParam& p = landing(lp, pi);
+            for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
+              const CheckpointTensor& ct = cp.tensors[ti];
+              const std::string name = lp.full_name(ct.name);
+              const at::Tensor base = p.passthrough ? captured_tensor(expected.at(name)) : p.base[ti];
+              GK_INTERNAL_ASSERT(base.defined(), "no base for '", name, "'");
+              const auto hit = touched.find(name);
+              const at::Tensor whole = hit != touched.end() ? patched(base, *hit->second) : base.clone();
+              const std::int64_t piece = ct.num_shards > 1 ? ct.shape[static_cast<std::size_t>(ct.shard_dim)] / ct.num_shards : 0;
+              for (std::int64_t s = 0; s < ct.num_shards; ++s)
+                run.pending.push_back({pi, ti, s,
+                                       ct.num_shards == 1 ? whole : whole.narrow(ct.shard_dim, s * piece, piece).contiguous(),
+                                       name});
+              run.shards[expected.at(name).flat].assign(static_cast<std::size_t>(ct.num_shards), true);
+            }
+          }
+          run.loaded = run.expected;
+        }
+        snapshot_and_detach(lp, run, guard);
+        ReloadOptions ro = o;
+        ro.hash_served = true;
+        ro.patch_base = kept_where(S, lp, o.patch_base);
+        process(lp, run, ro, rep, described, guard);
+        // Every loaded tensor is the target (touched) or what is served.
+        GK_INTERNAL_ASSERT(run.record.recorded, "a re-run layer was not recorded");
+        for (const auto& [name, h] : run.record.hashes) {
+          const auto hit = touched.find(name);
+          const std::uint64_t want = hit != touched.end() ? hit->second->target_hash : *S.find(name);
+          GK_CHECK(WeightError, h == want, label, ": tensor '", name, "': ",
+                   hit != touched.end()
+                       ? concat("after the patch its content hash is ", format_content_hash(h),
+                                " but the patch's target hash is ", format_content_hash(want),
+                                " (the patch's values do not produce its target version '", patch.target_version, "')")
+                       : concat("rebuilt from its base it hashes ", format_content_hash(h), " but the engine serves ",
+                                format_content_hash(want), " (its base no longer holds the served values)"),
+                   "; nothing was changed");
+          *next->find(name) = h;
+        }
+        // Passthrough parameters go by scatter: their slots (and views of
+        // the same bytes) commit in place, the touched tensors' entries are
+        // written into captured storage.
+        for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+          const CheckpointParam& cp = lp.params[pi];
+          const std::string full = lp.full_name(cp.param);
+          const auto rec = std::find_if(run.record.params.begin(), run.record.params.end(),
+                                        [&](const auto& x) { return x.first == full; });
+          const std::ptrdiff_t i = param_slot(lp, cp.param);
+          if (rec == run.record.params.end() || !rec->second.passthrough || i < 0 ||
+              !run.current[static_cast<std::size_t>(i)].defined())
+            continue;
+          const PlannedSlot& ps = lp.slots[static_cast<std::size_t>(i)];
+          const void* staged_key = storage_key(run.current[static_cast<std::size_t>(i)]);
+          for (std::size_t j = 0; j < lp.slots.size(); ++j)
+            if (run.current[j].defined() && run.current[j].has_storage() && storage_key(run.current[j]) == staged_key &&
+                lp.slots[j].defined() && storage_key(lp.slots[j].captured) == storage_key(ps.captured))
+              run.current[j] = lp.slots[j].captured;
+          for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
+            const auto hit = touched.find(lp.full_name(cp.tensors[ti].name));
+            if (hit == touched.end()) continue;
+            const Expected& e = expected.at(hit->first);
+            const at::Tensor dst = captured_tensor(e);
+            GK_INTERNAL_ASSERT(dst.defined(), "a passthrough parameter without a captured tensor");
+            add_scatter(dst, *hit->second, on_device(*hit->second, dst.device()));
+          }
+        }
+        for (auto& [name, p] : run.record.params) next->params.insert_or_assign(name, std::move(p));
+        run.record = LayerRecord{};
+      }
+      settle_staged(runs, guard.copies(), st, sp->rerun);
+    } catch (...) {
+      if (!rollback_all(runs, st.options)) fields_unrestored = true;
+      throw;
+    }
+  }
+  next->finish();
+  st.served_after = make_served(std::move(next));
+  rep.served = st.served_after;
+  for (const ScatterItem& w : sp->writes) st.bytes += w.values.nbytes() + (w.indices.defined() ? w.indices.nbytes() : 0);
+  for (const ScatterItem& u : sp->undo) st.bytes += u.values.nbytes();
+  // The staged tensors are complete before another thread's commit reads them.
+  wait_for(sp->undo);
+  sync_staged_streams(runs);
+  st.rep = std::move(rep);
+  st.runs = std::move(runs);
+  st.patch = std::move(sp);
+}
+
+void ReloadEngine::Impl::commit_patch(detail::StagedState& st, ReloadReport& rep) {
+  StagedPatch& p = *st.patch;
+  {
+    ScopedMsTimer t(rep.times.copy_ms);
+    scatter_items(p.writes);
+  }
+  try {
+    for (std::size_t li = 0; li < p.touched.size(); ++li)
+      if (p.touched[li]) fault(testing::Stage::scatter, plan.layers()[li].prefix);
+    if (!p.verify.empty()) {
+      ScopedMsTimer t(rep.times.hash_ms);
+      const std::vector<std::uint64_t> got = content_hashes(p.verify);
+      for (std::size_t i = 0; i < got.size(); ++i)
+        GK_CHECK(WeightError, got[i] == p.verify_hashes[i], "ReloadOptions::verify_served: after the commit's "
+                 "scatter, checkpoint tensor '", p.verify_names[i], "' in captured storage hashes ",
+                 format_content_hash(got[i]), " instead of the patch's target ", format_content_hash(p.verify_hashes[i]),
+                 " (something else wrote it); the patch was rolled back");
+    }
+    ScopedMsTimer t(rep.times.copy_ms);
+    wait_for(p.writes);
+  } catch (...) {
+    try {
+      scatter_items(p.undo);
+      wait_for(p.undo);
+      p.undone = true;
+    } catch (...) {  // the first error is the one to report
+    }
+    throw;
+  }
+}
+
+}  // namespace gk

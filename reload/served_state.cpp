@@ -1,0 +1,319 @@
+// What the engine serves, by content: gk::ServedWeights, the per-layer
+// records a load makes (content hashes before and after PWAL, the landing of
+// each checkpoint parameter, kept bases), and the served state built from
+// them.
+//
+// Note [Content versions]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A weight version that counts reloads says that something changed, not
+// what is served. The content version does: XXH64 (the content hash of
+// graphkeep/hashing, over bytes) of the checkpoint tensors' names and
+// content hashes, sorted by name, each as the name's bytes, a zero byte and
+// the hash as 8 little-endian bytes. Equal bytes give an equal version
+// whichever way they arrived (a full reload, a patch, a chain of patches),
+// so reloading weights A after B is recognised as A, and its label (a
+// patch's target id, ReloadOptions::version_label) is recalled from the
+// engine's record of the versions it served.
+#include "served_state.h"
+
+#include "engine_impl.h"
+#include "reload_internal.h"
+
+#include <graphkeep/core/check.h>
+#include <graphkeep/core/stopwatch.h>
+#include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/reload/report.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace gk {
+
+std::string_view to_string(PatchBase b) noexcept {
+  switch (b) {
+    case PatchBase::none: return "none";
+    case PatchBase::device: return "device";
+    case PatchBase::pinned_host: return "pinned_host";
+  }
+  return "?";
+}
+
+std::size_t ServedParam::base_bytes() const {
+  std::size_t n = 0;
+  for (const at::Tensor& t : base) n += t.defined() ? t.nbytes() : 0;
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// ServedWeights
+// ---------------------------------------------------------------------------
+ServedWeights::ServedWeights(std::unique_ptr<State> state) : state_(std::move(state)) {}
+ServedWeights::~ServedWeights() = default;
+
+std::optional<std::uint64_t> ServedWeights::hash(std::string_view name) const {
+  const std::uint64_t* h = state_->find(name);
+  return h != nullptr ? std::optional<std::uint64_t>(*h) : std::nullopt;
+}
+const std::vector<std::pair<std::string, std::uint64_t>>& ServedWeights::hashes() const noexcept {
+  return state_->hashes;
+}
+std::uint64_t ServedWeights::content_version() const noexcept { return state_->content_version; }
+const std::string& ServedWeights::label() const noexcept { return state_->label; }
+std::size_t ServedWeights::kept_base_tensors() const noexcept { return state_->kept_tensors; }
+std::size_t ServedWeights::kept_base_bytes() const noexcept { return state_->kept_bytes; }
+std::string ServedWeights::describe() const {
+  const std::string hex = format_content_hash(state_->content_version);
+  return state_->label.empty() ? hex : concat(state_->label, " (", hex, ")");
+}
+
+void ServedWeights::State::finish() {
+  std::sort(hashes.begin(), hashes.end());
+  std::string bytes;
+  for (const auto& [name, h] : hashes) {
+    bytes += name;
+    bytes.push_back('\0');
+    for (int b = 0; b < 8; ++b) bytes.push_back(static_cast<char>((h >> (8 * b)) & 0xff));
+  }
+  content_version = content_hash_bytes({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+  kept_tensors = kept_bytes = 0;
+  for (const auto& [name, p] : params) {
+    kept_tensors += p.base.size();
+    kept_bytes += p.base_bytes();
+  }
+}
+
+const std::uint64_t* ServedWeights::State::find(std::string_view name) const {
+  const auto it = std::lower_bound(hashes.begin(), hashes.end(), name,
+                                   [](const auto& e, std::string_view n) { return e.first < n; });
+  return it != hashes.end() && it->first == name ? &it->second : nullptr;
+}
+std::uint64_t* ServedWeights::State::find(std::string_view name) {
+  return const_cast<std::uint64_t*>(std::as_const(*this).find(name));
+}
+
+// ---------------------------------------------------------------------------
+// Per-layer records
+// ---------------------------------------------------------------------------
+namespace {
+
+at::Tensor module_tensor_named(torch::nn::Module& m, const std::string& name) {
+  at::Tensor t = detail::module_parameter(m, name);
+  return t.defined() ? t : detail::module_buffer(m, name);
+}
+
+// The checkpoint tensors of a default-mapped parameter: ranges along dim 0
+// (model/layer.h), as views of `param` (contiguous, so each view is).
+std::vector<at::Tensor> tensor_views(const CheckpointParam& cp, const at::Tensor& param) {
+  if (cp.tensors.size() == 1) return {param};
+  std::vector<at::Tensor> out;
+  std::int64_t row = 0;
+  for (const CheckpointTensor& t : cp.tensors) {
+    const std::int64_t rows = t.shape.empty() ? 1 : t.shape.front();
+    out.push_back(param.narrow(0, row, rows));
+    row += rows;
+  }
+  return out;
+}
+
+// Checkpoint tensor ti of parameter pi as delivered, made whole (its shards
+// concatenated along the shard dimension).
+at::Tensor delivered_whole(const LayerRun& run, std::size_t pi, std::size_t ti, const CheckpointTensor& t) {
+  std::vector<at::Tensor> shards(static_cast<std::size_t>(t.num_shards));
+  for (const LayerRun::Pending& p : run.pending)
+    if (p.param == pi && p.tensor == ti) shards[static_cast<std::size_t>(p.shard)] = p.value;
+  if (shards.size() == 1) return shards.front().contiguous();
+  return at::cat(shards, t.shard_dim);
+}
+
+// A kept base: `t` where the option keeps it, copied unless `own` says the
+// tensor belongs to the load alone.
+at::Tensor keep(const at::Tensor& t, c10::Device device, PatchBase where, bool own) {
+  if (where == PatchBase::pinned_host) {
+    const bool pin = at::hasCUDA();
+    at::Tensor h = at::empty(t.sizes(), t.options().device(c10::kCPU).pinned_memory(pin));
+    h.copy_(t);
+    return h;
+  }
+  if (own && t.device() == device) return t;
+  return t.to(device, /*non_blocking=*/false, /*copy=*/true).contiguous();
+}
+
+}  // namespace
+
+void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Tensor>& targets,
+                   const std::vector<char>& custom, const ReloadOptions& o, ReloadReport& rep) {
+  LayerRecord& r = run.record;
+  r = LayerRecord{};
+  if (!o.hash_served) return;
+  ScopedMsTimer t(rep.times.hash_ms);
+  const std::size_t n = lp.params.size();
+  r.loaded.resize(n);
+  r.custom = custom;
+  r.delivered.resize(n);
+  r.adopted.assign(n, 0);
+  std::vector<at::Tensor> to_hash;
+  for (std::size_t pi = 0; pi < n; ++pi) {
+    const CheckpointParam& cp = lp.params[pi];
+    r.loaded[pi] = detail::storage_view(targets[pi]);
+    for (const LayerRun::Adopted& a : run.adopted) r.adopted[pi] = r.adopted[pi] || a.param.is_same(targets[pi]);
+    if (!custom[pi]) {
+      for (const at::Tensor& v : tensor_views(cp, r.loaded[pi])) to_hash.push_back(v);
+    } else {
+      for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
+        r.delivered[pi].push_back(delivered_whole(run, pi, ti, cp.tensors[ti]));
+        to_hash.push_back(r.delivered[pi].back());
+      }
+    }
+    for (const CheckpointTensor& ct : cp.tensors) r.hashes.emplace_back(lp.full_name(ct.name), 0);
+  }
+  const std::vector<std::uint64_t> h = content_hashes(to_hash);
+  for (std::size_t i = 0; i < h.size(); ++i) r.hashes[i].second = h[i];
+  r.recorded = true;
+}
+
+void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+  LayerRecord& r = run.record;
+  if (!r.recorded) return;
+  ScopedMsTimer timer(rep.times.hash_ms);
+  const std::size_t n = lp.params.size();
+  // Per parameter: still the module's tensor, in checkpoint format, with a
+  // slot whose layout check passed (a plain module has no PWAL: always).
+  std::vector<char> candidate(n, 0), rehash(n, 0);
+  for (std::size_t pi = 0; pi < n; ++pi) {
+    if (r.custom[pi]) continue;
+    const CheckpointParam& cp = lp.params[pi];
+    const at::Tensor cur = module_tensor_named(*lp.module, cp.param);
+    bool ok = same_storage_and_offset(cur, r.loaded[pi]) && cur.sizes().equals(cp.shape()) &&
+              cur.scalar_type() == cp.dtype() && cur.is_contiguous();
+    for (std::size_t i = 0; ok && i < lp.slots.size() && i < run.mismatched.size(); ++i)
+      ok = !(lp.slots[i].kind != PlannedSlot::Kind::declared && lp.slots[i].local == cp.param && run.mismatched[i]);
+    candidate[pi] = ok;
+    rehash[pi] = lp.layer != nullptr && (ok || o.patch_base != PatchBase::none);
+  }
+  // The bytes PWAL left in the loaded tensors, against those it was given.
+  std::vector<at::Tensor> to_hash;
+  std::vector<std::size_t> first(n, 0);
+  std::size_t flat = 0;
+  std::vector<std::size_t> offset(n, 0);
+  for (std::size_t pi = 0; pi < n; ++pi) {
+    offset[pi] = flat;
+    flat += lp.params[pi].tensors.size();
+    if (!rehash[pi]) continue;
+    first[pi] = to_hash.size();
+    for (const at::Tensor& v : tensor_views(lp.params[pi], r.loaded[pi])) to_hash.push_back(v);
+  }
+  const std::vector<std::uint64_t> after = content_hashes(to_hash);
+  for (std::size_t pi = 0; pi < n; ++pi) {
+    const CheckpointParam& cp = lp.params[pi];
+    const std::string full = lp.full_name(cp.param);
+    bool intact = !r.custom[pi];
+    for (std::size_t ti = 0; intact && rehash[pi] && ti < cp.tensors.size(); ++ti)
+      intact = after[first[pi] + ti] == r.hashes[offset[pi] + ti].second;
+    ServedParam sp;
+    const c10::Device device = r.loaded[pi].device();
+    if (candidate[pi] && intact) {
+      sp.passthrough = true;
+    } else if (o.patch_base == PatchBase::none) {
+      sp.no_base = concat("parameter '", full, "' of layer '", lp.prefix, "' does not land unchanged in captured "
+                          "storage (",
+                          r.custom[pi] ? "the layer's load_weight() places it"
+                          : !intact    ? "PWAL writes it in place"
+                                       : "PWAL transforms it",
+                          ") and no checkpoint-format base is kept: load with ReloadOptions::patch_base = device or "
+                          "pinned_host to patch it");
+    } else if (r.custom[pi]) {
+      for (const at::Tensor& d : r.delivered[pi]) sp.base.push_back(keep(d, device, o.patch_base, /*own=*/false));
+    } else if (rehash[pi] && intact) {
+      for (const at::Tensor& v : tensor_views(cp, r.loaded[pi]))
+        sp.base.push_back(keep(v, device, o.patch_base, /*own=*/!r.adopted[pi]));
+    } else {
+      sp.no_base = concat("PWAL of layer '", lp.prefix, "' wrote parameter '", full,
+                          "' in place (its bytes after PWAL differ from those loaded), so its checkpoint-format values "
+                          "are gone and no base is left to patch: reload it in full");
+    }
+    r.params.emplace_back(full, std::move(sp));
+  }
+  r.loaded.clear();
+  r.delivered.clear();
+}
+
+// ---------------------------------------------------------------------------
+// The engine's served content
+// ---------------------------------------------------------------------------
+std::shared_ptr<const ServedWeights> ReloadEngine::Impl::make_served(std::unique_ptr<ServedWeights::State> st) const {
+  if (st == nullptr) return nullptr;
+  if (st->label.empty())
+    if (const auto it = labels.find(st->content_version); it != labels.end()) st->label = it->second;
+  return std::make_shared<const ServedWeights>(std::move(st));
+}
+
+void ReloadEngine::Impl::publish_served(std::shared_ptr<const ServedWeights> s) {
+  if (s != nullptr && !s->label().empty()) labels[s->content_version()] = s->label();
+  std::lock_guard<std::mutex> lock(served_mu);
+  served = std::move(s);
+}
+
+std::shared_ptr<const ServedWeights> ReloadEngine::Impl::served_now() const {
+  std::lock_guard<std::mutex> lock(served_mu);
+  return served;
+}
+
+at::Tensor ReloadEngine::Impl::captured_tensor(const Expected& e) const {
+  const LayerPlan& lp = plan.layers()[e.layer];
+  const CheckpointParam& cp = lp.params[e.param];
+  for (const PlannedSlot& s : lp.slots) {
+    if (s.kind == PlannedSlot::Kind::declared || s.local != cp.param || !s.defined()) continue;
+    if (!s.captured.is_contiguous() || !s.captured.sizes().equals(cp.shape()) || s.captured.scalar_type() != cp.dtype())
+      return {};
+    return tensor_views(cp, s.captured)[e.tensor];
+  }
+  return {};
+}
+
+void ReloadEngine::Impl::verify_served_content(ReloadReport& rep) {
+  if (rep.served == nullptr) return;
+  ScopedMsTimer t(rep.times.hash_ms);
+  const ServedWeights::State& s = rep.served->state();
+  std::vector<at::Tensor> tensors;
+  std::vector<std::string> names;
+  for (const auto& [name, e] : expected) {
+    const LayerPlan& lp = plan.layers()[e.layer];
+    const auto p = s.params.find(lp.full_name(lp.params[e.param].param));
+    if (p == s.params.end() || !p->second.passthrough) continue;
+    at::Tensor c = captured_tensor(e);
+    if (!c.defined()) continue;
+    tensors.push_back(std::move(c));
+    names.push_back(name);
+  }
+  const std::vector<std::uint64_t> got = content_hashes(tensors);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const std::uint64_t want = *s.find(names[i]);
+    if (got[i] == want) continue;
+    refuse_replay(concat("ReloadOptions::verify_served found checkpoint tensor '", names[i],
+                         "' differing from what the reload loaded; reload() to recover"));
+    publish_served(nullptr);
+    GK_THROW(WeightError, "ReloadOptions::verify_served: checkpoint tensor '", names[i], "' in captured storage hashes ",
+             format_content_hash(got[i]), " but the reload loaded ", format_content_hash(want),
+             " (something wrote the captured storage while the reload ran, or a slot failed to copy back); replay "
+             "refused until a reload succeeds");
+  }
+}
+
+std::unique_ptr<ServedWeights::State> served_from_runs(std::vector<LayerRun>& runs, std::string label) {
+  auto st = std::make_unique<ServedWeights::State>();
+  for (LayerRun& run : runs) {
+    if (!run.record.recorded) return nullptr;
+    for (auto& h : run.record.hashes) st->hashes.push_back(std::move(h));
+    for (auto& [name, p] : run.record.params) st->params.insert_or_assign(name, std::move(p));
+    run.record = LayerRecord{};
+  }
+  st->label = std::move(label);
+  st->finish();
+  return st;
+}
+
+}  // namespace gk

@@ -1,0 +1,52 @@
+// reload/served_state.h: the record behind gk::ServedWeights, what one load
+// learns about each layer's checkpoint tensors, and how a finished load
+// turns into what the engine serves (internal to the reload layer).
+#pragma once
+
+#include "layer_run.h"
+
+#include <graphkeep/reload/reload_options.h>
+#include <graphkeep/reload/served_weights.h>
+#include <graphkeep/reload/slot_plan.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gk {
+
+struct ServedWeights::State {
+  std::vector<std::pair<std::string, std::uint64_t>> hashes;  // every checkpoint tensor, sorted by name
+  std::map<std::string, ServedParam, std::less<>> params;     // by the parameter's full name
+  std::string label;
+  std::uint64_t content_version = 0;
+  std::size_t kept_tensors = 0, kept_bytes = 0;
+
+  // Sorts the hashes; computes the content version and the kept-base totals.
+  void finish();
+  // The hash of `name`, or nullptr.
+  const std::uint64_t* find(std::string_view name) const;
+  std::uint64_t* find(std::string_view name);
+};
+
+// After the layer's loads, before PWAL: hashes every checkpoint tensor of
+// the layer (one batched content_hashes call) into run.record. `targets`:
+// the materialized checkpoint-format parameters; `custom[pi]`: a
+// load_weight() took some tensor of parameter pi. Reads run.pending (the
+// delivered tensors), so call it before they are dropped.
+void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Tensor>& targets,
+                   const std::vector<char>& custom, const ReloadOptions& o, ReloadReport& rep);
+// After the layer's PWAL: which parameters are passthrough, and the bases
+// kept for the others (Note [Patch landings]).
+void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep);
+
+// What the engine serves after a load that ran every layer (the runs'
+// records are moved out), or nullptr when a layer was not recorded (hashing
+// off). `label`: ReloadOptions::version_label.
+std::unique_ptr<ServedWeights::State> served_from_runs(std::vector<LayerRun>& runs, std::string label);
+
+}  // namespace gk

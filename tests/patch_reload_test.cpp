@@ -1,0 +1,609 @@
+// Weight patches through the reload engine (reload/patch_stage.cpp): the
+// content hashes the engine serves (from the first load, after every reload
+// and patch; the content version and its label), patches applied by reload()
+// and by stage()+commit() against a full reload of the target, bit for bit,
+// through every landing (a fused parameter with a sharded tensor, a plain
+// module: the scatter path; a layer with derived tensors, a layer whose PWAL
+// transforms its parameter, a layer with its own load_weight(): PWAL re-run,
+// kept bases on the device and in host memory), chains, densities 0..100%,
+// dense entries; and every bad patch refused with the tensor and the patch
+// named, the old weights served bit for bit, replay allowed, and the next
+// good patch applied.
+#include "gk_test.h"
+
+#include <graphkeep/capture/replay.h>
+#include <graphkeep/delta/apply_patch.h>
+#include <graphkeep/delta/make_patch.h>
+#include <graphkeep/delta/patch_file.h>
+#include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/model/layer.h>
+#include <graphkeep/registry.h>
+#include <graphkeep/reload/reload_engine.h>
+#include <graphkeep/reload/served_weights.h>
+#include <graphkeep/runtime/host_stream.h>
+
+#include "temp_dir.h"
+#include "toy_model.h"
+
+#include <ATen/Parallel.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace pt {
+
+constexpr int64_t D = 8;
+
+// A fused parameter: qkv = [q (2 shards along dim 1); k; v], no PWAL: every
+// tensor lands unchanged, the scatter path.
+class Fused : public torch::nn::Module, public gk::DescribedLayer<Fused> {
+ public:
+  Fused() {
+    qkv_ = checkpoint_param("qkv", {{"q_proj.weight", {D, D}, at::kFloat, 2, 1}, {"k_proj.weight", {D, D}, at::kFloat},
+                                    {"v_proj.weight", {D, D}, at::kFloat}},
+                            at::kCPU);
+  }
+  at::Tensor qkv_;
+  GRAPHKEEP_DESCRIBE_DERIVED(Fused, (torch::nn::Module, gk::DescribedLayer<Fused>), (qkv_, gk::parameter))
+};
+
+// PWAL replaces its parameter's storage with a transformed copy, as an FP8
+// weight replaces its bf16 source: no checkpoint-format values are left in
+// captured storage, so a patch needs a kept base.
+class Transformed : public torch::nn::Module, public gk::DescribedLayer<Transformed> {
+ public:
+  Transformed() { w_ = checkpoint_param("w", {D, D}, at::kFloat, at::kCPU); }
+  void process_weights_after_loading() override { w_.set_data(w_ * 2.0f + 1.0f); }
+  at::Tensor w_;
+  GRAPHKEEP_DESCRIBE_DERIVED(Transformed, (torch::nn::Module, gk::DescribedLayer<Transformed>), (w_, gk::parameter))
+};
+
+// Its own load_weight() stores the tensor transposed: not default_load's
+// layout, so not passthrough.
+class Custom : public torch::nn::Module, public gk::DescribedLayer<Custom> {
+ public:
+  Custom() { w_ = checkpoint_param("w", {D, D}, at::kFloat, at::kCPU); }
+  bool load_weight(const gk::LoadRequest& r) override {
+    r.target.copy_(r.value.t());
+    return true;
+  }
+  at::Tensor w_;
+  GRAPHKEEP_DESCRIBE_DERIVED(Custom, (torch::nn::Module, gk::DescribedLayer<Custom>), (w_, gk::parameter))
+};
+
+class Model : public torch::nn::Module {
+ public:
+  Model() {
+    fused = register_module("fused", std::make_shared<Fused>());
+    toy = register_module("toy", std::make_shared<toy::ToyLinear>(D, D));  // derived kernel: PWAL re-run
+    norm = register_module("norm", std::make_shared<toy::PlainScale>(D));  // plain module: scatter
+    trans = register_module("trans", std::make_shared<Transformed>());
+    custom = register_module("custom", std::make_shared<Custom>());
+  }
+  std::shared_ptr<Fused> fused;
+  std::shared_ptr<toy::ToyLinear> toy;
+  std::shared_ptr<toy::PlainScale> norm;
+  std::shared_ptr<Transformed> trans;
+  std::shared_ptr<Custom> custom;
+};
+
+const std::vector<std::pair<std::string, std::vector<int64_t>>> kTensors = {
+    {"custom.w", {D, D}},         {"fused.k_proj.weight", {D, D}}, {"fused.q_proj.weight", {D, D}},
+    {"fused.v_proj.weight", {D, D}}, {"norm.gamma", {D}},          {"toy.weight", {D, D}},
+    {"trans.w", {D, D}}};
+
+// Multiples of 1/64 in [-1, 1] (norm: in [0.5, 1.5]).
+at::Tensor random_tensor(std::mt19937_64& rng, const std::vector<int64_t>& shape, bool positive) {
+  at::Tensor t = at::empty(shape);
+  float* p = t.data_ptr<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    p[i] = static_cast<float>(static_cast<int64_t>(rng() % 129) - 64) / 64.f * (positive ? 0.5f : 1.f) + (positive ? 1.f : 0.f);
+  return t;
+}
+
+using Weights = std::map<std::string, at::Tensor>;  // whole checkpoint tensors
+
+Weights random_weights(std::mt19937_64& rng) {
+  Weights w;
+  for (const auto& [name, shape] : kTensors) w[name] = random_tensor(rng, shape, name == "norm.gamma");
+  return w;
+}
+
+// `w` with a fraction `density` of each tensor's elements changed, except
+// the tensors in `keep`.
+Weights step(const Weights& w, std::mt19937_64& rng, double density, const std::vector<std::string>& keep = {}) {
+  Weights out;
+  for (const auto& [name, t] : w) {
+    at::Tensor n = t.clone();
+    if (std::find(keep.begin(), keep.end(), name) == keep.end()) {
+      float* p = n.data_ptr<float>();
+      for (int64_t i = 0; i < n.numel(); ++i)
+        if (static_cast<double>(rng() % 1000000) / 1e6 < density) p[i] += 1.f / 128.f;
+    }
+    out[name] = n;
+  }
+  return out;
+}
+
+// A source's view: whole tensors, q in its two shards.
+std::vector<gk::NamedTensor> delivered(const Weights& w) {
+  std::vector<gk::NamedTensor> out;
+  for (const auto& [name, t] : w) {
+    if (name == "fused.q_proj.weight") {
+      for (int64_t s = 0; s < 2; ++s) out.push_back({name, t.chunk(2, 1)[s].contiguous(), s});
+    } else {
+      out.push_back({name, t, 0});
+    }
+  }
+  return out;
+}
+std::vector<gk::NamedTensor> named(const Weights& w) {
+  std::vector<gk::NamedTensor> out;
+  for (const auto& [name, t] : w) out.push_back({name, t, 0});
+  return out;
+}
+
+gk::Patch patch_of(const Weights& a, const Weights& b, const std::string& from, const std::string& to,
+                   gk::MakePatchOptions::Encoding enc = gk::MakePatchOptions::Encoding::automatic) {
+  gk::MakePatchOptions o;
+  o.base_version = from;
+  o.target_version = to;
+  o.encoding = enc;
+  return gk::make_patch(named(a), named(b), o);
+}
+
+// A model loaded with `w`, its engine prepared with the first load's report,
+// and a graph that reads every slot (its output: every slot's values).
+struct Rig {
+  std::shared_ptr<Model> model = std::make_shared<Model>();
+  gk::HostReplay graph{"patch"};
+  at::Tensor output;
+  std::unique_ptr<gk::ReloadEngine> engine;
+  gk::ReloadReport first;
+
+  explicit Rig(const Weights& w, gk::PatchBase base = gk::PatchBase::device, std::string label = "step-0") {
+    gk::InMemorySource src(delivered(w), "initial weights");
+    gk::ReloadOptions o;
+    o.patch_base = base;
+    o.version_label = std::move(label);
+    first = gk::load_weights(*model, src, o);
+    gk::ReloadOptions defaults;
+    defaults.patch_base = base;
+    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{defaults});
+    engine->prepare(first);
+    std::vector<at::Tensor> slots;
+    for (const auto& l : engine->plan().layers())
+      for (const auto& s : l.slots)
+        if (s.defined() && s.role.effective_init() == gk::Init::copy_new) slots.push_back(s.captured);
+    graph.capture([&] {
+      int64_t n = 0;
+      for (const at::Tensor& t : slots) n += t.numel();
+      output = gk::hostrt::empty({n}, at::TensorOptions(at::kDouble));
+      gk::hostrt::launch_aten("read_all", slots, {output}, [](auto& in, auto& out) {
+        std::vector<at::Tensor> flat;
+        for (const at::Tensor& t : in) flat.push_back(t.reshape(-1).to(at::kDouble));
+        out[0].copy_(at::cat(flat));
+      });
+    });
+    engine->track(graph);
+  }
+  at::Tensor replay() {
+    engine->check_replay_allowed();
+    graph.replay();
+    return output.clone();
+  }
+  gk::ReloadReport reload(const Weights& w, std::string label = {}) {
+    gk::InMemorySource src(delivered(w), "full weights");
+    gk::ReloadOptions o = engine->options().defaults;
+    o.version_label = std::move(label);
+    return engine->reload(src, o);
+  }
+};
+
+// What a rig serves after a full reload of `w`: the oracle.
+at::Tensor full_output(const Weights& w0, const Weights& w) {
+  Rig r(w0);
+  r.reload(w);
+  return r.replay();
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.sizes() && at::equal(a, b); }
+
+std::uint64_t served_hash(const gk::ReloadEngine& e, const std::string& name) {
+  REQUIRE(e.served() != nullptr);
+  const auto h = e.served()->hash(name);
+  REQUIRE(h.has_value());
+  return *h;
+}
+
+}  // namespace pt
+
+TEST_CASE("the served content: hashes of every checkpoint tensor from the first load on, versions, labels") {
+  at::set_num_threads(1);
+  std::mt19937_64 rng(7);
+  const pt::Weights w0 = pt::random_weights(rng), w1 = pt::step(w0, rng, 0.3);
+  pt::Rig rig(w0);
+  // The first load's report holds a hash per checkpoint tensor: that of the
+  // whole tensor as a source delivers it (q in two shards), computed here
+  // independently of the engine.
+  REQUIRE(rig.first.served != nullptr);
+  CHECK(rig.first.served->hashes().size() == pt::kTensors.size());
+  for (const auto& [name, t] : w0) {
+    CAPTURE(name);
+    CHECK(pt::served_hash(*rig.engine, name) == gk::content_hash(t));
+  }
+  CHECK_FALSE(rig.engine->served()->hash("fused.qkv").has_value());  // a parameter, not a checkpoint tensor
+  CHECK(rig.engine->served()->label() == "step-0");
+  CHECK(rig.first.served->kept_base_tensors() == 2);  // trans.w and custom.w; the others land unchanged
+  const std::uint64_t v0 = rig.engine->served()->content_version();
+
+  const gk::ReloadReport r1 = rig.reload(w1, "step-1");
+  REQUIRE(r1.served != nullptr);
+  CHECK(r1.served == rig.engine->served());
+  for (const auto& [name, t] : w1) CHECK(pt::served_hash(*rig.engine, name) == gk::content_hash(t));
+  CHECK(rig.engine->served()->content_version() != v0);
+  CHECK(rig.engine->served()->label() == "step-1");
+  // Reloading step 0 after step 1 is recognised as step 0: the same content
+  // version, and its label recalled.
+  rig.reload(w0);
+  CHECK(rig.engine->served()->content_version() == v0);
+  CHECK(rig.engine->served()->label() == "step-0");
+  CHECK(rig.engine->served()->describe().find("step-0 (") == 0);
+
+  // prepare() without a report keeps what is served; a report of another
+  // model is refused.
+  rig.engine->prepare();
+  CHECK(rig.engine->served()->content_version() == v0);
+  toy::ToyModel other;
+  gk::InMemorySource src(other.checkpoint(0));
+  const gk::ReloadReport foreign = gk::load_weights(other, src);
+  CHECK_THROWS_WITH_AS(rig.engine->prepare(foreign), doctest::Contains("is not this model's"), gk::StateError);
+  gk::ReloadOptions no_hash;
+  no_hash.hash_served = false;
+  gk::InMemorySource src2(other.checkpoint(0));
+  const gk::ReloadReport unhashed = gk::load_weights(other, src2, no_hash);
+  CHECK(unhashed.served == nullptr);
+  CHECK(unhashed.times.hash_ms == 0);
+}
+
+TEST_CASE("a patch by reload() and by stage()+commit() serves what a full reload of its target serves, bit for bit") {
+  at::set_num_threads(1);
+  for (gk::PatchBase base : {gk::PatchBase::device, gk::PatchBase::pinned_host}) {
+    for (bool staged : {false, true}) {
+      CAPTURE(gk::to_string(base));
+      CAPTURE(staged);
+      std::mt19937_64 rng(11);
+      const pt::Weights w0 = pt::random_weights(rng);
+      const pt::Weights w1 = pt::step(w0, rng, 0.2, {"norm.gamma"});  // norm unchanged: no entry
+      const pt::Weights w2 = pt::step(w1, rng, 0.3);
+      pt::Rig rig(w0, base);
+      const at::Tensor out0 = rig.replay();
+      const gk::Patch p01 = pt::patch_of(w0, w1, "step-0", "step-1");
+      CHECK(p01.find("norm.gamma") == nullptr);
+      gk::ReloadReport r;
+      if (staged) {
+        gk::StagedReload s = rig.engine->stage(p01);
+        CHECK(pt::same(rig.replay(), out0));  // staging wrote nothing the graphs read
+        r = rig.engine->commit(std::move(s));
+        CHECK(r.staged);
+      } else {
+        r = rig.engine->reload(p01);
+      }
+      CHECK(r.patch.applied);
+      CHECK(r.patch.tensors == 6);
+      CHECK(r.patch.layers_scattered == 1);  // fused (norm is untouched)
+      CHECK(r.patch.layers_rerun == 3);      // toy (derived kernel), trans (transformed), custom (load_weight)
+      const at::Tensor out1 = rig.replay();
+      CHECK_FALSE(pt::same(out1, out0));
+      CHECK(pt::same(out1, pt::full_output(w0, w1)));
+      CHECK(rig.engine->served()->label() == "step-1");
+      for (const auto& [name, t] : w1) CHECK(pt::served_hash(*rig.engine, name) == gk::content_hash(t));
+      CHECK(rig.engine->served()->kept_base_tensors() == 2);
+      // A chain: step 1 -> 2, every tensor touched (the plain module too).
+      const gk::Patch p12 = pt::patch_of(w1, w2, "step-1", "step-2");
+      CHECK(p12.entries.size() == pt::kTensors.size());
+      const gk::ReloadReport r2 = rig.engine->reload(p12);
+      CHECK(r2.patch.layers_scattered == 2);
+      CHECK(pt::same(rig.replay(), pt::full_output(w0, w2)));
+      // The served content version is the one a full reload of step 2 gives.
+      pt::Rig full(w0, base);
+      full.reload(w2);
+      CHECK(rig.engine->served()->content_version() == full.engine->served()->content_version());
+    }
+  }
+}
+
+TEST_CASE("patches at densities 0 to 100%, dense and sparse entries, and one that changes nothing") {
+  at::set_num_threads(1);
+  std::mt19937_64 rng(5);
+  pt::Weights w = pt::random_weights(rng);
+  const pt::Weights start = w;
+  pt::Rig rig(w);
+  int n = 0;
+  for (double density : {0.0, 0.001, 0.01, 0.1, 0.5, 1.0}) {
+    for (auto enc : {gk::MakePatchOptions::Encoding::automatic, gk::MakePatchOptions::Encoding::dense}) {
+      CAPTURE(density);
+      const pt::Weights next = pt::step(w, rng, density);
+      gk::MakePatchOptions o;
+      o.base_version = "v" + std::to_string(n);
+      o.target_version = "v" + std::to_string(n + 1);
+      o.encoding = enc;
+      o.record_unchanged = density == 0.0;  // entries of no element: only the base check
+      const gk::Patch p = gk::make_patch(pt::named(w), pt::named(next), o);
+      const gk::ReloadReport r = rig.engine->reload(p);
+      CHECK(pt::same(rig.replay(), pt::full_output(start, next)));
+      if (density == 0.0 && enc == gk::MakePatchOptions::Encoding::automatic) {
+        CHECK(r.patch.elements == 0);
+        CHECK(r.patch.tensors == pt::kTensors.size());  // every base hash checked
+      }
+      w = next;
+      ++n;
+    }
+  }
+  CHECK(rig.engine->served()->label() == "v" + std::to_string(n));
+}
+
+TEST_CASE("bad patches are refused naming the tensor and the patch; the old weights stay served bit for bit") {
+  at::set_num_threads(1);
+  std::mt19937_64 rng(3);
+  const pt::Weights w0 = pt::random_weights(rng), w1 = pt::step(w0, rng, 0.25), w2 = pt::step(w1, rng, 0.25);
+  pt::Rig rig(w0);
+  const at::Tensor out0 = rig.replay();
+  const std::uint64_t v0 = rig.engine->served()->content_version();
+  const gk::Patch good = pt::patch_of(w0, w1, "step-0", "step-1");
+  auto served_unchanged = [&] {
+    CHECK(rig.engine->replay_allowed());
+    CHECK(pt::same(rig.replay(), out0));
+    CHECK(rig.engine->served()->content_version() == v0);
+  };
+  // An entry of `good` (by name), to corrupt one field of.
+  auto with_entry = [&](const std::string& name, auto&& edit) {
+    gk::Patch p = good;
+    for (gk::PatchEntry& e : p.entries)
+      if (e.name == name) edit(e);
+    return p;
+  };
+  struct Case {
+    std::string what;
+    gk::Patch patch;
+    std::vector<std::string> says;
+  };
+  gk::Patch renamed = good;
+  renamed.entries.back().name = "trans.w_typo";  // still sorted after its neighbours
+  const std::vector<Case> cases = {
+      {"unknown name", renamed, {"'trans.w_typo'", "unknown name", "in-memory patch"}},
+      {"index out of range", with_entry("fused.k_proj.weight", [](gk::PatchEntry& e) {
+         e.indices = e.indices.clone();
+         e.indices[-1] = static_cast<int>(pt::D * pt::D);
+       }),
+       {"'fused.k_proj.weight'", "out of range"}},
+      {"duplicate index", with_entry("toy.weight", [](gk::PatchEntry& e) {
+         e.indices = e.indices.clone();
+         e.indices[1] = e.indices[0];
+       }),
+       {"'toy.weight'"}},
+      {"values/indices length", with_entry("custom.w", [](gk::PatchEntry& e) { e.values = e.values.narrow(0, 1, e.values.numel() - 1); }),
+       {"'custom.w'"}},
+      {"dtype", with_entry("trans.w", [](gk::PatchEntry& e) {
+         e.dtype = at::kDouble;
+         e.values = e.values.to(at::kDouble);
+       }),
+       {"'trans.w'", "Double", "Float"}},
+      {"shape", with_entry("fused.v_proj.weight", [](gk::PatchEntry& e) { e.shape = {pt::D * pt::D}; }),
+       {"'fused.v_proj.weight'", "in the model"}},
+      {"target hash", with_entry("fused.q_proj.weight", [](gk::PatchEntry& e) {
+         e.values = e.values.clone();
+         e.values[0] = e.values[0] + 1.0f;
+       }),
+       {"'fused.q_proj.weight'", "target hash", "step-1"}},
+      {"target hash, re-run layer", with_entry("toy.weight", [](gk::PatchEntry& e) {
+         e.values = e.values.clone();
+         e.values[0] = e.values[0] + 1.0f;
+       }),
+       {"'toy.weight'", "target hash"}},
+      {"base hash", pt::patch_of(w1, w2, "step-1", "step-2"), {"base hash", "step-0 (", "its base is 'step-1'"}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    for (bool staged : {false, true}) {
+      CAPTURE(staged);
+      try {
+        if (staged) rig.engine->stage(c.patch);
+        else rig.engine->reload(c.patch);
+        FAIL("accepted a bad patch");
+      } catch (const gk::WeightError& e) {
+        for (const std::string& s : c.says) CHECK_MESSAGE(std::string(e.what()).find(s) != std::string::npos, e.what());
+      }
+      served_unchanged();
+    }
+  }
+  // A patch file is named by its path.
+  gk::testing::TempDir dir;
+  gk::Patch base_mismatch = pt::patch_of(w1, w2, "step-1", "step-2");
+  gk::write_patch(dir.path() + "/p.safetensors", base_mismatch);
+  CHECK_THROWS_WITH_AS(rig.engine->reload(gk::read_patch(dir.path() + "/p.safetensors")),
+                       doctest::Contains("p.safetensors"), gk::WeightError);
+  served_unchanged();
+  // Faults at every stage of a patch, on every layer: refused, nothing changed.
+  for (gk::testing::Stage s : {gk::testing::Stage::detach, gk::testing::Stage::load, gk::testing::Stage::pwal,
+                               gk::testing::Stage::check, gk::testing::Stage::copy, gk::testing::Stage::scatter})
+    for (const char* layer : {"fused", "toy", "trans", "custom"}) {
+      CAPTURE(gk::testing::to_string(s));
+      CAPTURE(layer);
+      // The scatter path (fused) has no detach and no PWAL.
+      if ((s == gk::testing::Stage::detach || s == gk::testing::Stage::pwal) && std::string(layer) == "fused") continue;
+      const gk::testing::ScopedHooks hooks(rig.engine.get(), gk::testing::fault_at(s, layer));
+      CHECK_THROWS_WITH(rig.engine->reload(good), doctest::Contains("injected"));
+      served_unchanged();
+    }
+  // After every refusal the good patch applies, then a patch against the
+  // old base is refused.
+  rig.engine->reload(good);
+  CHECK(pt::same(rig.replay(), pt::full_output(w0, w1)));
+  CHECK_THROWS_WITH_AS(rig.engine->reload(good), doctest::Contains("base hash"), gk::WeightError);
+}
+
+TEST_CASE("without a kept base, a patch touching a transformed parameter is refused, saying how to keep one") {
+  at::set_num_threads(1);
+  std::mt19937_64 rng(9);
+  const pt::Weights w0 = pt::random_weights(rng), w1 = pt::step(w0, rng, 0.1);
+  pt::Rig rig(w0, gk::PatchBase::none);
+  const at::Tensor out0 = rig.replay();
+  CHECK(rig.engine->served()->kept_base_tensors() == 0);
+  CHECK_THROWS_WITH_AS(rig.engine->reload(pt::patch_of(w0, w1, "step-0", "step-1")),
+                       doctest::Contains("ReloadOptions::patch_base"), gk::WeightError);
+  CHECK(pt::same(rig.replay(), out0));
+  // Patches that touch only what lands unchanged (or re-runs PWAL over
+  // passthrough parameters) still apply.
+  pt::Weights w1b = w0;
+  for (const char* n : {"fused.q_proj.weight", "norm.gamma", "toy.weight"}) w1b[n] = w1.at(n);
+  rig.engine->reload(pt::patch_of(w0, w1b, "step-0", "step-1b"));
+  CHECK(pt::same(rig.replay(), pt::full_output(w0, w1b)));
+  // A full reload with a kept base makes the rest patchable.
+  rig.reload(w1b);
+  CHECK(rig.engine->served()->kept_base_tensors() == 0);
+  gk::ReloadOptions keep = rig.engine->options().defaults;
+  keep.patch_base = gk::PatchBase::device;
+  gk::InMemorySource src(pt::delivered(w1b));
+  rig.engine->reload(src, keep);
+  CHECK(rig.engine->served()->kept_base_tensors() == 2);
+  CHECK(rig.engine->served()->kept_base_bytes() == 2 * pt::D * pt::D * sizeof(float));
+  rig.engine->reload(pt::patch_of(w1b, w1, "step-1b", "step-1"));
+  CHECK(pt::same(rig.replay(), pt::full_output(w0, w1)));
+}
+
+TEST_CASE("verify_served hashes the written tensors again; a stale staged patch and an unknown content are refused") {
+  at::set_num_threads(1);
+  std::mt19937_64 rng(13);
+  const pt::Weights w0 = pt::random_weights(rng), w1 = pt::step(w0, rng, 0.1), w2 = pt::step(w1, rng, 0.1);
+  pt::Rig rig(w0);
+  gk::ReloadOptions o = rig.engine->options().defaults;
+  o.verify_served = true;
+  const gk::ReloadReport r = rig.engine->reload(pt::patch_of(w0, w1, "step-0", "step-1"), o);
+  CHECK(r.times.hash_ms > 0);
+  CHECK(pt::same(rig.replay(), pt::full_output(w0, w1)));
+  // A full reload verifies too.
+  gk::InMemorySource src(pt::delivered(w2));
+  rig.engine->reload(src, o);
+  // A staged patch goes stale when the weights change under it.
+  gk::StagedReload s = rig.engine->stage(pt::patch_of(w2, w1, "step-2", "step-1"));
+  s.abort();
+  gk::StagedReload s2 = rig.engine->stage(pt::patch_of(w2, w1, "step-2", "step-1"));
+  const at::Tensor out2 = rig.replay();
+  CHECK_THROWS_WITH_AS(rig.reload(w0), doctest::Contains("outstanding"), gk::StateError);
+  rig.engine->commit(std::move(s2));
+  CHECK(pt::same(rig.replay(), pt::full_output(w0, w1)));
+  CHECK_FALSE(pt::same(out2, rig.replay()));
+  // Hashing off: the served content becomes unknown, and a patch is refused.
+  gk::ReloadOptions off = rig.engine->options().defaults;
+  off.hash_served = false;
+  gk::InMemorySource src2(pt::delivered(w0));
+  const gk::ReloadReport r0 = rig.engine->reload(src2, off);
+  CHECK(r0.served == nullptr);
+  CHECK(rig.engine->served() == nullptr);
+  CHECK_THROWS_WITH_AS(rig.engine->reload(pt::patch_of(w0, w1, "step-0", "step-1")),
+                       doctest::Contains("does not know the content it serves"), gk::StateError);
+}
+
+// ---------------------------------------------------------------------------
+// The CUDA scatter (label gpu): a plain module's parameters on the device
+// take the scatter path; every element size (1, 2, 4, 8 bytes), int32 and
+// int64 indices (a tensor of more than 2^31 elements), entries split across
+// several tasks and launches, dense entries; against gk::apply_patch, the
+// reference, bit for bit; and the undo after a fault at Stage::scatter.
+// ---------------------------------------------------------------------------
+TEST_SUITE("gpu patch") {
+
+TEST_CASE("the CUDA scatter writes every element size and index width exactly, across tasks and launches") {
+  REQUIRE(gk::testing::cuda_available());
+  const c10::Device dev(c10::kCUDA, 0);
+  struct Plain : torch::nn::Module {
+    explicit Plain(const std::vector<gk::NamedTensor>& w) {
+      for (const gk::NamedTensor& t : w) register_parameter(t.name, t.value.clone(), /*requires_grad=*/false);
+    }
+  };
+  at::Generator g = at::detail::createCPUGenerator(31);
+  auto random_bits = [&](at::ScalarType type, std::int64_t n) {
+    const auto size = static_cast<std::int64_t>(c10::elementSize(type));
+    return at::randint(0, 256, {n * size}, g, at::TensorOptions(at::kByte)).to(dev).view(type);
+  };
+  // Changes `fraction` of t's elements (flipped low bits: NaN payloads and all).
+  auto change = [&](const at::Tensor& t, double fraction) {
+    const at::ScalarType bits = t.element_size() == 1 ? at::kByte : t.element_size() == 2 ? at::kShort
+                                : t.element_size() == 4 ? at::kInt : at::kLong;
+    at::Tensor b = t.clone().view(bits);
+    const at::Tensor mask = at::rand({t.numel()}, g).to(dev) < fraction;
+    b.masked_fill_(mask, 0).bitwise_xor_(mask.to(bits));  // some become 0, then flip bit 0
+    return b.view(t.scalar_type());
+  };
+  std::vector<gk::NamedTensor> base = {
+      {"u8", random_bits(at::kByte, 3 * 16384 + 5), 0},
+      {"fp8", random_bits(at::kFloat8_e4m3fn, 70001), 0},
+      {"bf16", random_bits(at::kBFloat16, 40'000'000), 0},  // 50%: 20M indices, 1,221 tasks, 2 launches
+      {"f32", random_bits(at::kFloat, 1 << 20), 0},
+      {"i64", random_bits(at::kLong, 300'000), 0},
+      {"dense", random_bits(at::kFloat, 4096), 0},
+  };
+  std::vector<gk::NamedTensor> target;
+  for (const auto& t : base) {
+    const double f = t.name == "bf16" ? 0.5 : t.name == "dense" ? 0.9 : 0.01;
+    target.push_back({t.name, change(t.value, f), 0});
+  }
+  auto model = std::make_shared<Plain>(base);
+  gk::InMemorySource src(base);
+  const gk::ReloadReport first = gk::load_weights(*model, src);
+  gk::ReloadEngine engine(*model);
+  engine.prepare(first);
+  const gk::Patch p = gk::make_patch(base, target, {.base_version = "a", .target_version = "b"});
+  REQUIRE(p.find("dense")->encoding == gk::PatchEncoding::dense);
+  REQUIRE((p.find("u8")->indices.scalar_type() == at::kInt));
+  auto params = [&] {
+    std::vector<gk::NamedTensor> out;
+    for (const auto& t : base) out.push_back({t.name, model->named_parameters()[t.name], 0});
+    return out;
+  };
+  auto equal_bits = [](const at::Tensor& a, const at::Tensor& b) {
+    return at::equal(a.contiguous().view(-1).view(at::kByte), b.contiguous().view(-1).view(at::kByte));
+  };
+  // A fault after the scatter: written back, bit for bit.
+  {
+    const gk::testing::ScopedHooks hooks(&engine, gk::testing::fault_at(gk::testing::Stage::scatter, ""));
+    CHECK_THROWS_WITH(engine.reload(p), doctest::Contains("injected"));
+  }
+  {
+    const std::vector<gk::NamedTensor> now = params();
+    for (std::size_t i = 0; i < now.size(); ++i) CHECK(equal_bits(now[i].value, base[i].value));
+  }
+  const gk::ReloadReport r = engine.reload(p);
+  CHECK(r.patch.layers_scattered == 1);
+  const std::vector<gk::NamedTensor> want = gk::apply_patch(p, base);
+  const std::vector<gk::NamedTensor> got = params();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(got[i].name);
+    CHECK(equal_bits(got[i].value, want[i].value));
+    CHECK(equal_bits(got[i].value, target[i].value));
+  }
+  MESSAGE("patch of " << p.payload_bytes() << " bytes: stage " << r.times.stage_ms << " ms, pause " << r.times.commit_ms
+                      << " ms (scatter " << r.times.copy_ms << " ms)");
+
+  // int64 indices: a tensor of more than 2^31 elements (2 GiB of bytes).
+  const std::int64_t n = (std::int64_t{1} << 31) + 4096;
+  const at::Tensor big = at::zeros({n}, at::TensorOptions(at::kByte).device(dev));
+  at::Tensor big_target = big.clone();
+  const at::Tensor where = at::tensor({std::int64_t{0}, std::int64_t{12345}, (std::int64_t{1} << 31) - 1,
+                                       std::int64_t{1} << 31, n - 1}, at::kLong).to(dev);
+  big_target.index_fill_(0, where, 7);
+  auto big_model = std::make_shared<Plain>(std::vector<gk::NamedTensor>{{"big", big, 0}});
+  gk::InMemorySource big_src(std::vector<gk::NamedTensor>{{"big", big, 0}});
+  gk::ReloadEngine big_engine(*big_model);
+  big_engine.prepare(gk::load_weights(*big_model, big_src));
+  const gk::Patch bp = gk::make_patch({{"big", big, 0}}, {{"big", big_target, 0}}, {});
+  REQUIRE((bp.entries.front().indices.scalar_type() == at::kLong));
+  big_engine.reload(bp);
+  CHECK(equal_bits(big_model->named_parameters()["big"], big_target));
+}
+
+}  // TEST_SUITE("gpu patch")
