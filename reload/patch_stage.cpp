@@ -67,6 +67,7 @@
 #include <graphkeep/sources/weight_source.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <map>

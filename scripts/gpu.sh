@@ -14,6 +14,7 @@
 #   bash scripts/gpu.sh record   the recorded run behind docs/gpu-runs.md,
 #                                docs/sites.md and docs/performance.md
 #   bash scripts/gpu.sh python   the Python package: pip build, gpu pytest, audit cost
+#   bash scripts/gpu.sh delta    weight patches: GPU tests, bench_delta at 8B and 30B-A3B
 #
 # The GPU machine has PyTorch 2.11 (libtorch, CUDA 13, nvcc 13, g++ 13) but
 # no package index: run `deps` here first, then every other suite there
@@ -282,6 +283,36 @@ suite_decode() {
         --min-stage-steps 200 --json "$online"
     fi
   fi
+  return "$rc"
+}
+
+# Weight patches on the device: the GPU suites of the content hash, the patch
+# layer and the reload engine's patches (scatter kernel, hash kernel, CUDA
+# graphs replayed across patch commits), then bench_delta at the 8B shape in
+# bf16 and FP8 and at the 30B-A3B MoE shape (its full reload streamed: a
+# staged copy does not fit beside it), rows appended to $OUT/delta_h200.json.
+#   GK_DELTA_MODELS  which runs (default "dense fp8 moe")
+suite_delta() {
+  local json=$LOG/delta_h200.json m rc
+  build test_content_hash test_delta test_patch_reload bench_delta || return 1
+  gpu_ctest -R '(test_content_hash_gpu|test_delta_gpu|test_patch_reload_gpu)$'
+  rc=$?
+  cd "$BUILD" || return 1
+  for m in ${GK_DELTA_MODELS:-dense fp8 moe}; do
+    case $m in
+      dense) echo '== bench_delta llama8b dense'
+             timeout 200 ./bench/bench_delta --model llama8b --format dense \
+               --densities adamw:1e-6,adamw:3e-6,0.01,0.1 --json "$json" ;;
+      fp8)   echo '== bench_delta llama8b fp8'
+             timeout 150 ./bench/bench_delta --model llama8b --format fp8 \
+               --densities adamw:3e-6,0.01 --json "$json" ;;
+      moe)   echo '== bench_delta qwen3moe30b dense (streaming full reload)'
+             timeout 200 ./bench/bench_delta --model qwen3moe30b --format dense --streaming-full \
+               --densities adamw:3e-6,0.01 --json "$json" ;;
+    esac
+    echo "== exit $?"
+  done
+  cd "$REPO" || return 1
   return "$rc"
 }
 

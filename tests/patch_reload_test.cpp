@@ -423,8 +423,8 @@ TEST_CASE("bad patches are refused naming the tensor and the patch; the old weig
   // A patch file is named by its path.
   gk::testing::TempDir dir;
   gk::Patch base_mismatch = pt::patch_of(w1, w2, "step-1", "step-2");
-  gk::write_patch(dir.path() + "/p.safetensors", base_mismatch);
-  CHECK_THROWS_WITH_AS(rig.engine->reload(gk::read_patch(dir.path() + "/p.safetensors")),
+  gk::write_patch(dir.file("p.safetensors"), base_mismatch);
+  CHECK_THROWS_WITH_AS(rig.engine->reload(gk::read_patch(dir.file("p.safetensors"))),
                        doctest::Contains("p.safetensors"), gk::WeightError);
   served_unchanged();
   // Faults at every stage of a patch, on every layer: refused, nothing changed.
