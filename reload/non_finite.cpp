@@ -123,7 +123,9 @@ std::vector<std::int64_t> first_non_finite(const std::vector<at::Tensor>& tensor
 #endif
   }
 #if defined(GRAPHKEEP_WITH_CUDA)
-  // Note [The check on a side stream]: the scan waits for what the caller's
+  // Note [The check on a side stream]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // The scan waits for what the caller's
   // stream has enqueued so far (the loads that wrote these tensors) through
   // an event, and runs on a pool stream; the host then waits for that
   // stream alone. Waiting on the caller's stream instead would also wait for
