@@ -4,7 +4,8 @@
 //
 // Builds the example engine (examples/engine) for a model shape with random
 // weights made on the device, captures its 35 decode graphs (and sampling
-// graphs), then measures at one batch size, every sequence at position
+// graphs; --graphs batch: only the measured batch's, for a model whose 35
+// graphs do not fit beside it), then measures at one batch size, every sequence at position
 // kv_len - 1 (each step attends over kv_len positions):
 //
 //   decode_step_ms         the whole step as a server calls it:
@@ -126,7 +127,7 @@ int main(int argc, char** argv) {
   std::string model = "tiny", format_name = "dense", json, plain_json, device_name = "auto";
   std::int64_t batch = 64, kv_len = 64;
   int steps = 100;
-  bool fast = true;
+  bool fast = true, all_graphs = true;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     auto val = [&]() -> std::string {
@@ -142,10 +143,15 @@ int main(int argc, char** argv) {
     else if (k == "--kv-len") kv_len = std::stoll(val());
     else if (k == "--steps") steps = std::max(1, std::stoi(val()));
     else if (k == "--reference") fast = false;
+    else if (k == "--graphs") {
+      const std::string g = val();
+      if (g != "all" && g != "batch") throw std::invalid_argument("--graphs takes all or batch, not " + g);
+      all_graphs = g == "all";
+    }
     else {
       std::fprintf(stderr, "usage: gk-decode-bench [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
                            "[--device auto|cpu|cuda] [--batch B] [--kv-len L] [--steps N] [--reference] "
-                           "[--plain-json FILE] [--json FILE]\n");
+                           "[--graphs all|batch] [--plain-json FILE] [--json FILE]\n");
       return 2;
     }
   }
@@ -164,6 +170,7 @@ int main(int argc, char** argv) {
     demo::LlmEngineOptions opts;
     opts.max_len = kv_len;
     opts.fast_cuda = fast;
+    if (!all_graphs) opts.batch_sizes = {batch};
     const gk::Stopwatch build_watch;
     gkbench::RandomDeviceSource src(shapes, device);
     demo::LlmEngine eng(cfg, device, format, src, opts);
