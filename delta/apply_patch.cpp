@@ -2,6 +2,7 @@
 // is transactional] in graphkeep/delta/apply_patch.h).
 #include <graphkeep/core/check.h>
 #include <graphkeep/delta/apply_patch.h>
+#include <graphkeep/delta/detail/element_bits.h>
 #include <graphkeep/hashing/content_hash.h>
 
 #include <ATen/ATen.h>
@@ -10,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "patch_bits.h"
 #include "patch_errors.h"
 
 namespace gk {

@@ -2,6 +2,7 @@
 // (Note [Changed means different bits] in graphkeep/delta/make_patch.h).
 #include <graphkeep/core/check.h>
 #include <graphkeep/delta/make_patch.h>
+#include <graphkeep/delta/detail/element_bits.h>
 #include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/sources/safetensors_source.h>
 
@@ -11,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "patch_bits.h"
 
 namespace gk {
 

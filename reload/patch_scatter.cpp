@@ -21,17 +21,6 @@
 namespace gk {
 namespace {
 
-at::ScalarType bits_dtype(std::size_t itemsize) {
-  switch (itemsize) {
-    case 1: return at::kByte;
-    case 2: return at::kShort;
-    case 4: return at::kInt;
-    case 8: return at::kLong;
-    default: break;
-  }
-  GK_THROW(WeightError, "a patch moves elements of 1, 2, 4 or 8 bytes, not ", itemsize);
-}
-
 template <class T, class I>
 void scatter_host(const ScatterItem& it) {
   T* dst = static_cast<T*>(it.dst.data_ptr());
@@ -79,7 +68,6 @@ void wait_for(const std::vector<ScatterItem>& items) {
   for (const c10::Device& d : devices) c10::impl::VirtualGuardImpl(d.type()).getStream(d).synchronize();
 }
 
-at::Tensor flat_bits(const at::Tensor& t) { return t.view(-1).view(bits_dtype(t.element_size())); }
 
 void scatter_items(const std::vector<ScatterItem>& items) {
   std::vector<at::Tensor> dense_dst, dense_src;

@@ -31,7 +31,4 @@ void scatter_items(const std::vector<ScatterItem>& items);
 // Waits for the current stream of every device the items' destinations are on.
 void wait_for(const std::vector<ScatterItem>& items);
 
-// `t` (contiguous) as a 1-D view of integers of its element size.
-at::Tensor flat_bits(const at::Tensor& t);
-
 }  // namespace gk

@@ -62,6 +62,7 @@
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
+#include <graphkeep/delta/detail/element_bits.h>
 #include <graphkeep/delta/patch.h>
 #include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/sources/weight_source.h>
@@ -86,7 +87,7 @@ struct EntryData {
 EntryData on_device(const PatchEntry& pe, c10::Device device) {
   EntryData x;
   if (pe.encoding == PatchEncoding::sparse) x.indices = pe.indices.to(device).contiguous();
-  x.values = flat_bits(pe.values.to(device).contiguous());
+  x.values = detail::flat_bits(pe.values.to(device).contiguous());
   return x;
 }
 
@@ -94,7 +95,7 @@ EntryData on_device(const PatchEntry& pe, c10::Device device) {
 at::Tensor patched(const at::Tensor& base, const PatchEntry& pe) {
   at::Tensor r = base.clone(at::MemoryFormat::Contiguous);
   const EntryData x = on_device(pe, r.device());
-  scatter_items({{flat_bits(r), x.indices, x.values}});
+  scatter_items({{detail::flat_bits(r), x.indices, x.values}});
   return r;
 }
 
@@ -226,7 +227,7 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
   next->params = S.params;
   next->label = patch.target_version;
   auto add_scatter = [&](const at::Tensor& dst, const PatchEntry& pe, const EntryData& x) {
-    const at::Tensor bits = flat_bits(dst);
+    const at::Tensor bits = detail::flat_bits(dst);
     sp->undo.push_back({bits, x.indices, x.indices.defined() ? bits.index_select(0, x.indices) : bits.clone()});
     sp->writes.push_back({bits, x.indices, x.values});
     rep.patch.bytes_scattered += sp->writes.back().bytes();

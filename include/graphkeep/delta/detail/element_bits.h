@@ -1,6 +1,7 @@
-// delta/patch_bits.h: a tensor's elements as integers of the same size, for
-// bitwise comparison and bit-exact copies (Note [Changed means different
-// bits] in graphkeep/delta/make_patch.h). Internal to the delta layer.
+// graphkeep/delta/detail/element_bits.h: a tensor's elements as integers of
+// the same size, for bitwise comparison and bit-exact copies (Note [Changed
+// means different bits] in graphkeep/delta/make_patch.h). Internal: shared by
+// the delta layer and the reload engine's patch path.
 #pragma once
 
 #include <graphkeep/core/check.h>
@@ -18,7 +19,7 @@ inline at::ScalarType bits_dtype(std::size_t itemsize) {
     case 8: return at::kLong;
     default: break;
   }
-  GK_THROW(WeightError, "a patch holds elements of 1, 2, 4 or 8 bytes, not ", itemsize);
+  GK_THROW(WeightError, "a patch moves elements of 1, 2, 4 or 8 bytes, not ", itemsize);
 }
 
 // A contiguous tensor as a 1-D view of integers of its element size (no copy).
