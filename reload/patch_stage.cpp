@@ -58,6 +58,7 @@
 // A patch commit that re-ran no PWAL moved no field, so it skips the
 // capture-manifest verification; the pause is then the scatter alone.
 #include "engine_impl.h"
+#include "non_finite.h"
 #include "reload_internal.h"
 
 #include <graphkeep/core/check.h>
@@ -178,6 +179,27 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
   }
   rep.patch.tensors = patch.entries.size();
   rep.patch.payload_bytes = patch.payload_bytes();
+  // Non-finite values (Note [Refusing non-finite weights]): the values a
+  // patch writes are checked, O(changed); what it leaves was checked when it
+  // was loaded. (Re-run layers are checked again whole by the pipeline.)
+  if (!o.allow_non_finite) {
+    ScopedMsTimer t(rep.times.finite_ms);
+    std::vector<at::Tensor> values;
+    values.reserve(patch.entries.size());
+    for (const PatchEntry& pe : patch.entries) values.push_back(pe.values);
+    const std::vector<std::int64_t> first = detail::first_non_finite(values);
+    for (std::size_t k = 0; k < first.size(); ++k) {
+      if (first[k] < 0) continue;
+      const PatchEntry& pe = patch.entries[k];
+      const std::int64_t element = pe.encoding == PatchEncoding::dense
+                                       ? first[k]
+                                       : pe.indices.reshape({-1})[first[k]].item<std::int64_t>();
+      GK_THROW(WeightError, label, ": tensor '", pe.name, "': the patch writes a non-finite value (",
+               pe.values.reshape({-1})[first[k]].item<double>(), " at element ", element, " of ",
+               at::IntArrayRef(pe.shape), "): refused, nothing was changed. A diverged trainer writes such "
+               "updates; to serve them anyway, set ReloadOptions::allow_non_finite");
+    }
+  }
 
   // 2. The path of each touched layer.
   auto sp = std::make_unique<StagedPatch>();

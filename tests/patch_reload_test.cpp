@@ -29,6 +29,7 @@
 
 #include <map>
 #include <memory>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -405,6 +406,16 @@ TEST_CASE("bad patches are refused naming the tensor and the patch; the old weig
        }),
        {"'toy.weight'", "target hash"}},
       {"base hash", pt::patch_of(w1, w2, "step-1", "step-2"), {"base hash", "step-0 (", "its base is 'step-1'"}},
+      {"NaN, scatter layer", with_entry("fused.q_proj.weight", [](gk::PatchEntry& e) {
+         e.values = e.values.clone();
+         e.values[1] = std::numeric_limits<float>::quiet_NaN();
+       }),
+       {"'fused.q_proj.weight'", "non-finite value (nan at element", "allow_non_finite"}},
+      {"infinity, re-run layer", with_entry("toy.weight", [](gk::PatchEntry& e) {
+         e.values = e.values.clone();
+         e.values[0] = -std::numeric_limits<float>::infinity();
+       }),
+       {"'toy.weight'", "non-finite value (-inf at element", "allow_non_finite"}},
   };
   for (const Case& c : cases) {
     CAPTURE(c.what);
@@ -444,6 +455,20 @@ TEST_CASE("bad patches are refused naming the tensor and the patch; the old weig
   rig.engine->reload(good);
   CHECK(pt::same(rig.replay(), pt::full_output(w0, w1)));
   CHECK_THROWS_WITH_AS(rig.engine->reload(good), doctest::Contains("base hash"), gk::WeightError);
+  // A well-formed patch (its target hash right) that writes a NaN: refused by
+  // default, served under ReloadOptions::allow_non_finite.
+  pt::Weights w1nan = w1;
+  w1nan["fused.q_proj.weight"] = w1.at("fused.q_proj.weight").clone();
+  w1nan["fused.q_proj.weight"].view(-1)[5] = std::numeric_limits<float>::quiet_NaN();
+  const gk::Patch nan_patch = pt::patch_of(w1, w1nan, "step-1", "step-1-nan");
+  const at::Tensor out1 = rig.replay();
+  CHECK_THROWS_WITH_AS(rig.engine->reload(nan_patch), doctest::Contains("non-finite value (nan at element 5"),
+                       gk::WeightError);
+  CHECK(pt::same(rig.replay(), out1));
+  gk::ReloadOptions any;
+  any.allow_non_finite = true;
+  rig.engine->reload(nan_patch, any);
+  CHECK(at::isnan(rig.replay()).any().item<bool>());
 }
 
 TEST_CASE("without a kept base, a patch touching a transformed parameter is refused, saying how to keep one") {
@@ -554,8 +579,12 @@ TEST_CASE("the CUDA scatter writes every element size and index width exactly, a
   }
   auto model = std::make_shared<Plain>(base);
   gk::InMemorySource src(base);
-  const gk::ReloadReport first = gk::load_weights(*model, src);
-  gk::ReloadEngine engine(*model);
+  // Random bits: the floating-point tensors hold NaN and infinities, which
+  // this test moves on purpose (the refusal is tested on the CPU).
+  gk::ReloadOptions any_bits;
+  any_bits.allow_non_finite = true;
+  const gk::ReloadReport first = gk::load_weights(*model, src, any_bits);
+  gk::ReloadEngine engine(*model, gk::EngineOptions{any_bits});
   engine.prepare(first);
   const gk::Patch p = gk::make_patch(base, target, {.base_version = "a", .target_version = "b"});
   REQUIRE(p.find("dense")->encoding == gk::PatchEncoding::dense);

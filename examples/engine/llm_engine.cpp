@@ -9,6 +9,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #ifdef GRAPHKEEP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -179,6 +180,13 @@ void LlmEngine::capture_graphs() {
     (void)greedy_tokens(logits);
     if (options_.sampling_graphs) (void)sample_tokens(logits, positions_, sampling_);
     gk::runtime::synchronize(device);
+#if defined(GRAPHKEEP_WITH_CUDA)
+    // The graphs allocate from a private pool, which cannot reuse the blocks
+    // the loads and PWAL left cached in the default pool: at 30B-A3B shapes
+    // those were 71 GiB, and the sampling graphs ran out of memory with the
+    // device's memory reserved but unallocated. Hand them back first.
+    if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
   }
   // Largest first, all in the first graph's memory pool (as serving engines
   // capture them): the smaller graphs reuse the larger one's memory.

@@ -89,8 +89,10 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(Layer(c, **kw) for _ in range(c["layers"]))
         self.norm = RMSNorm(c["hidden"], 1e-5, **kw)
         self.lm_head = nn.Linear(c["hidden"], c["vocab"], bias=False, **kw)
+        # On the current default device (meta while main() builds the 8B
+        # shape; main() then sets it on the GPU).
         inv = 1.0 / (500000.0 ** (torch.arange(0, c["head_dim"], 2, dtype=torch.float32) / c["head_dim"]))
-        self.register_buffer("inv_freq", inv.to(kw.get("device", "cpu")), persistent=False)
+        self.register_buffer("inv_freq", inv, persistent=False)
 
     def forward(self, ids, pos, caches, max_len):
         B = ids.shape[0]
