@@ -7,7 +7,7 @@
 //      from a seed: nothing of the model's size is kept outside the engine);
 //   2. makes the patch B -> T tensor by tensor (gk::make_patch on the device;
 //      make_patch_ms), T made from B as the density says;
-//   3. stages it and commits it (stage_ms, pause_ms = the commit, hash_ms =
+//   3. stages it and commits it (stage_ms, pause_ms = the commit until the device is idle, hash_ms =
 //      the stage's hashing), then decodes one batch through the graphs;
 //   4. reloads B, and applies the patch again with verify_served
 //      (pause_verify_ms: what re-hashing the served tensors adds to the
@@ -198,6 +198,20 @@ double copy_ms(std::int64_t bytes, c10::Device device) {
   return w.elapsed_ms();
 }
 
+// Commits `staged` and waits for the device: the pause as the next decode
+// step sees it, whatever the commit left queued (a patch's commit waits for
+// its scatter, a full commit need not wait for its copies). Sets
+// report.times.commit_ms to it.
+template <class Commit>
+gk::ReloadReport timed_commit(Commit&& commit, c10::Device device) {
+  gk::runtime::synchronize(device);
+  const gk::Stopwatch w;
+  gk::ReloadReport r = commit();
+  gk::runtime::synchronize(device);
+  r.times.commit_ms = w.elapsed_ms();
+  return r;
+}
+
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && at::equal(a.contiguous().view(at::kByte), b.contiguous().view(at::kByte));
 }
@@ -297,7 +311,8 @@ int main(int argc, char** argv) {
       }
       std::sort(patch.entries.begin(), patch.entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
       // 3. The patch, staged and committed.
-      gk::ReloadReport staged = eng.commit(eng.stage(patch));
+      gk::StagedReload sp = eng.stage(patch);
+      gk::ReloadReport staged = timed_commit([&] { return eng.commit(std::move(sp)); }, device);
       const at::Tensor by_patch = eng.decode(tokens, pos);
       const std::uint64_t patched_version = eng.reload_engine().served()->content_version();
       // 4. B again, and the patch with verify_served (it must serve the same).
@@ -308,7 +323,8 @@ int main(int argc, char** argv) {
         eng.reload(b);
         gk::ReloadOptions o = eng.reload_engine().options().defaults;
         o.verify_served = true;
-        verify_pause_ms = eng.reload_engine().commit(eng.reload_engine().stage(patch, o)).times.commit_ms;
+        gk::StagedReload sv = eng.reload_engine().stage(patch, o);
+        verify_pause_ms = timed_commit([&] { return eng.reload_engine().commit(std::move(sv)); }, device).times.commit_ms;
         exact = same_bits(eng.decode(tokens, pos), by_patch);
       }
       const std::size_t patch_bytes = patch.payload_bytes();
@@ -322,7 +338,8 @@ int main(int argc, char** argv) {
           full = eng.reload(t);
           full.times.commit_ms = full.times.total_ms - t.made_ms;  // a reload's pause is all of it
         } else {
-          full = eng.commit(eng.stage(t));
+          gk::StagedReload sf = eng.stage(t);
+          full = timed_commit([&] { return eng.commit(std::move(sf)); }, device);
           full_stage_ms = full.times.stage_ms - t.made_ms;
         }
       }
