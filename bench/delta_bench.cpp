@@ -369,6 +369,7 @@ int main(int argc, char** argv) {
           {"make_patch_ms", make_ms},
           {"stage_ms", staged.times.stage_ms},
           {"pause_ms", staged.times.commit_ms},
+          {"pause_scatter_ms", staged.times.copy_ms},
           {"full_pause_ms", full.times.commit_ms},
           {"full_pause_kind", streaming_full ? "streaming reload" : "staged commit"},
           {"full_stage_ms", full_stage_ms},
