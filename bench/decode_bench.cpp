@@ -35,6 +35,7 @@
 //   gk-decode-bench --model tiny --device cpu --batch 4        (a smoke run anywhere)
 //
 // One JSON object per run, appended as a line to --json.
+#include "bench_args.h"
 #include "bench_models.h"
 #include "engine/llm_engine.h"
 #include "engine/part_timer.h"
@@ -124,22 +125,19 @@ std::optional<double> plain_step_ms(const std::string& file, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "tiny", format_name = "dense", json, plain_json, device_name = "auto";
-  std::int64_t batch = 64, kv_len = 64;
+  gkbench::CommonArgs common(/*default_batch=*/64);
+  std::string &model = common.model, &format_name = common.format, &json = common.json,
+              &device_name = common.device;
+  std::int64_t& batch = common.batch;
+  std::string plain_json;
+  std::int64_t kv_len = 64;
   int steps = 100;
   bool fast = true, all_graphs = true;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
-      return argv[++i];
-    };
-    if (k == "--model") model = val();
-    else if (k == "--format") format_name = val();
-    else if (k == "--json") json = val();
-    else if (k == "--plain-json") plain_json = val();
-    else if (k == "--device") device_name = val();
-    else if (k == "--batch") batch = std::stoll(val());
+  for (gkbench::ArgWalker a(argc, argv); a.next();) {
+    if (a.common(common)) continue;
+    const std::string k = a.flag();
+    auto val = [&] { return a.value(); };
+    if (k == "--plain-json") plain_json = val();
     else if (k == "--kv-len") kv_len = std::stoll(val());
     else if (k == "--steps") steps = std::max(1, std::stoi(val()));
     else if (k == "--reference") fast = false;

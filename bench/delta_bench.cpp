@@ -39,6 +39,7 @@
 // One JSON object per density, appended as a line to --json (and printed):
 // model, format, density, patch_bytes, model_bytes, make_patch_ms, stage_ms,
 // pause_ms, full_pause_ms, full_reload_ms, hash_ms, exact, and more keys.
+#include "bench_args.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
 
@@ -219,23 +220,19 @@ bool same_bits(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "tiny", format_name = "dense", json, device_name = "auto",
-              densities = "adamw:1e-6,adamw:3e-6,0.01,0.1";
-  std::int64_t batch = 8, max_batch = 0;
+  gkbench::CommonArgs common(/*default_batch=*/8);
+  std::string &model = common.model, &format_name = common.format, &json = common.json,
+              &device_name = common.device;
+  std::int64_t& batch = common.batch;
+  std::string densities = "adamw:1e-6,adamw:3e-6,0.01,0.1";
+  std::int64_t max_batch = 0;
   int warmup = 3;
   bool streaming_full = false;  // the full baseline by a streaming reload (no staged copy of the model)
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
-      return argv[++i];
-    };
-    if (k == "--model") model = val();
-    else if (k == "--format") format_name = val();
-    else if (k == "--json") json = val();
-    else if (k == "--device") device_name = val();
-    else if (k == "--densities") densities = val();
-    else if (k == "--batch") batch = std::stoll(val());
+  for (gkbench::ArgWalker a(argc, argv); a.next();) {
+    if (a.common(common)) continue;
+    const std::string k = a.flag();
+    auto val = [&] { return a.value(); };
+    if (k == "--densities") densities = val();
     else if (k == "--max-batch") max_batch = std::stoll(val());
     else if (k == "--warmup") warmup = std::stoi(val());
     else if (k == "--streaming-full") streaming_full = true;

@@ -47,6 +47,7 @@
 // Models: llama8b (Llama-3-8B shapes), qwen3moe30b (Qwen3-30B-A3B-like: 48
 // layers, 128 experts, top 8), tiny. One JSON object per run, appended as a
 // line to --json.
+#include "bench_args.h"
 #include "bench_models.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
@@ -205,8 +206,10 @@ double decode_tok_s(demo::LlmEngine& eng, std::int64_t batch, std::int64_t pos, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = "tiny", format_name = "dense", json, device_name = "auto";
-  std::int64_t batch = 64;
+  gkbench::CommonArgs common(/*default_batch=*/64);
+  std::string &model = common.model, &format_name = common.format, &json = common.json,
+              &device_name = common.device;
+  std::int64_t& batch = common.batch;
   bool streaming_only = false;  // no second model and no staged copy: for models that fill the GPU
   bool no_plain = false;        // no second model (the plain load + PWAL baseline)
   bool adopt_stage = true;      // stage() adopts the trainer's tensors (else copies them)
@@ -218,18 +221,11 @@ int main(int argc, char** argv) {
   std::int64_t max_len = 64;           // the KV cache length; decode runs at position max_len - 1
   int reps = 3;                   // streaming reloads measured (median)
   std::int64_t layers = 0;        // > 0: the model's layer count (the slot count of a big model, small tensors)
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto val = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
-      return argv[++i];
-    };
-    if (k == "--model") model = val();
-    else if (k == "--format") format_name = val();
-    else if (k == "--json") json = val();
-    else if (k == "--device") device_name = val();
-    else if (k == "--batch") batch = std::stoll(val());
-    else if (k == "--streaming-only") streaming_only = true;
+  for (gkbench::ArgWalker a(argc, argv); a.next();) {
+    if (a.common(common)) continue;
+    const std::string k = a.flag();
+    auto val = [&] { return a.value(); };
+    if (k == "--streaming-only") streaming_only = true;
     else if (k == "--no-plain") no_plain = true;
     else if (k == "--copy-stage") adopt_stage = false;
     else if (k == "--same-priority") high_priority = false;
