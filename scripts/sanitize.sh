@@ -14,7 +14,7 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FL
 # ("Could not find executable").
 cmake --build "$BUILD" -j"$(nproc)" --target test_registry test_safetensors safetensors_check test_hf_checkpoint hf_checkpoint_check test_reload \
   test_sites test_sites_moe test_sites_scales test_sites_marlin test_distributed test_fail_closed \
-  test_structure_fuzz test_online_reload
+  test_structure_fuzz test_online_reload test_content_hash content_hash_check test_delta gk-patch test_patch_reload
 export ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # The structure fuzzer runs longer here than in the main stage (1,000
