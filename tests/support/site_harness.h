@@ -12,7 +12,8 @@
 //
 // and the checks, the same on the CPU replay backend and on real CUDA graphs:
 //
-//   sites::positive<MySiteModel>(device);            // capture, reload twice, replay == fresh model
+//   sites::positive<MySiteModel>(device);            // capture, reload twice, replay == fresh model;
+//                                                    // the same two steps as weight patches
 //   sites::negative_unprotected<MySiteModel>(device, "layer.kernel_.workspace_");
 //   sites::negative_undeclared<MySiteModel>(device, "layer.kernel_.workspace_");
 //
@@ -30,6 +31,7 @@
 
 #include "engine/compare.h"
 
+#include <graphkeep/delta/make_patch.h>
 #include <graphkeep/reload/collector.h>
 #include <graphkeep/reload/reload_engine.h>
 #include <graphkeep/reload/manifest.h>
@@ -116,6 +118,25 @@ void positive(c10::Device dev, bool bitwise = true) {
     const at::Tensor y = rig.replay();
     CHECK(same(y, fresh_output<Model>(dev, step, rig.input), bitwise));
     CHECK_FALSE(same(y, y0, true));  // the weights really changed the output
+  }
+  // The same steps as weight patches (by reload, then by stage and commit),
+  // with the checkpoint-format bases kept on the device for the sites whose
+  // PWAL transforms what it loads: what is served equals a fresh model's.
+  gk::ReloadOptions keep;
+  keep.patch_base = gk::PatchBase::device;
+  Rig<Model> prig(dev, keep);
+  prig.reload(0);  // records the served content and keeps the bases
+  for (int step = 1; step <= 2; ++step) {
+    CAPTURE(step);
+    const gk::Patch p = gk::make_patch(prig.model->checkpoint(step - 1), prig.model->checkpoint(step),
+                                       {.base_version = "step" + std::to_string(step - 1),
+                                        .target_version = "step" + std::to_string(step)});
+    const gk::ReloadReport r = step == 1 ? prig.engine->reload(p) : prig.engine->commit(prig.engine->stage(p));
+    CHECK(r.patch.applied);
+    CHECK(r.patch.layers_scattered + r.patch.layers_rerun > 0);
+    CHECK(r.drift == 0);
+    CHECK(prig.engine->replay_allowed());
+    CHECK(same(prig.replay(), fresh_output<Model>(dev, step, prig.input), bitwise));
   }
 }
 
