@@ -235,6 +235,26 @@ def main():
           "ms_per_graph": audit_ms / len(manifests), "addresses": counts, "unclean_graphs": len(unclean)}, results)
     for b, d in list(unclean.items())[:3]:
         print(f"UNCLEAN batch {b}:\n{d}", flush=True)
+    # An unknown word may be a stale host word in a kernel's by-value
+    # parameters (Note [Stale bytes in kernel parameters]) that happens to hit
+    # a live block: audit such a graph again against a second capture of the
+    # same forward (confirm_with), which drops words the two do not share.
+    confirmed = {}
+    for b in unclean:
+        g2 = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.no_grad(), torch.cuda.graph(g2, pool=pool):
+            model(ids[:b], pos[:b], caches, args.max_len)
+        g2.instantiate()
+        m2 = graphkeep.audit(graphs[b], model, static_io={**static, "logits": outs[b]}, collection=walk,
+                             confirm_with=g2)
+        confirmed[b] = m2.clean
+        if m2.clean:
+            manifests[b] = m2
+        else:
+            print(f"UNCLEAN batch {b} after confirm_with:\n{m2.describe()}", flush=True)
+    if unclean:
+        emit({"phase": "confirm", "graphs": len(unclean), "clean_after_confirm": sum(confirmed.values())}, results)
+    unclean = {b: d for b, d in unclean.items() if not confirmed.get(b, False)}
     del walk
 
     # in-place reload, then verification: one walk + 35 verifies, and a verify that walks
