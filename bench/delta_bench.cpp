@@ -51,6 +51,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <nlohmann/json.hpp>
+#ifdef GRAPHKEEP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <cmath>
 #include <cstdio>
@@ -213,6 +216,28 @@ gk::ReloadReport timed_commit(Commit&& commit, c10::Device device) {
   return r;
 }
 
+// The CUDA caching allocator's bytes in use on `device`: now, and the peak
+// since the last reset_peak() (0 on the CPU).
+struct DeviceMemory {
+  static void reset_peak(c10::Device device) {
+#ifdef GRAPHKEEP_WITH_CUDA
+    if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+    (void)device;
+  }
+  static std::pair<double, double> now_and_peak_gib(c10::Device device) {
+#ifdef GRAPHKEEP_WITH_CUDA
+    if (device.is_cuda()) {
+      const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+      const auto& a = st.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      return {static_cast<double>(a.current) / (1 << 30), static_cast<double>(a.peak) / (1 << 30)};
+    }
+#endif
+    (void)device;
+    return {0.0, 0.0};
+  }
+};
+
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
   return a.sizes() == b.sizes() && at::equal(a.contiguous().view(at::kByte), b.contiguous().view(at::kByte));
 }
@@ -308,7 +333,14 @@ int main(int argc, char** argv) {
       }
       std::sort(patch.entries.begin(), patch.entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
       // 3. The patch, staged and committed.
+      // stage_peak_gib: what the stage allocates beyond the model, its
+      // graphs and the patch (Note [Re-run layers release their passthrough
+      // copies]).
+      DeviceMemory::reset_peak(device);
+      const double before_stage_gib = DeviceMemory::now_and_peak_gib(device).first;
       gk::StagedReload sp = eng.stage(patch);
+      const double stage_peak_gib = DeviceMemory::now_and_peak_gib(device).second - before_stage_gib;
+      const double staged_gib = static_cast<double>(sp.staged_bytes()) / (1 << 30);
       gk::ReloadReport staged = timed_commit([&] { return eng.commit(std::move(sp)); }, device);
       const at::Tensor by_patch = eng.decode(tokens, pos);
       const std::uint64_t patched_version = eng.reload_engine().served()->content_version();
@@ -365,6 +397,8 @@ int main(int argc, char** argv) {
           {"model_bytes", model_bytes},
           {"make_patch_ms", make_ms},
           {"stage_ms", staged.times.stage_ms},
+          {"stage_peak_gib", stage_peak_gib},
+          {"staged_gib", staged_gib},
           {"pause_ms", staged.times.commit_ms},
           {"pause_scatter_ms", staged.times.copy_ms},
           {"full_pause_ms", full.times.commit_ms},

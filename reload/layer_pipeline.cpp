@@ -177,7 +177,9 @@ void check(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& r
 }
 
 
-// Points every location of slot s back at its captured storage.
+}  // namespace
+
+namespace detail {
 void repoint(LayerPlan& lp, const PlannedSlot& s) {
   const at::Tensor& C = s.captured;
   std::size_t first_path_location = 0;
@@ -196,8 +198,7 @@ void repoint(LayerPlan& lp, const PlannedSlot& s) {
     *field = orig;
   }
 }
-
-}  // namespace
+}  // namespace detail
 
 void ReloadEngine::Impl::snapshot_and_detach(LayerPlan& lp, LayerRun& run, const PwalGuard& guard) {
   fault(testing::Stage::detach, lp.prefix);
@@ -375,7 +376,7 @@ void ReloadEngine::Impl::commit(LayerPlan& lp, LayerRun& run, const ReloadOption
   for (const PlannedSlot& s : lp.slots) {
     const std::size_t i = static_cast<std::size_t>(&s - lp.slots.data());
     if (run.mismatched[i] || unprotected(s)) continue;
-    repoint(lp, s);
+    detail::repoint(lp, s);
   }
   run.current.clear();
   if (!undoable) run.backups.release();
@@ -387,7 +388,7 @@ bool ReloadEngine::Impl::rollback(LayerPlan& lp, LayerRun& run) {
   run.backups.restore();
   for (const PlannedSlot& s : lp.slots) {
     for (const SlotPath& p : s.paths) ok = ok && p.resolve_tensor(lp.root.ptr) != nullptr;
-    repoint(lp, s);
+    detail::repoint(lp, s);
   }
   for (std::size_t c = 0; c < lp.configs.size(); ++c) {
     void* p = lp.configs[c].path.resolve(lp.root.ptr);

@@ -45,6 +45,14 @@
 //               afresh. Passthrough parameters are then written by the
 //               scatter, not copied; the layer's other staged tensors are
 //               copied by the commit as a stage's are.
+//      Note [Re-run layers release their passthrough copies]: a re-run
+//      loads the layer's passthrough parameters into fresh tensors for PWAL
+//      to read, but the commit writes them by scatter; as soon as the layer
+//      is checked its fields point back at the captured storage, so the
+//      copies are freed layer by layer. (Held to the end of the stage, a
+//      patch touching every MoE layer -- whose experts object is derived,
+//      so each such layer re-runs -- held a second copy of the model: out of
+//      memory at 30B on an H200.)
 //   3. The served content after the commit (the target hashes, the new
 //      bases of re-run layers, the label patch.target_version) is built
 //      here, so the commit only swaps a pointer.
@@ -357,10 +365,16 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
             continue;
           const PlannedSlot& ps = lp.slots[static_cast<std::size_t>(i)];
           const void* staged_key = storage_key(run.current[static_cast<std::size_t>(i)]);
+          // Note [Re-run layers release their passthrough copies]: the
+          // layer's fields stop pointing at the staged copy now, not at the
+          // end of the stage, so a patch touching every layer of a MoE holds
+          // one layer's copy at a time, not a second model.
           for (std::size_t j = 0; j < lp.slots.size(); ++j)
             if (run.current[j].defined() && run.current[j].has_storage() && storage_key(run.current[j]) == staged_key &&
-                lp.slots[j].defined() && storage_key(lp.slots[j].captured) == storage_key(ps.captured))
+                lp.slots[j].defined() && storage_key(lp.slots[j].captured) == storage_key(ps.captured)) {
               run.current[j] = lp.slots[j].captured;
+              detail::repoint(lp, lp.slots[j]);
+            }
           for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
             const auto hit = touched.find(lp.full_name(cp.tensors[ti].name));
             if (hit == touched.end()) continue;

@@ -42,4 +42,8 @@ std::string unknown_slot_message(const SlotPlan& plan, std::string_view option, 
 // What differs between the captured layout of s and t ("shape [4] -> [8]").
 std::vector<std::string> layout_differences(const PlannedSlot& s, const at::Tensor& t);
 
+// Points every location of slot s (the module's parameter or buffer, every
+// declared path) back at its captured storage (layer_pipeline.cpp).
+void repoint(LayerPlan& lp, const PlannedSlot& s);
+
 }  // namespace gk::detail
