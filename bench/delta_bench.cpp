@@ -11,7 +11,9 @@
 //      the stage's hashing), then decodes one batch through the graphs;
 //   4. reloads B, and applies the patch again with verify_served
 //      (pause_verify_ms: what re-hashing the served tensors adds to the
-//      pause); its decode must equal step 3's;
+//      pause); its decode must equal step 3's; then again with
+//      PatchWrites::elements (pause_elements_ms; step 3 wrote whole sectors
+//      on a GPU: Note [Sector images]), the same decode;
 //   5. stages T in full and commits it (full_stage_ms, full_pause_ms), decodes
 //      the same batch: `exact` is every decode's logits bitwise equal and
 //      the served content versions equal (--streaming-full: T by a streaming
@@ -356,6 +358,22 @@ int main(int argc, char** argv) {
         verify_pause_ms = timed_commit([&] { return eng.reload_engine().commit(std::move(sv)); }, device).times.commit_ms;
         exact = same_bits(eng.decode(tokens, pos), by_patch);
       }
+      // 4b. B again, and the patch written element by element
+      // (PatchWrites::elements; the default writes whole sectors on a GPU).
+      double elements_pause_ms = 0, elements_scatter_ms = 0;
+      double elements_stage_gib = 0, sectors_stage_gib = staged_gib;
+      {
+        Weights::Source b(weights, c, false);
+        eng.reload(b);
+        gk::ReloadOptions o = eng.reload_engine().options().defaults;
+        o.patch_writes = gk::PatchWrites::elements;
+        gk::StagedReload se = eng.reload_engine().stage(patch, o);
+        elements_stage_gib = static_cast<double>(se.staged_bytes()) / (1 << 30);
+        const gk::ReloadReport re = timed_commit([&] { return eng.reload_engine().commit(std::move(se)); }, device);
+        elements_pause_ms = re.times.commit_ms;
+        elements_scatter_ms = re.times.copy_ms;
+        exact = exact && same_bits(eng.decode(tokens, pos), by_patch);
+      }
       const std::size_t patch_bytes = patch.payload_bytes();
       patch = gk::Patch();  // its memory, before the full stage (a 30B MoE's staged copy fills the GPU)
       // 5. T in full, staged and committed (--streaming-full: reloaded).
@@ -401,6 +419,12 @@ int main(int argc, char** argv) {
           {"staged_gib", staged_gib},
           {"pause_ms", staged.times.commit_ms},
           {"pause_scatter_ms", staged.times.copy_ms},
+          {"patch_writes", staged.patch.sectors_written > 0 ? "sectors" : "elements"},
+          {"sectors_written", staged.patch.sectors_written},
+          {"pause_elements_ms", elements_pause_ms},
+          {"pause_elements_scatter_ms", elements_scatter_ms},
+          {"staged_elements_gib", elements_stage_gib},
+          {"staged_sectors_gib", sectors_stage_gib},
           {"full_pause_ms", full.times.commit_ms},
           {"full_pause_kind", streaming_full ? "streaming reload" : "staged commit"},
           {"full_stage_ms", full_stage_ms},

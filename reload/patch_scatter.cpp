@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #if defined(GRAPHKEEP_WITH_CUDA)
 #include <c10/cuda/CUDAGuard.h>
@@ -20,6 +21,8 @@
 
 namespace gk {
 namespace {
+
+constexpr std::int64_t kSector = 32;  // bytes (cuda::kSectorBytes)
 
 template <class T, class I>
 void scatter_host(const ScatterItem& it) {
@@ -37,7 +40,23 @@ void scatter_host_by_index(const ScatterItem& it) {
   else scatter_host<T, std::int32_t>(it);
 }
 
+// Note [Sector images]: 32-byte elements.
+template <class I>
+void scatter_host_sectors(const ScatterItem& it) {
+  auto* dst = static_cast<unsigned char*>(it.dst.data_ptr());
+  const I* idx = static_cast<const I*>(it.indices.const_data_ptr());
+  const auto* val = static_cast<const unsigned char*>(it.values.const_data_ptr());
+  at::parallel_for(0, it.indices.numel(), 1 << 12, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) std::memcpy(dst + kSector * idx[i], val + kSector * i, kSector);
+  });
+}
+
 void scatter_host(const ScatterItem& it) {
+  if (it.sectors) {
+    if (it.indices.scalar_type() == at::kLong) scatter_host_sectors<std::int64_t>(it);
+    else scatter_host_sectors<std::int32_t>(it);
+    return;
+  }
   switch (it.dst.element_size()) {
     case 1: scatter_host_by_index<std::uint8_t>(it); break;
     case 2: scatter_host_by_index<std::uint16_t>(it); break;
@@ -57,7 +76,81 @@ void launch(const cuda::ScatterBatch& b, c10::Device device) {
 }  // namespace
 
 std::size_t ScatterItem::bytes() const {
+  if (sectors) return static_cast<std::size_t>(indices.numel()) * kSector;
   return indices.defined() ? static_cast<std::size_t>(indices.numel()) * dst.element_size() : dst.nbytes();
+}
+
+std::vector<ScatterItem> sector_images(const ScatterItem& it) {
+  GK_INTERNAL_ASSERT(it.indices.defined() && !it.sectors && it.dst.dim() == 1 && it.dst.is_contiguous(),
+                     "sector_images: a sparse element item over a contiguous 1-D destination");
+  const std::int64_t eb = static_cast<std::int64_t>(it.dst.element_size());
+  const std::int64_t n = it.dst.numel(), count = it.indices.numel();
+  const auto addr = reinterpret_cast<std::uintptr_t>(it.dst.const_data_ptr());
+  const auto storage = reinterpret_cast<std::uintptr_t>(it.dst.storage().data());
+  // The word views below need the storage itself 8-byte aligned (an
+  // allocator's block is; a from_blob tensor may not be).
+  if (count == 0 || addr % static_cast<std::uintptr_t>(eb) != 0 || storage % 8 != 0) return {it};
+  const std::int64_t lead = static_cast<std::int64_t>((kSector - addr % kSector) % kSector);  // bytes
+  const std::int64_t first = lead / eb, per = kSector / eb;  // elements before the first whole sector, per sector
+  const std::int64_t whole = n > first ? (n - first) / per : 0;
+  if (whole == 0) return {it};
+  // The entries inside the whole sectors are a contiguous run of the
+  // ascending indices: [b, e).
+  const at::Tensor edges = at::tensor({first, first + whole * per}, at::kLong).to(it.indices.device()).to(it.indices.scalar_type());
+  const at::Tensor be = at::searchsorted(it.indices, edges).cpu();
+  const std::int64_t b = be[0].item<std::int64_t>(), e = be[1].item<std::int64_t>();
+  if (b == e) return {it};
+  std::vector<ScatterItem> out;
+  if (b > 0 || e < count)
+    out.push_back({it.dst, at::cat({it.indices.narrow(0, 0, b), it.indices.narrow(0, e, count - e)}),
+                   at::cat({it.values.narrow(0, 0, b), it.values.narrow(0, e, count - e)})});
+  const at::Tensor rel = it.indices.narrow(0, b, e - b) - first;           // element within the interior
+  const at::Tensor sector = at::div(rel, per, /*rounding_mode=*/"trunc");  // ascending, index dtype kept
+  const auto [sectors, inverse, counts] = at::unique_consecutive(sector, /*return_inverse=*/true);
+  (void)counts;
+  const at::Tensor words = it.dst.view(at::kByte).narrow(0, lead, whole * kSector).view(at::kLong);
+  const at::Tensor images = words.view({whole, kSector / 8}).index_select(0, sectors);  // the served bytes
+  images.view(it.dst.scalar_type()).view({-1}).index_copy_(0, inverse * per + rel.remainder(per),
+                                                            it.values.narrow(0, b, e - b));
+  ScatterItem s{words, sectors, images.view({-1})};
+  s.sectors = true;
+  out.push_back(std::move(s));
+  return out;
+}
+
+std::size_t use_sector_images(std::vector<ScatterItem>& items, const std::function<bool(const ScatterItem&)>& use) {
+  // Byte ranges of every destination, to find the items that share bytes.
+  struct Range {
+    std::uintptr_t begin, end;
+    std::size_t item;
+  };
+  std::vector<Range> ranges;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto b = reinterpret_cast<std::uintptr_t>(items[i].dst.const_data_ptr());
+    ranges.push_back({b, b + items[i].dst.nbytes(), i});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& x, const Range& y) { return x.begin < y.begin; });
+  std::vector<char> shared(items.size(), 0);
+  std::uintptr_t reach = 0;
+  std::size_t reach_item = 0;
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    if (k > 0 && ranges[k].begin < reach) shared[ranges[k].item] = shared[reach_item] = 1;
+    if (ranges[k].end > reach) reach = ranges[k].end, reach_item = ranges[k].item;
+  }
+  std::vector<ScatterItem> out;
+  std::size_t converted = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    ScatterItem& it = items[i];
+    if (shared[i] || it.sectors || !it.indices.defined() || !use(it)) {
+      out.push_back(std::move(it));
+      continue;
+    }
+    std::vector<ScatterItem> parts = sector_images(it);
+    converted += parts.back().sectors ? 1 : 0;
+    for (ScatterItem& p : parts) out.push_back(std::move(p));
+  }
+  items = std::move(out);
+  return converted;
 }
 
 void wait_for(const std::vector<ScatterItem>& items) {
@@ -103,16 +196,17 @@ void scatter_items(const std::vector<ScatterItem>& items) {
       guard.set_device(device);
     }
     const auto n = static_cast<std::uint64_t>(it.indices.numel());
-    const std::size_t ib = it.indices.element_size(), eb = it.dst.element_size();
+    const std::size_t ib = it.indices.element_size(), eb = it.sectors ? cuda::kSectorBytes : it.dst.element_size();
+    const std::uint64_t chunk = it.sectors ? cuda::kSectorChunk : cuda::kScatterChunk;
     const auto* idx = static_cast<const unsigned char*>(it.indices.const_data_ptr());
     const auto* val = static_cast<const unsigned char*>(it.values.const_data_ptr());
-    for (std::uint64_t o = 0; o < n; o += cuda::kScatterChunk) {
+    for (std::uint64_t o = 0; o < n; o += chunk) {
       if (batch.full()) flush();
       cuda::ScatterTask& t = batch.task[batch.count++];
       t.dst = it.dst.data_ptr();
       t.indices = idx + o * ib;
       t.values = val + o * eb;
-      t.count = static_cast<std::uint32_t>(std::min<std::uint64_t>(cuda::kScatterChunk, n - o));
+      t.count = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, n - o));
       t.elem_bytes = static_cast<std::uint16_t>(eb);
       t.index_bytes = static_cast<std::uint16_t>(ib);
     }

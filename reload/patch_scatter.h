@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 namespace gk {
@@ -16,10 +17,31 @@ struct ScatterItem {
   at::Tensor dst;      // a contiguous 1-D view of the destination, as integers of its element size
   at::Tensor indices;  // 1-D int32 or int64 on dst's device, in range and unique; undefined: dense
   at::Tensor values;   // 1-D, dst's dtype, on dst's device: as long as `indices` (dense: as `dst`)
+  // The elements are whole 32-byte sectors (Note [Sector images] in
+  // cuda/patch_scatter.h): dst is a 32-byte-aligned region as int64 words
+  // (4 per sector), indices number its sectors, values holds each one's
+  // complete image (4 words per index).
+  bool sectors = false;
 
   // Bytes written into dst.
   std::size_t bytes() const;
 };
+
+// The writes of `item` (sparse, element form, indices ascending) as whole
+// sectors: a sector item for the changed elements in the 32-byte-aligned
+// interior of item.dst, and an element item for those in the partial
+// sectors at its ends (when any). Each image is dst's current bytes with the
+// values applied, so the result is exact only while dst holds what it holds
+// now: a staged patch's commit is refused when the served weights changed
+// since staging. An item with no whole sector to write comes back as it is.
+// O(changed) work and memory; synchronizes with dst's device once.
+std::vector<ScatterItem> sector_images(const ScatterItem& item);
+
+// Rewrites `items` with sector_images() where `use(item)` says so and the
+// item's destination bytes overlap no other item's (two tensors sharing bytes
+// keep element writes, which cannot overwrite each other's changes).
+// Returns the number of items converted.
+std::size_t use_sector_images(std::vector<ScatterItem>& items, const std::function<bool(const ScatterItem&)>& use);
 
 // dst[indices[i]] = values[i] for every item (dense: dst = values). CUDA
 // items go through the scatter kernel on each device's current stream (one

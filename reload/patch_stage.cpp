@@ -57,7 +57,8 @@
 //      bases of re-run layers, the label patch.target_version) is built
 //      here, so the commit only swaps a pointer.
 // commit(), between two replays: the stale checks of any staged reload,
-// then the scatter (one launch per device for every tensor; CPU: a host
+// then the scatter (one launch per device for every tensor, whole 32-byte
+// sectors by default on a GPU: ReloadOptions::patch_writes; CPU: a host
 // loop), the re-run layers' copies and configuration values, and, with
 // ReloadOptions::verify_served, the touched captured tensors hashed again.
 // A failure after the scatter (an injected fault at Stage::scatter, a
@@ -260,7 +261,6 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
     const at::Tensor bits = detail::flat_bits(dst);
     sp->undo.push_back({bits, x.indices, x.indices.defined() ? bits.index_select(0, x.indices) : bits.clone()});
     sp->writes.push_back({bits, x.indices, x.values});
-    rep.patch.bytes_scattered += sp->writes.back().bytes();
     if (o.verify_served) {
       sp->verify.push_back(bits);
       sp->verify_names.push_back(pe.name);
@@ -392,6 +392,21 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
       if (!rollback_all(runs, st.options)) fields_unrestored = true;
       throw;
     }
+  }
+  // How the commit writes (Note [Sector images] in cuda/patch_scatter.h):
+  // the images are made here, from the captured storage the commit will
+  // write, which nothing writes before then (a commit after another write
+  // of the weights is refused as stale).
+  if (o.patch_writes != PatchWrites::elements) {
+    ScopedMsTimer t(rep.times.load_ms);
+    use_sector_images(sp->writes, [&](const ScatterItem& w) {
+      return o.patch_writes == PatchWrites::sectors || w.dst.is_cuda();
+    });
+  }
+  rep.patch.bytes_scattered = 0;
+  for (const ScatterItem& w : sp->writes) {
+    rep.patch.bytes_scattered += w.bytes();
+    if (w.sectors) rep.patch.sectors_written += static_cast<std::size_t>(w.indices.numel());
   }
   next->finish();
   st.served_after = make_served(std::move(next));

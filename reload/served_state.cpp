@@ -42,6 +42,15 @@ std::string_view to_string(PatchBase b) noexcept {
   return "?";
 }
 
+std::string_view to_string(PatchWrites w) noexcept {
+  switch (w) {
+    case PatchWrites::automatic: return "automatic";
+    case PatchWrites::elements: return "elements";
+    case PatchWrites::sectors: return "sectors";
+  }
+  return "?";
+}
+
 std::size_t ServedParam::base_bytes() const {
   std::size_t n = 0;
   for (const at::Tensor& t : base) n += t.defined() ? t.nbytes() : 0;

@@ -75,6 +75,18 @@ class Custom : public torch::nn::Module, public gk::DescribedLayer<Custom> {
   GRAPHKEEP_DESCRIBE_DERIVED(Custom, (torch::nn::Module, gk::DescribedLayer<Custom>), (w_, gk::parameter))
 };
 
+// Parts of odd lengths fused into one parameter: every part but the first
+// starts inside a 32-byte sector, so sector writes (PatchWrites::sectors)
+// write each part's ends as elements and its interior as whole sectors.
+class OddParts : public torch::nn::Module, public gk::DescribedLayer<OddParts> {
+ public:
+  explicit OddParts(at::ScalarType t, c10::Device device = c10::kCPU) {
+    w_ = checkpoint_param("w", {{"a", {13}, t}, {"b", {1001}, t}, {"c", {77}, t}, {"d", {3}, t}}, device);
+  }
+  at::Tensor w_;
+  GRAPHKEEP_DESCRIBE_DERIVED(OddParts, (torch::nn::Module, gk::DescribedLayer<OddParts>), (w_, gk::parameter))
+};
+
 class Model : public torch::nn::Module {
  public:
   Model() {
@@ -273,26 +285,32 @@ TEST_CASE("the served content: hashes of every checkpoint tensor from the first 
 TEST_CASE("a patch by reload() and by stage()+commit() serves what a full reload of its target serves, bit for bit") {
   at::set_num_threads(1);
   for (gk::PatchBase base : {gk::PatchBase::device, gk::PatchBase::pinned_host}) {
+   for (gk::PatchWrites writes : {gk::PatchWrites::elements, gk::PatchWrites::sectors}) {
     for (bool staged : {false, true}) {
       CAPTURE(gk::to_string(base));
+      CAPTURE(gk::to_string(writes));
       CAPTURE(staged);
       std::mt19937_64 rng(11);
       const pt::Weights w0 = pt::random_weights(rng);
       const pt::Weights w1 = pt::step(w0, rng, 0.2, {"norm.gamma"});  // norm unchanged: no entry
       const pt::Weights w2 = pt::step(w1, rng, 0.3);
       pt::Rig rig(w0, base);
+      gk::ReloadOptions o = rig.engine->options().defaults;
+      o.patch_writes = writes;
       const at::Tensor out0 = rig.replay();
       const gk::Patch p01 = pt::patch_of(w0, w1, "step-0", "step-1");
       CHECK(p01.find("norm.gamma") == nullptr);
       gk::ReloadReport r;
       if (staged) {
-        gk::StagedReload s = rig.engine->stage(p01);
+        gk::StagedReload s = rig.engine->stage(p01, o);
         CHECK(pt::same(rig.replay(), out0));  // staging wrote nothing the graphs read
         r = rig.engine->commit(std::move(s));
         CHECK(r.staged);
       } else {
-        r = rig.engine->reload(p01);
+        r = rig.engine->reload(p01, o);
       }
+      // Sectors: every 8x8 float tensor here is whole sectors.
+      CHECK((r.patch.sectors_written > 0) == (writes == gk::PatchWrites::sectors));
       CHECK(r.patch.applied);
       CHECK(r.patch.tensors == 6);
       CHECK(r.patch.layers_scattered == 1);  // fused (norm is untouched)
@@ -306,13 +324,63 @@ TEST_CASE("a patch by reload() and by stage()+commit() serves what a full reload
       // A chain: step 1 -> 2, every tensor touched (the plain module too).
       const gk::Patch p12 = pt::patch_of(w1, w2, "step-1", "step-2");
       CHECK(p12.entries.size() == pt::kTensors.size());
-      const gk::ReloadReport r2 = rig.engine->reload(p12);
+      const gk::ReloadReport r2 = rig.engine->reload(p12, o);
       CHECK(r2.patch.layers_scattered == 2);
       CHECK(pt::same(rig.replay(), pt::full_output(w0, w2)));
       // The served content version is the one a full reload of step 2 gives.
       pt::Rig full(w0, base);
       full.reload(w2);
       CHECK(rig.engine->served()->content_version() == full.engine->served()->content_version());
+    }
+   }
+  }
+}
+
+TEST_CASE("sector writes serve what element writes serve, at every alignment, element size and density") {
+  at::set_num_threads(1);
+  // Bits of a tensor, to compare exactly (NaN payloads included).
+  auto bytes = [](const at::Tensor& t) { return t.contiguous().view(-1).view(at::kByte); };
+  std::mt19937_64 rng(23);
+  for (at::ScalarType type : {at::kByte, at::kBFloat16, at::kFloat, at::kDouble}) {
+    for (double density : {0.001, 0.05, 0.5, 1.0}) {
+      CAPTURE(type);
+      CAPTURE(density);
+      std::map<std::string, at::Tensor> base, target;
+      for (const auto& [name, n] : std::vector<std::pair<std::string, int64_t>>{{"a", 13}, {"b", 1001}, {"c", 77}, {"d", 3}}) {
+        const at::Tensor b = at::randint(0, 64, {n}, at::TensorOptions(at::kLong)).to(type);
+        at::Tensor t = b.clone();
+        for (int64_t i = 0; i < n; ++i)  // every part's first and last elements, and `density` of the rest
+          if (i == 0 || i == n - 1 || static_cast<double>(rng() % 1000000) / 1e6 < density)
+            t[i] = (b[i].item<double>() + 1.0) * (type == at::kByte ? 1.0 : 0.5);
+        base[name] = b;
+        target[name] = t;
+      }
+      std::vector<gk::NamedTensor> bn, tn;
+      for (const auto& [name, t] : base) bn.push_back({name, t, 0});
+      for (const auto& [name, t] : target) tn.push_back({name, t, 0});
+      const gk::Patch p = gk::make_patch(bn, tn, {.base_version = "b", .target_version = "t"});
+      const at::Tensor want = at::cat({target["a"], target["b"], target["c"], target["d"]});
+      for (gk::PatchWrites writes : {gk::PatchWrites::elements, gk::PatchWrites::sectors}) {
+        for (bool staged : {false, true}) {
+          CAPTURE(gk::to_string(writes));
+          CAPTURE(staged);
+          auto layer = std::make_shared<pt::OddParts>(type);
+          gk::InMemorySource src(bn, "base");
+          gk::ReloadEngine engine(*layer);
+          engine.prepare(gk::load_weights(*layer, src));
+          gk::ReloadOptions o = engine.options().defaults;
+          o.patch_writes = writes;
+          gk::ReloadReport r;
+          if (staged) r = engine.commit(engine.stage(p, o));
+          else r = engine.reload(p, o);
+          CHECK(at::equal(bytes(layer->w_), bytes(want)));
+          CHECK(engine.served()->label() == "t");
+          // Part "b" (1,001 elements) spans whole sectors at every size; a
+          // dense entry (the encoding make_patch picks at high density) is a copy.
+          if (writes == gk::PatchWrites::elements) CHECK(r.patch.sectors_written == 0);
+          else if (density >= 0.05 && p.find("b")->encoding == gk::PatchEncoding::sparse) CHECK(r.patch.sectors_written > 0);
+        }
+      }
     }
   }
 }
@@ -615,8 +683,23 @@ TEST_CASE("the CUDA scatter writes every element size and index width exactly, a
     CHECK(equal_bits(got[i].value, want[i].value));
     CHECK(equal_bits(got[i].value, target[i].value));
   }
+  CHECK(r.patch.sectors_written > 0);  // PatchWrites::automatic on a GPU
   MESSAGE("patch of " << p.payload_bytes() << " bytes: stage " << r.times.stage_ms << " ms, pause " << r.times.commit_ms
-                      << " ms (scatter " << r.times.copy_ms << " ms)");
+                      << " ms (scatter " << r.times.copy_ms << " ms, " << r.patch.sectors_written << " sectors)");
+  // The same patch as element writes, from the base again.
+  {
+    gk::InMemorySource again(base);
+    engine.reload(again);
+    gk::ReloadOptions o = engine.options().defaults;
+    o.patch_writes = gk::PatchWrites::elements;
+    const gk::ReloadReport re = engine.reload(p, o);
+    CHECK(re.patch.sectors_written == 0);
+    const std::vector<gk::NamedTensor> by_elements = params();
+    for (std::size_t i = 0; i < by_elements.size(); ++i) {
+      CAPTURE(by_elements[i].name);
+      CHECK(equal_bits(by_elements[i].value, target[i].value));
+    }
+  }
 
   // int64 indices: a tensor of more than 2^31 elements (2 GiB of bytes).
   const std::int64_t n = (std::int64_t{1} << 31) + 4096;

@@ -402,6 +402,7 @@ std::vector<Behaviour> g_pwal;      // set by the harness around each reload; em
 std::vector<std::string> g_notes;   // what the PWALs did, for the log
 bool g_must_fail = false;           // a PWAL changed a captured layout or shrank the tree
 gk::PatchBase g_patch_base = gk::PatchBase::device;  // per iteration: where loads keep patch bases
+gk::PatchWrites g_patch_writes = gk::PatchWrites::elements;  // per iteration: how patch commits write
 
 struct TensorRefs final : gk::Walker {
   std::vector<at::Tensor*> all;
@@ -1038,9 +1039,11 @@ Outcome patch_once(gk::ReloadEngine& engine, const Op& op, const gk::Patch& patc
   try {
     gk::ReloadOptions o;
     o.patch_base = g_patch_base;
+    o.patch_writes = g_patch_writes;
     const gk::ReloadReport rep = op.staged ? engine.commit(engine.stage(patch, o)) : engine.reload(patch, o);
     g_counts["patch: layers scattered"] += static_cast<int64_t>(rep.patch.layers_scattered);
     g_counts["patch: layers re-run"] += static_cast<int64_t>(rep.patch.layers_rerun);
+    g_counts["patch: sectors written"] += static_cast<int64_t>(rep.patch.sectors_written);
   } catch (const gk::Error& e) {
     const char* kinds[] = {"DeclarationError", "WeightError", "MismatchError", "DriftError", "StateError", "InternalError"};
     r.label = kinds[static_cast<int>(e.kind())];
@@ -1060,6 +1063,9 @@ void run_iteration(uint64_t seed, int64_t it) {
   Rng rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(it));
   const ModelSpec spec = random_structure(rng);
   g_patch_base = pick(rng, 3) == 0 ? gk::PatchBase::none : gk::PatchBase::device;
+  // Every other iteration writes whole sectors (Note [Sector images]); not
+  // drawn from rng, so the iterations' structures stay those of their seeds.
+  g_patch_writes = (it & 1) != 0 ? gk::PatchWrites::sectors : gk::PatchWrites::elements;
   std::vector<std::string> log;
   auto violation = [&](const std::string& key, const std::string& what) {
     std::printf("@@VIOLATION %s\n", key.c_str());

@@ -1,6 +1,7 @@
 // The scatter kernel behind a patch's commit (Note [Scatter tasks] in
 // patch_scatter.h): one block per task, each thread moving elements as
-// integers of their size, several loads in flight per thread.
+// integers of their size, or halves of whole sectors (Note [Sector images]),
+// several loads in flight per thread.
 #include "patch_scatter.h"
 
 #include <cuda_runtime.h>
@@ -32,6 +33,29 @@ __device__ void scatter(const ScatterTask& t) {
   for (; i < n; i += kThreads) dst[idx[i]] = val[i];
 }
 
+// Note [Sector images] in patch_scatter.h: thread pair (2j, 2j+1) writes
+// the two 16-byte halves of sector idx[j]; the images are read coalesced.
+template <class I>
+__device__ void scatter_sectors(const ScatterTask& t) {
+  uint4* dst = static_cast<uint4*>(t.dst);
+  const I* idx = static_cast<const I*>(t.indices);
+  const uint4* val = static_cast<const uint4*>(t.values);
+  const std::uint32_t n = 2 * t.count;  // halves
+  std::uint32_t i = threadIdx.x;
+  for (; i + (kUnroll - 1) * kThreads < n; i += kUnroll * kThreads) {
+    I k[kUnroll];
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      k[u] = idx[(i + u * kThreads) >> 1];
+      v[u] = val[i + u * kThreads];
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) dst[2 * static_cast<std::uint64_t>(k[u]) + ((i + u * kThreads) & 1)] = v[u];
+  }
+  for (; i < n; i += kThreads) dst[2 * static_cast<std::uint64_t>(idx[i >> 1]) + (i & 1)] = val[i];
+}
+
 template <class I>
 __device__ void scatter_by_size(const ScatterTask& t) {
   switch (t.elem_bytes) {
@@ -39,6 +63,7 @@ __device__ void scatter_by_size(const ScatterTask& t) {
     case 2: scatter<unsigned short, I>(t); break;
     case 4: scatter<unsigned int, I>(t); break;
     case 8: scatter<unsigned long long, I>(t); break;
+    case kSectorBytes: scatter_sectors<I>(t); break;
     default: break;
   }
 }
