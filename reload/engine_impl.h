@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -158,8 +159,10 @@ struct ReloadEngine::Impl {
 
   // --- layer_pipeline.cpp -----------------------------------------------------
   void snapshot_and_detach(LayerPlan& lp, LayerRun& run, const PwalGuard& guard);
+  // `meanwhile`, when given, runs once after the layer's weights are loaded
+  // and their non-finite scan launched, before its answer is awaited.
   void process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, const WeightSource& source,
-               PwalGuard& guard);
+               PwalGuard& guard, const std::function<void()>& meanwhile = {});
   // `staged`: the commit of a StagedReload, whose caller ran the "copy"
   // faults first and keeps no undo (Note [Online reload threading]).
   void commit(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, const PwalGuard& guard,

@@ -16,6 +16,7 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <functional>
 
 namespace gk {
 namespace {
@@ -36,11 +37,15 @@ const PlannedSlot* slot_named(const LayerPlan& lp, const std::string& local) {
 // Throws gk::WeightError naming the first checkpoint tensor of the layer
 // that holds a NaN or an infinity (Note [Refusing non-finite weights] in
 // non_finite.cpp). Reads the checkpoint-format parameters, as loaded.
-void refuse_non_finite(LayerPlan& lp, const WeightSource& source) {
+// `meanwhile` runs while the device scans (Note [Commit one layer late] in
+// weight_stream.cpp).
+void refuse_non_finite(LayerPlan& lp, const WeightSource& source, const std::function<void()>& meanwhile) {
   std::vector<at::Tensor> params;
   params.reserve(lp.params.size());
   for (const CheckpointParam& cp : lp.params) params.push_back(find_param_or_buffer(*lp.module, cp.param));
-  const std::vector<std::int64_t> first = detail::first_non_finite(params);
+  detail::FiniteScan scan(params);
+  if (meanwhile) meanwhile();
+  const std::vector<std::int64_t> first = scan.wait();
   for (std::size_t pi = 0; pi < params.size(); ++pi) {
     if (first[pi] < 0) continue;
     const CheckpointParam& cp = lp.params[pi];
@@ -249,7 +254,8 @@ void ReloadEngine::Impl::snapshot_and_detach(LayerPlan& lp, LayerRun& run, const
 
 
 void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep,
-                                 const WeightSource& source, PwalGuard& guard) {
+                                 const WeightSource& source, PwalGuard& guard,
+                                 const std::function<void()>& meanwhile) {
   const std::size_t n = lp.params.size();
   std::vector<at::Tensor> targets(n);
   std::vector<char> custom(n, 0);  // a load_weight() took some tensor of the parameter
@@ -307,7 +313,9 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
   guard.after_load(run, o, rep);
   if (!o.allow_non_finite) {
     ScopedMsTimer t(rep.times.finite_ms);
-    refuse_non_finite(lp, source);
+    refuse_non_finite(lp, source, meanwhile);
+  } else if (meanwhile) {
+    meanwhile();
   }
   // PWAL may write into the captured tensors it can reach (declared
   // members, buffers it does not load, views of a parameter's storage):

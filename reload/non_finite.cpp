@@ -87,8 +87,7 @@ std::int64_t first_general(const at::Tensor& t) {
 
 }  // namespace
 
-std::vector<std::int64_t> first_non_finite(const std::vector<at::Tensor>& tensors) {
-  std::vector<std::int64_t> first(tensors.size(), -1);
+struct FiniteScan::Launched {
 #if defined(GRAPHKEEP_WITH_CUDA)
   struct Pending {
     c10::Device device;
@@ -97,6 +96,22 @@ std::vector<std::int64_t> first_non_finite(const std::vector<at::Tensor>& tensor
   };
   std::vector<Pending> launched;
   std::vector<at::Tensor> results;
+  std::vector<c10::cuda::CUDAStream> sides;
+#endif
+};
+
+FiniteScan::~FiniteScan() {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  // Not waited for (an exception in between): the scans still read the
+  // tensors; let them finish before the caller may free those.
+  for (const c10::cuda::CUDAStream& side : launched_->sides) side.synchronize();
+#endif
+}
+
+FiniteScan::FiniteScan(const std::vector<at::Tensor>& tensors)
+    : first_(tensors.size(), -1), launched_(std::make_unique<Launched>()) {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  auto& launched = launched_->launched;
 #endif
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
@@ -104,36 +119,40 @@ std::vector<std::int64_t> first_non_finite(const std::vector<at::Tensor>& tensor
     if (!at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) continue;
     const Bits b = bits_of(t.scalar_type());
     if (b.bytes == 0 || !t.is_contiguous() || !(t.is_cpu() || t.is_cuda())) {
-      first[i] = first_general(t);
+      first_[i] = first_general(t);
       continue;
     }
     if (t.is_cpu()) {
-      first[i] = first_on_cpu(t, b);
+      first_[i] = first_on_cpu(t, b);
       continue;
     }
 #if defined(GRAPHKEEP_WITH_CUDA)
     if (launched.empty() || launched.back().device != t.device() ||
         launched.back().batch.count == cuda::kMaxFiniteTasks)
       launched.push_back({t.device(), {}, {}});
-    Pending& p = launched.back();
+    Launched::Pending& p = launched.back();
     p.batch.task[p.batch.count++] = {t.const_data_ptr(), static_cast<std::uint64_t>(t.numel()), b.bytes, b.mask};
     p.index.push_back(i);
 #else
-    first[i] = first_general(t);
+    first_[i] = first_general(t);
 #endif
   }
 #if defined(GRAPHKEEP_WITH_CUDA)
   // Note [The check on a side stream]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // The scan waits for what the caller's
-  // stream has enqueued so far (the loads that wrote these tensors) through
-  // an event, and runs on a pool stream; the host then waits for that
-  // stream alone. Waiting on the caller's stream instead would also wait for
-  // everything queued behind the loads (a streaming reload's copy-back of
-  // the layer before), and the host's work for the next layer would no
-  // longer overlap the device's: on an H200 that doubled an 8B reload.
-  std::vector<c10::cuda::CUDAStream> sides;
-  for (Pending& p : launched) {
+  // The scan waits for what the caller's stream has enqueued so far (the
+  // loads that wrote these tensors) through an event, and runs on a pool
+  // stream; the host then waits for that stream alone. Waiting on the
+  // caller's stream instead would also wait for everything queued behind
+  // the loads, and the host's work for the next layer would no longer
+  // overlap the device's: on an H200 that doubled an 8B reload. The event
+  // still covers whatever was queued *before* the loads: a streaming reload
+  // that committed layer L-1 before scanning layer L drained its queue at
+  // every layer (the scan waited for L-1's copy-back, the host for the
+  // scan), 21.6 ms of a 31.5 ms 8B reload. So a streaming reload enqueues
+  // L-1's copy-back between this constructor and wait() (Note [Commit one
+  // layer late] in weight_stream.cpp).
+  for (Launched::Pending& p : launched) {
     c10::cuda::CUDAGuard guard(p.device);
     const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(p.device.index());
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, p.device.index());
@@ -146,18 +165,31 @@ std::vector<std::int64_t> first_non_finite(const std::vector<at::Tensor>& tensor
         p.batch, reinterpret_cast<unsigned long long*>(out.mutable_data_ptr<std::int64_t>()), side.stream());
     GK_CHECK(StateError, err == 0, "the non-finite weight check failed to launch on ", p.device, " (cudaError ", err,
              ")");
-    results.push_back(out);
-    sides.push_back(side);
-  }
-  for (std::size_t k = 0; k < launched.size(); ++k) {
-    c10::cuda::CUDAStreamGuard on_side(sides[k]);
-    const at::Tensor host = results[k].cpu();  // synchronizes the side stream only
-    const auto* v = host.const_data_ptr<std::int64_t>();
-    for (std::size_t j = 0; j < launched[k].index.size(); ++j)
-      if (v[j] != -1) first[launched[k].index[j]] = v[j];
+    launched_->results.push_back(out);
+    launched_->sides.push_back(side);
   }
 #endif
-  return first;
+}
+
+std::vector<std::int64_t> FiniteScan::wait() {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  Launched& L = *launched_;
+  for (std::size_t k = 0; k < L.launched.size(); ++k) {
+    c10::cuda::CUDAStreamGuard on_side(L.sides[k]);
+    const at::Tensor host = L.results[k].cpu();  // synchronizes the side stream only
+    const auto* v = host.const_data_ptr<std::int64_t>();
+    for (std::size_t j = 0; j < L.launched[k].index.size(); ++j)
+      if (v[j] != -1) first_[L.launched[k].index[j]] = v[j];
+  }
+  L.launched.clear();
+  L.results.clear();
+  L.sides.clear();
+#endif
+  return first_;
+}
+
+std::vector<std::int64_t> first_non_finite(const std::vector<at::Tensor>& tensors) {
+  return FiniteScan(tensors).wait();
 }
 
 }  // namespace gk::detail

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace gk::detail {
@@ -15,5 +16,25 @@ namespace gk::detail {
 // the current stream and one synchronization for all of them, CPU tensors
 // through at::parallel_for.
 std::vector<std::int64_t> first_non_finite(const std::vector<at::Tensor>& tensors);
+
+// first_non_finite() in two halves: the constructor checks the CPU tensors
+// and launches the scan of the CUDA ones (on side streams, after what the
+// caller's stream has enqueued so far), wait() blocks for their answers.
+// Work the caller enqueues in between is not waited for (Note [The check
+// on a side stream] in non_finite.cpp): a streaming reload enqueues the
+// previous layer's copy-back there.
+class FiniteScan {
+ public:
+  explicit FiniteScan(const std::vector<at::Tensor>& tensors);
+  ~FiniteScan();
+  FiniteScan(const FiniteScan&) = delete;
+  FiniteScan& operator=(const FiniteScan&) = delete;
+  std::vector<std::int64_t> wait();
+
+ private:
+  struct Launched;
+  std::vector<std::int64_t> first_;
+  std::unique_ptr<Launched> launched_;
+};
 
 }  // namespace gk::detail

@@ -45,14 +45,9 @@
 //               afresh. Passthrough parameters are then written by the
 //               scatter, not copied; the layer's other staged tensors are
 //               copied by the commit as a stage's are.
-//      Note [Re-run layers release their passthrough copies]: a re-run
-//      loads the layer's passthrough parameters into fresh tensors for PWAL
-//      to read, but the commit writes them by scatter; as soon as the layer
-//      is checked its fields point back at the captured storage, so the
-//      copies are freed layer by layer. (Held to the end of the stage, a
-//      patch touching every MoE layer -- whose experts object is derived,
-//      so each such layer re-runs -- held a second copy of the model: out of
-//      memory at 30B on an H200.)
+//      A re-run layer's copies of its passthrough parameters are freed as
+//      soon as it is checked (Note [Re-run layers release their passthrough
+//      copies]).
 //   3. The served content after the commit (the target hashes, the new
 //      bases of re-run layers, the label patch.target_version) is built
 //      here, so the commit only swaps a pointer.
@@ -66,6 +61,15 @@
 // copied: the old weights are served bit for bit and replay stays allowed.
 // A patch commit that re-ran no PWAL moved no field, so it skips the
 // capture-manifest verification; the pause is then the scatter alone.
+//
+// Note [Re-run layers release their passthrough copies]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A re-run loads the layer's passthrough parameters into fresh tensors for
+// PWAL to read, but the commit writes them by scatter. As soon as the layer
+// is checked, its fields point back at the captured storage, so the copies
+// are freed layer by layer. Held to the end of the stage, a patch touching
+// every MoE layer (whose experts object is derived, so each such layer
+// re-runs) held a second copy of the model: out of memory at 30B on an H200.
 #include "engine_impl.h"
 #include "non_finite.h"
 #include "reload_internal.h"

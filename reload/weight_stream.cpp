@@ -19,6 +19,8 @@
 #include <graphkeep/core/stopwatch.h>
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 
 namespace gk {
 namespace {
@@ -112,11 +114,32 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOpti
     ScopedMsTimer t(rep.times.detach_ms);
     for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], guard);
   }
+  // Note [Commit one layer late]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A streaming reload commits each layer after it is processed, but not
+  // at once: layer L-1's copy-back is enqueued while layer L's non-finite
+  // scan runs (process's `meanwhile`). The scan waits, through an event, for
+  // what the stream held when it was launched; had L-1's copy been queued
+  // first, the host would wait for that copy at every layer and could no
+  // longer run ahead of the device (Note [The check on a side stream]).
+  // Nothing is weaker: a layer is committed only after it was processed and
+  // checked, and a failure at layer L leaves L-1 processed, not committed
+  // (rolled back) -- a streaming reload that fails after committing some
+  // layer is inconsistent either way.
+  std::optional<std::size_t> late;  // processed, its commit not yet enqueued
+  auto commit_late = [&] {
+    if (!late) return;
+    const std::size_t li = *late;
+    late.reset();
+    commit(plan.layers()[li], runs[li], o, rep, guard);
+    any_committed = true;
+  };
   auto finish_layer = [&](std::size_t li) {
-    process(plan.layers()[li], runs[li], o, rep, source, guard);
+    process(plan.layers()[li], runs[li], o, rep, source, guard,
+            o.mode == ReloadMode::streaming ? std::function<void()>(commit_late) : std::function<void()>());
     if (o.mode == ReloadMode::streaming) {
-      commit(plan.layers()[li], runs[li], o, rep, guard);
-      any_committed = true;
+      commit_late();  // process() ran it, unless it never launched a scan
+      late = li;
     }
   };
   // Layers without checkpoint tensors (PWAL-only) are complete at once.
@@ -161,6 +184,8 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOpti
     count_loaded(run);
     if (run.loaded == run.expected) finish_layer(e.layer);
   }
+
+  commit_late();
 
   // Completion gate: every checkpoint tensor and every shard, exactly once.
   std::vector<std::string> missing;
