@@ -421,6 +421,7 @@ int main(int argc, char** argv) {
           {"pause_scatter_ms", staged.times.copy_ms},
           {"patch_writes", staged.patch.sectors_written > 0 ? "sectors" : "elements"},
           {"sectors_written", staged.patch.sectors_written},
+          {"sectors_declined", staged.patch.sectors_declined},
           {"pause_elements_ms", elements_pause_ms},
           {"pause_elements_scatter_ms", elements_scatter_ms},
           {"staged_elements_gib", elements_stage_gib},

@@ -13,8 +13,10 @@
 #include <cstring>
 
 #if defined(GRAPHKEEP_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include "cuda/patch_scatter.h"
 #endif
@@ -116,6 +118,32 @@ std::vector<ScatterItem> sector_images(const ScatterItem& it) {
   s.sectors = true;
   out.push_back(std::move(s));
   return out;
+}
+
+std::size_t sector_image_bytes_bound(const ScatterItem& it) {
+  if (it.sectors || !it.indices.defined() || it.dst.dim() != 1) return 0;
+  const auto per = kSector / static_cast<std::int64_t>(it.dst.element_size());
+  const std::int64_t sectors = std::min<std::int64_t>(it.indices.numel(), it.dst.numel() / std::max<std::int64_t>(per, 1));
+  return static_cast<std::size_t>(sectors) * static_cast<std::size_t>(kSector + it.indices.element_size());
+}
+
+std::size_t device_headroom(c10::Device device) {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device);
+    std::size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto agg = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    const std::int64_t cached = st.reserved_bytes[agg].current - st.allocated_bytes[agg].current;
+    return free + static_cast<std::size_t>(std::max<std::int64_t>(cached, 0));
+  }
+#endif
+  (void)device;
+  return 0;
 }
 
 std::size_t use_sector_images(std::vector<ScatterItem>& items, const std::function<bool(const ScatterItem&)>& use) {

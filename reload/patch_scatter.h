@@ -37,6 +37,16 @@ struct ScatterItem {
 // O(changed) work and memory; synchronizes with dst's device once.
 std::vector<ScatterItem> sector_images(const ScatterItem& item);
 
+// At most the bytes sector_images(item) allocates (32 per touched sector
+// and its index; a sector per changed element, or every whole sector of
+// dst, whichever is fewer). 0 for an item it would not convert.
+std::size_t sector_image_bytes_bound(const ScatterItem& item);
+
+// Bytes that new allocations on `device` can take: the driver's free
+// memory and what the caching allocator holds unallocated (0 on the CPU
+// and in builds without CUDA).
+std::size_t device_headroom(c10::Device device);
+
 // Rewrites `items` with sector_images() where `use(item)` says so and the
 // item's destination bytes overlap no other item's (two tensors sharing bytes
 // keep element writes, which cannot overwrite each other's changes).

@@ -40,7 +40,7 @@ std::string_view to_string(PatchBase b) noexcept;
 // unchanged in captured storage (Note [Sector images] in
 // reload/cuda/patch_scatter.h).
 enum class PatchWrites : std::uint8_t {
-  automatic,  // sectors on a CUDA device, elements on the CPU
+  automatic,  // sectors on a CUDA device while their images fit in half of its free memory, else elements
   elements,   // each changed element on its own: staging holds 6 bytes per changed bf16 element
   sectors,    // whole 32-byte sectors, their images made at staging from the served bytes:
               // a shorter pause on a GPU (0.8x at 1% density, 0.7x at 10%, H200), staging

@@ -82,6 +82,7 @@ struct ReloadReport {
     std::size_t tensors = 0, elements = 0, payload_bytes = 0, layers_scattered = 0, layers_rerun = 0;
     std::size_t bytes_scattered = 0;
     std::size_t sectors_written = 0;  // whole 32-byte sectors (PatchWrites::sectors; the rest as elements)
+    bool sectors_declined = false;    // PatchWrites::automatic wrote elements: the images would not fit
   } patch;
   PhaseTimes times;
 
