@@ -15,6 +15,7 @@
 #include <map>
 
 #if defined(GRAPHKEEP_WITH_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -64,11 +65,20 @@ std::uint64_t host_tensor_hash(const at::Tensor& t) {
 }
 
 #if defined(GRAPHKEEP_WITH_CUDA)
-// Hashes the tensors `which` (all on `device`, all non-empty) in one launch,
-// then one synchronization; writes their hashes into out[which[i]].
-void device_hashes(const std::vector<at::Tensor>& tensors, const std::vector<std::size_t>& which, c10::Device device,
-                   std::vector<std::uint64_t>& out) {
+// One device's launch: the upload buffer (pinned, read by an asynchronous
+// copy), the device words whose tail receives the hashes, and the stream.
+struct DeviceLaunch {
+  std::vector<std::size_t> which;
+  at::Tensor host, dev, digests;
+  c10::cuda::CUDAStream stream;
+};
+
+// Hashes the tensors `which` (all on `device`, all non-empty) in one launch
+// on `stream` (a stream of `device`); DeviceLaunch::read collects them.
+DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::vector<std::size_t> which,
+                                  c10::Device device, c10::cuda::CUDAStream stream) {
   const c10::cuda::CUDAGuard guard(device);
+  const c10::cuda::CUDAStreamGuard on(stream);
   const auto n = static_cast<std::int64_t>(which.size());
   GK_CHECK(WeightError, n <= std::numeric_limits<int>::max(), "gk::content_hashes: ", n,
            " tensors on one device in one call; at most ", std::numeric_limits<int>::max());
@@ -100,27 +110,27 @@ void device_hashes(const std::vector<at::Tensor>& tensors, const std::vector<std
   job.digests = reinterpret_cast<std::uint64_t*>(digests.mutable_data_ptr<std::int64_t>());
   job.count = static_cast<int>(n);
   job.blocks = blocks;
-  const int err = cuda::launch_content_hash(job, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  const int err = cuda::launch_content_hash(job, stream.stream());
   GK_CHECK(StateError, err == 0, "gk::content_hashes: the hash kernel failed to launch on ", device, " (cudaError ",
            err, ")");
-  const at::Tensor result = dev.narrow(0, 4 * n + 1, n).cpu();  // the one synchronization
+  return {std::move(which), std::move(host), std::move(dev), std::move(digests), stream};
+}
+
+// Waits for the launch's stream and writes its hashes into out[which[i]].
+void read_device_hashes(const DeviceLaunch& l, std::vector<std::uint64_t>& out) {
+  const c10::cuda::CUDAStreamGuard on(l.stream);
+  const auto n = static_cast<std::int64_t>(l.which.size());
+  const at::Tensor result = l.dev.narrow(0, 4 * n + 1, n).cpu();  // synchronizes l.stream only
   const auto* r = reinterpret_cast<const std::uint64_t*>(result.const_data_ptr<std::int64_t>());
-  for (std::int64_t i = 0; i < n; ++i) out[which[static_cast<std::size_t>(i)]] = r[i];
+  for (std::int64_t i = 0; i < n; ++i) out[l.which[static_cast<std::size_t>(i)]] = r[i];
 }
 #endif
 
-}  // namespace
-
-std::uint64_t content_hash_bytes(std::span<const std::byte> bytes) { return host_hash(bytes.data(), bytes.size()); }
-
-std::uint64_t content_hash(const at::Tensor& tensor) { return content_hashes({tensor})[0]; }
-
-std::vector<std::uint64_t> content_hashes(const std::vector<at::Tensor>& tensors) {
+// Hashes the CPU tensors into out; returns the non-empty CUDA tensors' indices per device.
+std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_tensors(const std::vector<at::Tensor>& tensors,
+                                                                       std::vector<std::uint64_t>& out) {
   for (std::size_t i = 0; i < tensors.size(); ++i) check_hashable(tensors[i], i);
-  std::vector<std::uint64_t> out(tensors.size());
-#if defined(GRAPHKEEP_WITH_CUDA)
-  std::map<c10::DeviceIndex, std::vector<std::size_t>> by_device;  // non-empty CUDA tensors
-#endif
+  std::map<c10::DeviceIndex, std::vector<std::size_t>> by_device;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
 #if defined(GRAPHKEEP_WITH_CUDA)
@@ -131,10 +141,68 @@ std::vector<std::uint64_t> content_hashes(const std::vector<at::Tensor>& tensors
 #endif
     out[i] = t.nbytes() > 0 ? host_tensor_hash(t) : host_hash(nullptr, 0);
   }
+  return by_device;
+}
+
+}  // namespace
+
+std::uint64_t content_hash_bytes(std::span<const std::byte> bytes) { return host_hash(bytes.data(), bytes.size()); }
+
+std::uint64_t content_hash(const at::Tensor& tensor) { return content_hashes({tensor})[0]; }
+
+std::vector<std::uint64_t> content_hashes(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::uint64_t> out(tensors.size());
+  const auto by_device = hash_host_tensors(tensors, out);
 #if defined(GRAPHKEEP_WITH_CUDA)
-  for (const auto& [index, which] : by_device) device_hashes(tensors, which, c10::Device(c10::kCUDA, index), out);
+  // On the caller's current stream: ordered after its writes, one synchronization.
+  for (const auto& [index, which] : by_device)
+    read_device_hashes(launch_device_hashes(tensors, which, c10::Device(c10::kCUDA, index),
+                                            c10::cuda::getCurrentCUDAStream(index)),
+                       out);
 #endif
   return out;
+}
+
+struct PendingContentHashes::Launch {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  DeviceLaunch l;
+#endif
+};
+
+PendingContentHashes::PendingContentHashes(std::vector<at::Tensor> tensors)
+    : tensors_(std::move(tensors)), out_(tensors_.size()) {
+  const auto by_device = hash_host_tensors(tensors_, out_);
+#if defined(GRAPHKEEP_WITH_CUDA)
+  for (const auto& [index, which] : by_device) {
+    const c10::cuda::CUDAGuard guard(index);
+    const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index);
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+    // The side stream starts after what the caller has enqueued (the writes
+    // of these tensors); tensors_ keeps them alive until it is done.
+    at::cuda::CUDAEvent written;
+    written.record(caller);
+    written.block(side);
+    launches_.push_back({launch_device_hashes(tensors_, which, c10::Device(c10::kCUDA, index), side)});
+  }
+#else
+  (void)by_device;
+#endif
+}
+
+PendingContentHashes::~PendingContentHashes() {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  for (const Launch& l : launches_) l.l.stream.synchronize();
+#endif
+}
+PendingContentHashes::PendingContentHashes(PendingContentHashes&&) noexcept = default;
+PendingContentHashes& PendingContentHashes::operator=(PendingContentHashes&&) noexcept = default;
+
+std::vector<std::uint64_t> PendingContentHashes::get() {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  for (const Launch& l : launches_) read_device_hashes(l.l, out_);
+  launches_.clear();
+#endif
+  return out_;
 }
 
 std::string format_content_hash(std::uint64_t hash) {

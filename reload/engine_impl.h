@@ -160,7 +160,9 @@ struct ReloadEngine::Impl {
   // --- layer_pipeline.cpp -----------------------------------------------------
   void snapshot_and_detach(LayerPlan& lp, LayerRun& run, const PwalGuard& guard);
   // `meanwhile`, when given, runs once after the layer's weights are loaded
-  // and their non-finite scan launched, before its answer is awaited.
+  // and their scans (non-finite values, content hashes) launched, before
+  // their answers are awaited; the caller then owes the layer a
+  // finish_record_after_pwal() (served_state.h).
   void process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, const WeightSource& source,
                PwalGuard& guard, const std::function<void()>& meanwhile = {});
   // `staged`: the commit of a StagedReload, whose caller ran the "copy"

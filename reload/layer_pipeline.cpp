@@ -317,6 +317,8 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
   } else if (meanwhile) {
     meanwhile();
   }
+  // Before PWAL, which may write the loaded tensors in place.
+  record_loaded_hashes(run, rep);
   // PWAL may write into the captured tensors it can reach (declared
   // members, buffers it does not load, views of a parameter's storage):
   // Note [Undo by storage], Note [PWAL guards].
@@ -339,7 +341,9 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
     check(lp, run, o, rep);
     guard.after_check(lp, run);
   }
-  record_after_pwal(lp, run, o, rep);
+  // With `meanwhile` (a streaming reload) the caller finishes the record a
+  // layer late (Note [Commit one layer late]).
+  record_after_pwal(lp, run, o, rep, /*defer=*/static_cast<bool>(meanwhile));
   run.phase = LayerRun::Phase::processed;
   if (guard.captured() && o.after_layer) o.after_layer(lp.prefix);
 }

@@ -8,11 +8,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace gk {
+
+class PendingContentHashes;
 
 // Note [Patch landings]
 // ~~~~~~~~~~~~~~~~~~~~~
@@ -64,6 +67,12 @@ struct LayerRecord {
   std::vector<char> custom;
   std::vector<std::vector<at::Tensor>> delivered;
   std::vector<char> adopted;
+  // Hashes still on the device: of the loaded tensors (until
+  // record_loaded_hashes) and of what PWAL left (until
+  // finish_record_after_pwal), with what the latter decides from.
+  std::shared_ptr<PendingContentHashes> loaded_hashes, after_hashes;
+  std::vector<char> candidate, rehash;
+  std::vector<std::size_t> first, offset;
 };
 
 }  // namespace gk

@@ -179,19 +179,32 @@ void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Ten
     }
     for (const CheckpointTensor& ct : cp.tensors) r.hashes.emplace_back(lp.full_name(ct.name), 0);
   }
-  const std::vector<std::uint64_t> h = content_hashes(to_hash);
-  for (std::size_t i = 0; i < h.size(); ++i) r.hashes[i].second = h[i];
+  r.loaded_hashes = std::make_shared<PendingContentHashes>(std::move(to_hash));
   r.recorded = true;
 }
 
-void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+void record_loaded_hashes(LayerRun& run, ReloadReport& rep) {
+  LayerRecord& r = run.record;
+  if (r.loaded_hashes == nullptr) return;
+  ScopedMsTimer t(rep.times.hash_ms);
+  const std::vector<std::uint64_t> h = r.loaded_hashes->get();
+  r.loaded_hashes.reset();
+  for (std::size_t i = 0; i < h.size(); ++i) r.hashes[i].second = h[i];
+}
+
+void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, bool defer) {
   LayerRecord& r = run.record;
   if (!r.recorded) return;
+  record_loaded_hashes(run, rep);
+  {
   ScopedMsTimer timer(rep.times.hash_ms);
   const std::size_t n = lp.params.size();
   // Per parameter: still the module's tensor, in checkpoint format, with a
   // slot whose layout check passed (a plain module has no PWAL: always).
-  std::vector<char> candidate(n, 0), rehash(n, 0);
+  std::vector<char>& candidate = r.candidate;
+  std::vector<char>& rehash = r.rehash;
+  candidate.assign(n, 0);
+  rehash.assign(n, 0);
   for (std::size_t pi = 0; pi < n; ++pi) {
     if (r.custom[pi]) continue;
     const CheckpointParam& cp = lp.params[pi];
@@ -205,9 +218,11 @@ void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& 
   }
   // The bytes PWAL left in the loaded tensors, against those it was given.
   std::vector<at::Tensor> to_hash;
-  std::vector<std::size_t> first(n, 0);
+  std::vector<std::size_t>& first = r.first;
+  std::vector<std::size_t>& offset = r.offset;
+  first.assign(n, 0);
+  offset.assign(n, 0);
   std::size_t flat = 0;
-  std::vector<std::size_t> offset(n, 0);
   for (std::size_t pi = 0; pi < n; ++pi) {
     offset[pi] = flat;
     flat += lp.params[pi].tensors.size();
@@ -215,7 +230,22 @@ void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& 
     first[pi] = to_hash.size();
     for (const at::Tensor& v : tensor_views(lp.params[pi], r.loaded[pi])) to_hash.push_back(v);
   }
-  const std::vector<std::uint64_t> after = content_hashes(to_hash);
+  r.after_hashes = std::make_shared<PendingContentHashes>(std::move(to_hash));
+  }
+  if (!defer) finish_record_after_pwal(lp, run, o, rep);
+}
+
+void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+  LayerRecord& r = run.record;
+  if (r.after_hashes == nullptr) return;
+  ScopedMsTimer timer(rep.times.hash_ms);
+  const std::vector<std::uint64_t> after = r.after_hashes->get();
+  r.after_hashes.reset();
+  const std::size_t n = lp.params.size();
+  const std::vector<char>& candidate = r.candidate;
+  const std::vector<char>& rehash = r.rehash;
+  const std::vector<std::size_t>& first = r.first;
+  const std::vector<std::size_t>& offset = r.offset;
   for (std::size_t pi = 0; pi < n; ++pi) {
     const CheckpointParam& cp = lp.params[pi];
     const std::string full = lp.full_name(cp.param);

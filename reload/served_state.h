@@ -33,16 +33,24 @@ struct ServedWeights::State {
   std::uint64_t* find(std::string_view name);
 };
 
-// After the layer's loads, before PWAL: hashes every checkpoint tensor of
-// the layer (one batched content_hashes call) into run.record. `targets`:
-// the materialized checkpoint-format parameters; `custom[pi]`: a
-// load_weight() took some tensor of parameter pi. Reads run.pending (the
-// delivered tensors), so call it before they are dropped.
+// After the layer's loads, before PWAL: launches the hashes of every
+// checkpoint tensor of the layer (one batched launch on a side stream,
+// gk::PendingContentHashes) into run.record; record_loaded_hashes() collects
+// them, before PWAL may write the loaded tensors. `targets`: the
+// materialized checkpoint-format parameters; `custom[pi]`: a load_weight()
+// took some tensor of parameter pi. Reads run.pending (the delivered
+// tensors), so call it before they are dropped.
 void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Tensor>& targets,
                    const std::vector<char>& custom, const ReloadOptions& o, ReloadReport& rep);
+void record_loaded_hashes(LayerRun& run, ReloadReport& rep);
 // After the layer's PWAL: which parameters are passthrough, and the bases
-// kept for the others (Note [Patch landings]).
-void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep);
+// kept for the others (Note [Patch landings]). In two halves: the first
+// launches the hashes of the bytes PWAL left; finish_record_after_pwal()
+// waits for them and decides (a streaming reload calls it a layer late:
+// Note [Commit one layer late]). `defer` false: both at once.
+void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep,
+                       bool defer = false);
+void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep);
 
 // What the engine serves after a load that ran every layer (the runs'
 // records are moved out), or nullptr when a layer was not recorded (hashing

@@ -14,6 +14,7 @@
 // included), before anything of a transactional reload is committed.
 #include "engine_impl.h"
 #include "reload_internal.h"
+#include "served_state.h"
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
@@ -126,6 +127,10 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOpti
   // checked, and a failure at layer L leaves L-1 processed, not committed
   // (rolled back) -- a streaming reload that fails after committing some
   // layer is inconsistent either way.
+  // The same holds for the layer's content hashes after PWAL (which decide
+  // how each parameter lands, Note [Patch landings]): launched at the end of
+  // layer L-1, collected after L-1's copy-back is enqueued, so neither waits
+  // for that copy.
   std::optional<std::size_t> late;  // processed, its commit not yet enqueued
   auto commit_late = [&] {
     if (!late) return;
@@ -133,6 +138,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOpti
     late.reset();
     commit(plan.layers()[li], runs[li], o, rep, guard);
     any_committed = true;
+    finish_record_after_pwal(plan.layers()[li], runs[li], o, rep);
   };
   auto finish_layer = [&](std::size_t li) {
     process(plan.layers()[li], runs[li], o, rep, source, guard,

@@ -194,6 +194,18 @@ TEST_CASE("content_hashes equals content_hash one by one; the thread count does 
   CHECK(serial == all);
 }
 
+TEST_CASE("PendingContentHashes gives content_hashes' answer; an unread one is destroyed safely") {
+  at::Generator g = at::detail::createCPUGenerator(12);
+  std::vector<at::Tensor> ts;
+  for (std::int64_t n : {0, 3, 65537, 300000}) ts.push_back(random_bytes(n, g));
+  gk::PendingContentHashes pending(ts);
+  CHECK(pending.get() == gk::content_hashes(ts));
+  { gk::PendingContentHashes unread(ts); }
+  // Refused as content_hashes refuses, naming the position.
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::PendingContentHashes({ts[2], ts[3].view({-1, 2}).t()}), gk::WeightError,
+                              "tensor 1");
+}
+
 TEST_CASE("hashes format as 16 hex digits and parse back") {
   for (std::uint64_t h : std::vector<std::uint64_t>{0, 1, 0xEF46DB3751D8E999ull, ~std::uint64_t{0}}) {
     const std::string s = gk::format_content_hash(h);
@@ -269,6 +281,17 @@ TEST_CASE("many small tensors and one large one hash in one call") {
   host.push_back(random_bytes(std::int64_t{256} << 20, g));  // 256 MiB: 4096 blocks, 32 KiB of digests
   dev.push_back(host.back().cuda());
   CHECK(gk::content_hashes(dev) == gk::content_hashes(host));
+  // On a side stream, after the caller's writes: the caller's stream keeps
+  // working (a long copy enqueued after the launch is not waited for by get(),
+  // and does not touch the hashed tensors).
+  {
+    at::Tensor fresh = at::empty_like(dev.back());
+    fresh.copy_(dev.back());  // enqueued before: the hashes see its result
+    gk::PendingContentHashes pending({fresh, dev[7]});
+    at::Tensor other = at::empty_like(fresh);
+    for (int i = 0; i < 8; ++i) other.copy_(fresh);  // enqueued after, on the caller's stream
+    CHECK(pending.get() == std::vector<std::uint64_t>{gk::content_hash(host.back()), gk::content_hash(host[7])});
+  }
   // Non-contiguous device tensors are refused as on the host.
   GK_CHECK_THROWS_WITH_SUBSTR(gk::content_hash(dev.back().view({1 << 14, 1 << 14}).t()), gk::WeightError,
                               "pass t.contiguous()");

@@ -72,6 +72,33 @@ std::uint64_t content_hash(const at::Tensor& tensor);
 // on the host. The same errors as content_hash, naming the tensor's position.
 std::vector<std::uint64_t> content_hashes(const std::vector<at::Tensor>& tensors);
 
+// content_hashes() in two halves, for a caller that has other work to do
+// while the device hashes: the constructor checks the tensors, hashes the
+// CPU ones and launches the CUDA ones on a side stream of each device, after
+// what the caller's current stream holds now (the writes of those tensors);
+// get() waits for those side streams only, not for work the caller enqueued
+// in between, and returns the hashes in order. The tensors are kept alive
+// until the hashes are read, and must not be written before then; a
+// destructor that runs first waits for the device.
+//
+//   gk::PendingContentHashes h(layer_tensors);
+//   enqueue_other_work();
+//   const std::vector<std::uint64_t> hashes = h.get();
+class PendingContentHashes {
+ public:
+  explicit PendingContentHashes(std::vector<at::Tensor> tensors);
+  ~PendingContentHashes();
+  PendingContentHashes(PendingContentHashes&&) noexcept;
+  PendingContentHashes& operator=(PendingContentHashes&&) noexcept;
+  std::vector<std::uint64_t> get();
+
+ private:
+  struct Launch;
+  std::vector<at::Tensor> tensors_;
+  std::vector<std::uint64_t> out_;
+  std::vector<Launch> launches_;
+};
+
 // 16 lowercase hex digits, most significant first.
 std::string format_content_hash(std::uint64_t hash);
 // The value of 16 hex digits (either case), or std::nullopt for anything else.
