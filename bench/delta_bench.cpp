@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
       // 4b. B again, and the patch written element by element
       // (PatchWrites::elements; the default writes whole sectors on a GPU).
       double elements_pause_ms = 0, elements_scatter_ms = 0;
-      double elements_stage_gib = 0, sectors_stage_gib = staged_gib;
+      double elements_stage_gib = 0;
       {
         Weights::Source b(weights, c, false);
         eng.reload(b);
@@ -425,7 +425,6 @@ int main(int argc, char** argv) {
           {"pause_elements_ms", elements_pause_ms},
           {"pause_elements_scatter_ms", elements_scatter_ms},
           {"staged_elements_gib", elements_stage_gib},
-          {"staged_sectors_gib", sectors_stage_gib},
           {"full_pause_ms", full.times.commit_ms},
           {"full_pause_kind", streaming_full ? "streaming reload" : "staged commit"},
           {"full_stage_ms", full_stage_ms},

@@ -72,7 +72,6 @@ struct LayerRecord {
   // finish_record_after_pwal), with what the latter decides from.
   std::shared_ptr<PendingContentHashes> loaded_hashes, after_hashes;
   std::vector<char> candidate, rehash;
-  std::vector<std::size_t> first, offset;
 };
 
 }  // namespace gk

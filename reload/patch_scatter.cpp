@@ -98,7 +98,7 @@ std::vector<ScatterItem> sector_images(const ScatterItem& it) {
   if (whole == 0) return {it};
   // The entries inside the whole sectors are a contiguous run of the
   // ascending indices: [b, e).
-  const at::Tensor edges = at::tensor({first, first + whole * per}, at::kLong).to(it.indices.device()).to(it.indices.scalar_type());
+  const at::Tensor edges = at::tensor({first, first + whole * per}, it.indices.options());
   const at::Tensor be = at::searchsorted(it.indices, edges).cpu();
   const std::int64_t b = be[0].item<std::int64_t>(), e = be[1].item<std::int64_t>();
   if (b == e) return {it};
@@ -146,7 +146,7 @@ std::size_t device_headroom(c10::Device device) {
   return 0;
 }
 
-std::size_t use_sector_images(std::vector<ScatterItem>& items, const std::function<bool(const ScatterItem&)>& use) {
+void use_sector_images(std::vector<ScatterItem>& items, const std::function<bool(const ScatterItem&)>& use) {
   // Byte ranges of every destination, to find the items that share bytes.
   struct Range {
     std::uintptr_t begin, end;
@@ -166,19 +166,15 @@ std::size_t use_sector_images(std::vector<ScatterItem>& items, const std::functi
     if (ranges[k].end > reach) reach = ranges[k].end, reach_item = ranges[k].item;
   }
   std::vector<ScatterItem> out;
-  std::size_t converted = 0;
   for (std::size_t i = 0; i < items.size(); ++i) {
     ScatterItem& it = items[i];
     if (shared[i] || it.sectors || !it.indices.defined() || !use(it)) {
       out.push_back(std::move(it));
       continue;
     }
-    std::vector<ScatterItem> parts = sector_images(it);
-    converted += parts.back().sectors ? 1 : 0;
-    for (ScatterItem& p : parts) out.push_back(std::move(p));
+    for (ScatterItem& p : sector_images(it)) out.push_back(std::move(p));
   }
   items = std::move(out);
-  return converted;
 }
 
 void wait_for(const std::vector<ScatterItem>& items) {

@@ -34,7 +34,8 @@ struct ScatterItem {
 // values applied, so the result is exact only while dst holds what it holds
 // now: a staged patch's commit is refused when the served weights changed
 // since staging. An item with no whole sector to write comes back as it is.
-// O(changed) work and memory; synchronizes with dst's device once.
+// O(changed) work and memory; synchronizes with dst's device twice (the
+// split at the whole sectors' edges, the count of touched sectors).
 std::vector<ScatterItem> sector_images(const ScatterItem& item);
 
 // At most the bytes sector_images(item) allocates (32 per touched sector
@@ -50,8 +51,7 @@ std::size_t device_headroom(c10::Device device);
 // Rewrites `items` with sector_images() where `use(item)` says so and the
 // item's destination bytes overlap no other item's (two tensors sharing bytes
 // keep element writes, which cannot overwrite each other's changes).
-// Returns the number of items converted.
-std::size_t use_sector_images(std::vector<ScatterItem>& items, const std::function<bool(const ScatterItem&)>& use);
+void use_sector_images(std::vector<ScatterItem>& items, const std::function<bool(const ScatterItem&)>& use);
 
 // dst[indices[i]] = values[i] for every item (dense: dst = values). CUDA
 // items go through the scatter kernel on each device's current stream (one

@@ -404,20 +404,21 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
   // PatchWrites::automatic writes sectors on a GPU only while their images
   // (at most) fit in half of what the device has left: at a real AdamW
   // step's density a 30B MoE's images come near the model's own size.
+  const auto wants_sectors = [&](const ScatterItem& w) {
+    return o.patch_writes == PatchWrites::sectors || (o.patch_writes == PatchWrites::automatic && w.dst.is_cuda());
+  };
   bool sectors = o.patch_writes == PatchWrites::sectors;
   if (o.patch_writes == PatchWrites::automatic) {
     std::size_t need = 0;
     c10::Device device(c10::kCPU);
     for (const ScatterItem& w : sp->writes)
-      if (w.dst.is_cuda()) need += sector_image_bytes_bound(w), device = w.dst.device();
+      if (wants_sectors(w)) need += sector_image_bytes_bound(w), device = w.dst.device();
     sectors = need > 0 && need <= device_headroom(device) / 2;
     rep.patch.sectors_declined = need > 0 && !sectors;
   }
   if (sectors) {
     ScopedMsTimer t(rep.times.load_ms);
-    use_sector_images(sp->writes, [&](const ScatterItem& w) {
-      return o.patch_writes == PatchWrites::sectors || w.dst.is_cuda();
-    });
+    use_sector_images(sp->writes, wants_sectors);
   }
   rep.patch.bytes_scattered = 0;
   for (const ScatterItem& w : sp->writes) {

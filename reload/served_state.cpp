@@ -192,19 +192,35 @@ void record_loaded_hashes(LayerRun& run, ReloadReport& rep) {
   for (std::size_t i = 0; i < h.size(); ++i) r.hashes[i].second = h[i];
 }
 
-void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, bool defer) {
+namespace {
+
+// Per parameter pi, where its checkpoint tensors start in the layer's flat
+// list (`offset`, as record_loaded lists their hashes) and, for those hashed
+// again after PWAL, in that list (`first`).
+void hash_positions(const LayerPlan& lp, const std::vector<char>& rehash, std::vector<std::size_t>& offset,
+                    std::vector<std::size_t>& first) {
+  const std::size_t n = lp.params.size();
+  offset.assign(n, 0);
+  first.assign(n, 0);
+  std::size_t flat = 0, hashed = 0;
+  for (std::size_t pi = 0; pi < n; ++pi) {
+    offset[pi] = flat;
+    flat += lp.params[pi].tensors.size();
+    if (!rehash[pi]) continue;
+    first[pi] = hashed;
+    hashed += lp.params[pi].tensors.size();
+  }
+}
+
+// The first half of record_after_pwal: which parameters may be
+// passthrough, and the launch of the hashes of what PWAL left.
+void launch_after_pwal_hashes(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o) {
   LayerRecord& r = run.record;
-  if (!r.recorded) return;
-  record_loaded_hashes(run, rep);
-  {
-  ScopedMsTimer timer(rep.times.hash_ms);
   const std::size_t n = lp.params.size();
   // Per parameter: still the module's tensor, in checkpoint format, with a
   // slot whose layout check passed (a plain module has no PWAL: always).
-  std::vector<char>& candidate = r.candidate;
-  std::vector<char>& rehash = r.rehash;
-  candidate.assign(n, 0);
-  rehash.assign(n, 0);
+  r.candidate.assign(n, 0);
+  r.rehash.assign(n, 0);
   for (std::size_t pi = 0; pi < n; ++pi) {
     if (r.custom[pi]) continue;
     const CheckpointParam& cp = lp.params[pi];
@@ -213,24 +229,26 @@ void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& 
               cur.scalar_type() == cp.dtype() && cur.is_contiguous();
     for (std::size_t i = 0; ok && i < lp.slots.size() && i < run.mismatched.size(); ++i)
       ok = !(lp.slots[i].kind != PlannedSlot::Kind::declared && lp.slots[i].local == cp.param && run.mismatched[i]);
-    candidate[pi] = ok;
-    rehash[pi] = lp.layer != nullptr && (ok || o.patch_base != PatchBase::none);
+    r.candidate[pi] = ok;
+    r.rehash[pi] = lp.layer != nullptr && (ok || o.patch_base != PatchBase::none);
   }
   // The bytes PWAL left in the loaded tensors, against those it was given.
   std::vector<at::Tensor> to_hash;
-  std::vector<std::size_t>& first = r.first;
-  std::vector<std::size_t>& offset = r.offset;
-  first.assign(n, 0);
-  offset.assign(n, 0);
-  std::size_t flat = 0;
-  for (std::size_t pi = 0; pi < n; ++pi) {
-    offset[pi] = flat;
-    flat += lp.params[pi].tensors.size();
-    if (!rehash[pi]) continue;
-    first[pi] = to_hash.size();
-    for (const at::Tensor& v : tensor_views(lp.params[pi], r.loaded[pi])) to_hash.push_back(v);
-  }
+  for (std::size_t pi = 0; pi < n; ++pi)
+    if (r.rehash[pi])
+      for (const at::Tensor& v : tensor_views(lp.params[pi], r.loaded[pi])) to_hash.push_back(v);
   r.after_hashes = std::make_shared<PendingContentHashes>(std::move(to_hash));
+}
+
+}  // namespace
+
+void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, bool defer) {
+  if (!run.record.recorded) return;
+  GK_INTERNAL_ASSERT(run.record.loaded_hashes == nullptr,
+                     "record_after_pwal before record_loaded_hashes: PWAL ran before the loaded bytes were hashed");
+  {
+    ScopedMsTimer timer(rep.times.hash_ms);
+    launch_after_pwal_hashes(lp, run, o);
   }
   if (!defer) finish_record_after_pwal(lp, run, o, rep);
 }
@@ -244,8 +262,8 @@ void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOp
   const std::size_t n = lp.params.size();
   const std::vector<char>& candidate = r.candidate;
   const std::vector<char>& rehash = r.rehash;
-  const std::vector<std::size_t>& first = r.first;
-  const std::vector<std::size_t>& offset = r.offset;
+  std::vector<std::size_t> offset, first;
+  hash_positions(lp, rehash, offset, first);
   for (std::size_t pi = 0; pi < n; ++pi) {
     const CheckpointParam& cp = lp.params[pi];
     const std::string full = lp.full_name(cp.param);

@@ -144,7 +144,8 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOpti
     process(plan.layers()[li], runs[li], o, rep, source, guard,
             o.mode == ReloadMode::streaming ? std::function<void()>(commit_late) : std::function<void()>());
     if (o.mode == ReloadMode::streaming) {
-      commit_late();  // process() ran it, unless it never launched a scan
+      GK_INTERNAL_ASSERT(!late, "process() returned without running its `meanwhile`: layer '",
+                         plan.layers()[*late].prefix, "' would never be committed");
       late = li;
     }
   };
