@@ -16,6 +16,18 @@ std::string init_column(const TableEntry& e) {
 
 }  // namespace
 
+std::string patch_column(const TableEntry& e) {
+  if ((e.kind != TableEntry::Kind::tensor && e.kind != TableEntry::Kind::each) || !e.role.derived()) return "-";
+  return e.role.derive == Derive::undeclared ? "re-run" : std::string(to_string(e.role.derive));
+}
+
+std::vector<const TableEntry*> forces_rerun(std::span<const TableEntry> entries) {
+  std::vector<const TableEntry*> out;
+  for (const TableEntry& e : entries)
+    if (patch_column(e) == "re-run") out.push_back(&e);
+  return out;
+}
+
 std::string format_table_text(std::span<const TableEntry> entries) {
   std::size_t wt = 4, wp = 4;
   for (const TableEntry& e : entries) {
@@ -31,6 +43,7 @@ std::string format_table_text(std::span<const TableEntry> entries) {
   pad("kind", 7);
   pad("role", 17);
   pad("init", 9);
+  pad("patch", 11);
   os << "reason\n";
   for (const TableEntry& e : entries) {
     pad(e.root, wt);
@@ -41,6 +54,7 @@ std::string format_table_text(std::span<const TableEntry> entries) {
             : to_string(e.role.role),
         17);
     pad(init_column(e), 9);
+    pad(patch_column(e), 11);
     os << e.role.reason << "\n";
   }
   return os.str();
@@ -55,6 +69,7 @@ std::string format_table_json(std::span<const TableEntry> entries) {
                      {"kind", std::string(to_string(e.kind))},
                      {"role", std::string(to_string(e.role.role))},
                      {"init", init_column(e)},
+                     {"patch", patch_column(e)},
                      {"reason", std::string(e.role.reason)}});
   }
   return nlohmann::json{{"slots", slots}}.dump(2);

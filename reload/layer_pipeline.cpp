@@ -4,6 +4,7 @@
 // [PWAL guards] in pwal_guard.h), check every slot's layout against the
 // captured one, copy the new values into the captured storage and point the
 // fields back at it; or roll all of that back.
+#include "derivations.h"
 #include "engine_impl.h"
 #include "non_finite.h"
 #include "reload_internal.h"
@@ -116,7 +117,7 @@ bool try_adopt(const SlotPlan& plan, const LayerPlan& lp, LayerRun& run, const L
 }
 
 
-void check(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+void check(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, bool recovering) {
   std::vector<std::string> problems, paths;
   run.current.assign(lp.slots.size(), at::Tensor());
   run.mismatched.assign(lp.slots.size(), 0);
@@ -169,6 +170,9 @@ void check(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& r
       }
     }
   }
+  // What the declarations predict (Note [Declared derivations]); after a
+  // failure left the model inconsistent, captured storage is no reference.
+  if (!recovering) detail::check_declared_derivations(lp, run.current, run.mismatched);
   if (problems.empty()) return;
   if (o.on_mismatch == MismatchPolicy::raise) {
     std::string msg = concat("PWAL of layer '", lp.prefix, "' changed ", problems.size(),
@@ -338,7 +342,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
   if (guard.captured()) {
     ScopedMsTimer t(rep.times.check_ms);
     fault(testing::Stage::check, lp.prefix);
-    check(lp, run, o, rep);
+    check(lp, run, o, rep, state == EngineState::inconsistent || fields_unrestored);
     guard.after_check(lp, run);
   }
   // With `meanwhile` (a streaming reload) the caller finishes the record a

@@ -19,7 +19,10 @@
 //      layer_record.h):
 //      scatter  every touched parameter is passthrough, and the layer has no
 //               copy-back slot that is not a view of a passthrough
-//               parameter's captured storage (nothing derived: PWAL would
+//               parameter's captured storage, bar those declared
+//               from_shapes (Note [Declared derivations] in
+//               graphkeep/registry/role.h: a function of shapes alone,
+//               which every full reload checks) (nothing derived: PWAL would
 //               produce the same tensors from the new values, bar the
 //               parameters themselves; a configuration PWAL changed would
 //               be a mismatch while check_configs is on, so with it off the
@@ -70,8 +73,10 @@
 // are freed layer by layer. Held to the end of the stage, a patch touching
 // every MoE layer (whose experts object is derived, so each such layer
 // re-runs) held a second copy of the model: out of memory at 30B on an H200.
+#include "derivations.h"
 #include "engine_impl.h"
 #include "non_finite.h"
+#include "patch_landing.h"
 #include "reload_internal.h"
 
 #include <graphkeep/core/check.h>
@@ -234,7 +239,8 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
       if (const std::ptrdiff_t i = param_slot(lp, lp.params[pi].param); i >= 0 && landing(lp, pi).passthrough)
         passthrough.insert(storage_key(lp.slots[static_cast<std::size_t>(i)].captured));
     for (const PlannedSlot& s : lp.slots)
-      if (s.defined() && s.role.effective_init() == Init::copy_new && !passthrough.count(storage_key(s.captured)))
+      if (s.defined() && s.role.effective_init() == Init::copy_new && !detail::patch_leaves_unchanged(s) &&
+          !passthrough.count(storage_key(s.captured)))
         return false;
     return true;
   };
@@ -261,18 +267,13 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
   next->hashes = S.hashes;
   next->params = S.params;
   next->label = patch.target_version;
-  auto add_scatter = [&](const at::Tensor& dst, const PatchEntry& pe, const EntryData& x) {
-    const at::Tensor bits = detail::flat_bits(dst);
-    sp->undo.push_back({bits, x.indices, x.indices.defined() ? bits.index_select(0, x.indices) : bits.clone()});
-    sp->writes.push_back({bits, x.indices, x.values});
-    if (o.verify_served) {
-      sp->verify.push_back(bits);
-      sp->verify_names.push_back(pe.name);
-      sp->verify_hashes.push_back(pe.target_hash);
-    }
+  auto landing_of = [&](const at::Tensor& dst, const PatchEntry& pe) {
+    const EntryData x = on_device(pe, dst.device());
+    return PatchLanding{dst, &pe, x.indices, x.values};
   };
 
-  // Scatter layers: the entries, their undo, and each result's hash.
+  // Scatter layers: the entries, their undo, and each result's hash (Note
+  // [One scatter per storage] in patch_landing.cpp).
   for (std::size_t li = 0; li < L; ++li) {
     if (!sp->touched[li] || sp->rerun[li]) continue;
     const LayerPlan& lp = plan.layers()[li];
@@ -280,13 +281,10 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
     {
       ScopedMsTimer t(rep.times.load_ms);
       fault(testing::Stage::load, lp.prefix);
-      for (std::size_t k : by_layer[li]) {
-        const PatchEntry& pe = patch.entries[k];
-        const at::Tensor dst = captured_tensor(*where[k]);
-        const EntryData x = on_device(pe, dst.device());
-        add_scatter(dst, pe, x);
-        results.push_back(x.indices.defined() ? patched(dst, pe) : x.values);
-      }
+      std::vector<PatchLanding> ls;
+      ls.reserve(by_layer[li].size());
+      for (std::size_t k : by_layer[li]) ls.push_back(landing_of(captured_tensor(*where[k]), patch.entries[k]));
+      results = land_patch_entries(ls, *sp, /*results=*/true, o.verify_served);
     }
     ScopedMsTimer t(rep.times.hash_ms);
     fault(testing::Stage::check, lp.prefix);
@@ -358,6 +356,7 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
         // Passthrough parameters go by scatter: their slots (and views of
         // the same bytes) commit in place, the touched tensors' entries are
         // written into captured storage.
+        std::vector<PatchLanding> passthrough_landings;
         for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
           const CheckpointParam& cp = lp.params[pi];
           const std::string full = lp.full_name(cp.param);
@@ -382,12 +381,13 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
           for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
             const auto hit = touched.find(lp.full_name(cp.tensors[ti].name));
             if (hit == touched.end()) continue;
-            const Expected& e = expected.at(hit->first);
-            const at::Tensor dst = captured_tensor(e);
+            const at::Tensor dst = captured_tensor(expected.at(hit->first));
             GK_INTERNAL_ASSERT(dst.defined(), "a passthrough parameter without a captured tensor");
-            add_scatter(dst, *hit->second, on_device(*hit->second, dst.device()));
+            passthrough_landings.push_back(landing_of(dst, *hit->second));
           }
         }
+        land_patch_entries(passthrough_landings, *sp, /*results=*/false, o.verify_served);
+        passthrough_landings.clear();
         for (auto& [name, p] : run.record.params) next->params.insert_or_assign(name, std::move(p));
         run.record = LayerRecord{};
       }

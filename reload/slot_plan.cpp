@@ -328,6 +328,7 @@ SlotPlan build_slot_plan(torch::nn::Module& model, const std::vector<std::string
         ps.name = lp.full_name(s.path());
         ps.local = s.path();
         ps.role = s.role;
+        ps.owner = s.owner;
         for (const SlotPath& p : s.paths) ps.originals.push_back(*p.resolve_tensor(lp.root.ptr));
         ps.paths = std::move(s.paths);
         detail::record_layout(ps, *s.tensor);

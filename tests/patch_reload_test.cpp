@@ -170,14 +170,15 @@ gk::Patch patch_of(const Weights& a, const Weights& b, const std::string& from, 
 
 // A model loaded with `w`, its engine prepared with the first load's report,
 // and a graph that reads every slot (its output: every slot's values).
-struct Rig {
-  std::shared_ptr<Model> model = std::make_shared<Model>();
+template <class M>
+struct BasicRig {
+  std::shared_ptr<M> model = std::make_shared<M>();
   gk::HostReplay graph{"patch"};
   at::Tensor output;
   std::unique_ptr<gk::ReloadEngine> engine;
   gk::ReloadReport first;
 
-  explicit Rig(const Weights& w, gk::PatchBase base = gk::PatchBase::device, std::string label = "step-0") {
+  explicit BasicRig(const Weights& w, gk::PatchBase base = gk::PatchBase::device, std::string label = "step-0") {
     gk::InMemorySource src(delivered(w), "initial weights");
     gk::ReloadOptions o;
     o.patch_base = base;
@@ -215,6 +216,8 @@ struct Rig {
     return engine->reload(src, o);
   }
 };
+
+using Rig = BasicRig<Model>;
 
 // What a rig serves after a full reload of `w`: the oracle.
 at::Tensor full_output(const Weights& w0, const Weights& w) {
@@ -334,6 +337,102 @@ TEST_CASE("a patch by reload() and by stage()+commit() serves what a full reload
     }
    }
   }
+}
+
+namespace pt {
+
+// Note [Declared derivations] in graphkeep/registry/role.h, on a layer laid
+// out as a MoE layer is: four experts' tensors stacked into one parameter,
+// and a kernel object whose stride arrays PWAL rebuilds at new addresses.
+constexpr int64_t E = 4;
+struct DeclaredStrides {  // functions of E and D alone, declared so
+  at::Tensor ab, c;
+};
+GRAPHKEEP_AGGREGATE(DeclaredStrides, (ab, gk::metadata.from_shapes()), (c, gk::metadata.from_shapes()));
+struct UndeclaredStrides {  // the same, without the declaration
+  at::Tensor ab, c;
+};
+GRAPHKEEP_AGGREGATE(UndeclaredStrides, (ab, gk::metadata), (c, gk::metadata));
+
+// lies: its "from_shapes" c depends on the weights (a wrong declaration).
+template <class Strides>
+class Stacked : public torch::nn::Module, public gk::DescribedLayer<Stacked<Strides>> {
+ public:
+  explicit Stacked(bool lies) : lies_(lies) {
+    std::vector<gk::CheckpointTensor> ts;
+    for (int64_t e = 0; e < E; ++e) ts.push_back({"experts." + std::to_string(e) + ".w", {D, D}, at::kFloat});
+    w_ = this->checkpoint_param("w", std::move(ts), at::kCPU);
+  }
+  void process_weights_after_loading() override {
+    strides_.ab = at::full({E}, D, at::kLong);
+    strides_.c = lies_ ? (w_.view({E, D * D}).sum(1) * 64).to(at::kLong) : at::full({E}, 2 * D, at::kLong);
+  }
+  at::Tensor w_;
+  Strides strides_;
+  bool lies_;
+  GRAPHKEEP_DESCRIBE_DERIVED(Stacked, (torch::nn::Module, gk::DescribedLayer<Stacked<Strides>>), (w_, gk::parameter),
+                             strides_, lies_)
+};
+
+template <class Strides, bool Lies = false>
+class StackedModel : public torch::nn::Module {
+ public:
+  StackedModel() { moe = register_module("moe", std::make_shared<Stacked<Strides>>(Lies)); }
+  std::shared_ptr<Stacked<Strides>> moe;
+};
+
+Weights stacked_weights(std::mt19937_64& rng) {
+  Weights w;
+  for (int64_t e = 0; e < E; ++e) w["moe.experts." + std::to_string(e) + ".w"] = random_tensor(rng, {D, D}, false);
+  return w;
+}
+
+}  // namespace pt
+
+TEST_CASE("declared from_shapes strides: a patch touching every expert runs no PWAL and serves a full reload's bits") {
+  for (bool staged : {false, true}) {
+    CAPTURE(staged);
+    std::mt19937_64 rng(5);
+    const pt::Weights w0 = pt::stacked_weights(rng), w1 = pt::step(w0, rng, 0.1), w2 = pt::step(w1, rng, 0.1);
+    pt::BasicRig<pt::StackedModel<pt::DeclaredStrides>> rig(w0), full(w0);
+    pt::BasicRig<pt::StackedModel<pt::UndeclaredStrides>> undeclared(w0);
+    const at::Tensor out0 = rig.replay();
+    for (const auto& [from, to, a, b] : {std::tuple{"step-0", "step-1", &w0, &w1}, {"step-1", "step-2", &w1, &w2}}) {
+      const gk::Patch p = pt::patch_of(*a, *b, from, to);
+      CHECK(p.entries.size() == static_cast<std::size_t>(pt::E));  // every expert touched
+      const gk::ReloadReport r = staged ? rig.engine->commit(rig.engine->stage(p)) : rig.engine->reload(p);
+      CHECK(r.patch.layers_rerun == 0);
+      CHECK(r.patch.layers_scattered == 1);
+      full.reload(*b);
+      CHECK(pt::same(rig.replay(), full.replay()));  // the strides too: the graph reads every slot
+      CHECK(rig.engine->served()->content_version() == full.engine->served()->content_version());
+      // Without the declaration the same patch re-runs the layer's PWAL, to the same bits.
+      const gk::ReloadReport u = undeclared.engine->reload(p);
+      CHECK(u.patch.layers_rerun == 1);
+      CHECK(pt::same(undeclared.replay(), full.replay()));
+    }
+    CHECK_FALSE(pt::same(rig.replay(), out0));
+  }
+}
+
+TEST_CASE("a from_shapes declaration that lies is refused at the next full reload, naming the member and element") {
+  std::mt19937_64 rng(6);
+  const pt::Weights w0 = pt::stacked_weights(rng), w1 = pt::step(w0, rng, 0.5);
+  pt::BasicRig<pt::StackedModel<pt::DeclaredStrides, /*Lies=*/true>> rig(w0);
+  const at::Tensor out0 = rig.replay();
+  const std::uint64_t version0 = rig.engine->served()->content_version();
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(w1), gk::DeclarationError,
+                              "DeclaredStrides::c is declared metadata.from_shapes() (a function of shapes and "
+                              "configuration alone), but PWAL of layer 'moe' built moe.strides_.c with other values "
+                              "from these weights: element 0 was ");
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(w1), gk::DeclarationError,
+                              "It depends on the checkpoint's values: drop .from_shapes() from its declaration");
+  // Nothing of the refused reload is served: the old weights, bit for bit, replay allowed.
+  CHECK(pt::same(rig.replay(), out0));
+  CHECK(rig.engine->served()->content_version() == version0);
+  // The same weights again are no lie (PWAL gives the captured strides back).
+  CHECK_NOTHROW(rig.reload(w0));
+  CHECK(pt::same(rig.replay(), out0));
 }
 
 TEST_CASE("sector writes serve what element writes serve, at every alignment, element size and density") {

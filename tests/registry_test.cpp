@@ -242,6 +242,44 @@ TEST_CASE("member classification follows the fail-closed rules") {
   CHECK(check_member<decltype(lambda)>(gk::RoleSpec{}) == E::callable);
 }
 
+// Note [Declared derivations] in graphkeep/registry/role.h.
+namespace fx {
+struct DerivedStrides {
+  at::Tensor ab, c, locks, w;
+};
+GRAPHKEEP_AGGREGATE(DerivedStrides, (ab, gk::metadata.from_shapes()), (c, gk::metadata),
+                    (locks, gk::workspace(gk::Init::zero)), (w, gk::derived_weight.from_shapes()));
+}  // namespace fx
+
+TEST_CASE("derivations: only derived roles take one, and the table says what a patch does with each member") {
+  using gk::detail::check_member;
+  using E = gk::detail::member_error;
+  CHECK(check_member<at::Tensor>(gk::metadata.from_shapes()) == E::ok);
+  CHECK(check_member<at::Tensor>(gk::scale.from_shapes()) == E::ok);
+  CHECK(check_member<at::Tensor>(gk::permutation.from_shapes()) == E::ok);
+  CHECK(check_member<std::vector<at::Tensor>>(gk::derived_weight.from_shapes()) == E::ok);
+  CHECK(check_member<at::Tensor>(gk::parameter.from_shapes()) == E::derivation_on_non_derived);
+  CHECK(check_member<at::Tensor>(gk::workspace(gk::Init::zero).from_shapes()) == E::derivation_on_non_derived);
+  CHECK(check_member<at::Tensor>(gk::workspace(gk::Init::copy_new).from_shapes()) == E::derivation_on_non_derived);
+  CHECK(check_member<at::Tensor>(gk::scratch.from_shapes()) == E::derivation_on_non_derived);
+  CHECK(check_member<at::Tensor>(gk::metadata.with_init(gk::Init::preserve).from_shapes()) ==
+        E::derivation_on_non_derived);
+  // The derivation survives with_init and is part of the role (aliases must agree on it).
+  CHECK(gk::scale.from_shapes().with_init(gk::Init::copy_new).derive == gk::Derive::from_shapes);
+  CHECK_FALSE(gk::metadata.from_shapes() == gk::metadata);
+  constexpr auto t = gk::slot_table<fx::DerivedStrides>();
+  CHECK(gk::patch_column(t[0]) == "from_shapes");
+  CHECK(gk::patch_column(t[1]) == "re-run");
+  CHECK(gk::patch_column(t[2]) == "-");
+  CHECK(gk::patch_column(t[3]) == "from_shapes");
+  const auto forced = gk::forces_rerun(t);
+  REQUIRE(forced.size() == 1);
+  CHECK(forced[0]->path() == "c");
+  const std::string json = gk::format_table_json(t);
+  CHECK(json.find("\"patch\": \"from_shapes\"") != std::string::npos);
+  CHECK(gk::format_table_text(t).find("re-run") != std::string::npos);
+}
+
 TEST_CASE("a walk reports tensors, configuration and opaque members with their paths") {
   fx::Method m;
   Recorder r;

@@ -131,7 +131,7 @@ class W4A16Weights {
   std::optional<gk::quant::MarlinW4A16Kernel> kernel_;
   at::Tensor scales_;  // [K / group, N] float32
   at::Tensor g_idx_;   // [K] int32: the group of each input channel
-  GRAPHKEEP_DESCRIBE(W4A16Weights, kernel_, (scales_, gk::scale), (g_idx_, gk::metadata))
+  GRAPHKEEP_DESCRIBE(W4A16Weights, kernel_, (scales_, gk::scale), (g_idx_, gk::metadata.from_shapes()))
 };
 
 // One projection's kernel-format weights in the run's format (nothing for dense).

@@ -76,8 +76,11 @@ struct GroupedGemmStrides {
   at::Tensor c_strides1;
   at::Tensor c_strides2;
 };
-GRAPHKEEP_AGGREGATE(GroupedGemmStrides, (ab_strides1, gk::metadata), (ab_strides2, gk::metadata),
-                    (c_strides1, gk::metadata), (c_strides2, gk::metadata));
+// Functions of E, K and N alone: a weight patch leaves them as they are
+// (Note [Declared derivations] in graphkeep/registry/role.h).
+GRAPHKEEP_AGGREGATE(GroupedGemmStrides, (ab_strides1, gk::metadata.from_shapes()),
+                    (ab_strides2, gk::metadata.from_shapes()), (c_strides1, gk::metadata.from_shapes()),
+                    (c_strides2, gk::metadata.from_shapes()));
 
 // The strides of E experts of hidden size K and intermediate size N on `device`.
 GroupedGemmStrides make_grouped_gemm_strides(int64_t E, int64_t K, int64_t N, c10::Device device);

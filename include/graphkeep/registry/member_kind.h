@@ -116,6 +116,7 @@ enum class member_error : std::uint8_t {
   reference,
   unknown_class,
   unsupported_map_key,
+  derivation_on_non_derived,
 };
 
 // ---------------------------------------------------------------------------
@@ -347,6 +348,7 @@ constexpr member_error check_member(RoleSpec declared) {
     return member_error::workspace_without_init;
   if (role.role == Role::not_graph_visible && role.reason.empty())
     return member_error::reason_missing;
+  if (role.derive != Derive::undeclared && !role.derived()) return member_error::derivation_on_non_derived;
   return member_error::ok;
 }
 

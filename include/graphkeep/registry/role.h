@@ -37,6 +37,36 @@
 //   not_graph_visible  host-only or per-call tensors; requires a reason
 //   opaque             a non-tensor member graphkeep must not look into (a
 //                      callable, a raw pointer, a foreign class); requires a reason
+//
+// A derived member (metadata, scale, derived_weight, permutation, copied
+// from PWAL's new value) may also say how it follows from the checkpoint, so
+// a weight patch can skip its layer's PWAL (Note [Declared derivations]):
+//
+//   GRAPHKEEP_AGGREGATE(GroupedGemmStrides, (ab_strides1, gk::metadata.from_shapes()), ...)
+//
+// Note [Declared derivations]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A reload re-runs PWAL, which rebuilds every derived member; a weight
+// patch changes a few elements and would re-run it too, for every layer it
+// touches (every MoE layer of a 1 % patch). A derivation declares what PWAL
+// computes for a member, so the engine can do less:
+//   from_shapes()  the member is a function of the class's shapes and
+//                  configuration alone, never of checkpoint values (stride
+//                  arrays, group indices): a patch leaves it as it is, so a
+//                  MoE layer whose experts object holds only such members
+//                  takes a patch by scatter, with no PWAL.
+// A member without one keeps the correct, slow path: a patch touching its
+// layer re-runs PWAL (`gk-slots --rerun` lists those members). Layout maps
+// and block-local transforms (per-row or per-group quantization, tile
+// repacks) are not declarable yet: their members re-run. A declaration
+// cannot lie silently: every full reload, and every patch that re-runs the
+// layer, compares what PWAL built with what the declaration predicts, bit
+// for bit (from_shapes: the value already captured), before anything
+// reaches captured storage, and refuses a mismatch with a
+// gk::DeclarationError naming the class, the member and the first differing
+// element (reload/derivations.cpp). Only derived roles take a derivation;
+// any other is refused at compile time (gk::parameter is the checkpoint
+// itself, a workspace or scratch holds no function of it).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -95,13 +125,37 @@ constexpr std::string_view to_string(Init i) noexcept {
   return "?";
 }
 
-// A role with its init policy and, for not_graph_visible / opaque, a reason.
+// How a derived member follows from the checkpoint (Note [Declared derivations]).
+enum class Derive : std::uint8_t {
+  undeclared,   // unknown: a patch touching the layer re-runs its PWAL
+  from_shapes,  // a function of shapes and configuration, never of checkpoint values
+};
+
+constexpr std::string_view to_string(Derive d) noexcept {
+  switch (d) {
+    case Derive::undeclared: return "undeclared";
+    case Derive::from_shapes: return "from_shapes";
+  }
+  return "?";
+}
+
+// A role with its init policy and, for not_graph_visible / opaque, a reason;
+// for a derived member, its derivation.
 struct RoleSpec {
   Role role = Role::none;
   Init init = Init::unspecified;
   std::string_view reason{};
+  Derive derive = Derive::undeclared;
 
-  constexpr RoleSpec with_init(Init i) const noexcept { return {role, i, reason}; }
+  constexpr RoleSpec with_init(Init i) const noexcept { return {role, i, reason, derive}; }
+  // The derivation (Note [Declared derivations]).
+  constexpr RoleSpec from_shapes() const noexcept { return {role, init, reason, Derive::from_shapes}; }
+  // Roles whose member PWAL derives from the checkpoint, copied from its new value.
+  constexpr bool derived() const noexcept {
+    return (role == Role::metadata || role == Role::scale || role == Role::derived_weight ||
+            role == Role::permutation) &&
+           effective_init() == Init::copy_new;
+  }
   constexpr bool has_role() const noexcept { return role != Role::none; }
   // True for roles whose storage a captured graph may read or write.
   constexpr bool graph_visible() const noexcept {

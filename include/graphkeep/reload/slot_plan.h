@@ -42,6 +42,7 @@ struct PlannedSlot {
   std::string name;               // full path in the model, e.g. "layers.0.mlp.kernel_.workspace_"
   std::string local;              // parameter/buffer name, or the declared canonical path
   RoleSpec role;
+  std::string owner;              // declared: the class that declares the member (for messages)
   std::vector<SlotPath> paths;    // declared paths from the layer's registered root (aliases after the first)
   std::vector<at::Tensor> originals;  // per path: the tensor handle the field held at prepare()
   at::Tensor captured;            // a view of the captured storage, with the captured geometry

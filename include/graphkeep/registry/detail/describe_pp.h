@@ -196,6 +196,12 @@
                      "graphkeep: " #C "::" #m " is a map of tensors with a key that is not a "     \
                      "string, an integer or an enum: slot paths cannot name its elements",         \
                      gk_err != gk_e::unsupported_map_key)                                          \
+    GK_DETAIL_ASSERT(m,                                                                            \
+                     "graphkeep: " #C "::" #m " declares a derivation (.from_shapes()) but "       \
+                     "its role is not a derived one: only gk::metadata, "                          \
+                     "gk::scale, gk::derived_weight and gk::permutation members, copied from "     \
+                     "PWAL's new value, derive from the checkpoint; drop the derivation",          \
+                     gk_err != gk_e::derivation_on_non_derived)                                    \
   }
 
 // ---------------------------------------------------------------------------

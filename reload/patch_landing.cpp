@@ -1,0 +1,136 @@
+// The writes of a patch's entries into captured storage.
+//
+// Note [One scatter per storage]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A MoE layer's checkpoint has hundreds of tensors (every expert's gate, up
+// and down projections) that land in two or three captured storages (w13,
+// w2: default_load lays them end to end). A 1 % patch touches nearly all of
+// them: 18,000 entries for a 30B-A3B model. Handled one by one, each paid a
+// gather for the undo, a clone for its hash and two host synchronizations
+// for its sector images, 18,000 times. Entries whose destinations share a
+// storage, without overlapping, are merged into one write in the storage's
+// flat coordinates: an entry's flat index i in a contiguous destination at
+// storage offset o is element o + i of the storage. The merged indices are
+// one concatenation plus one offset per entry, added on the device
+// (repeat_interleave with a known output size: no synchronization); the
+// entries are taken in storage order, so the merged indices stay strictly
+// ascending, as sector_images needs. The merged write covers the range its
+// entries span, no more, so it overlaps no other write (use_sector_images
+// keeps element writes for writes that overlap). Destinations that overlap
+// (tensors sharing bytes), dense entries and non-contiguous destinations
+// keep a write of their own, and end a run. The results a scatter layer
+// hashes come from one clone of each merged range, viewed per entry.
+#include "patch_landing.h"
+
+#include <graphkeep/core/check.h>
+#include <graphkeep/delta/detail/element_bits.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+
+namespace gk {
+namespace {
+
+const void* storage_key(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+
+// The whole storage of `t` as a flat tensor of t's dtype.
+at::Tensor whole_storage(const at::Tensor& t) {
+  const std::int64_t n = static_cast<std::int64_t>(t.storage().nbytes() / t.element_size());
+  return at::empty({0}, t.options()).set_(t.storage(), 0, {n}, {1});
+}
+
+}  // namespace
+
+std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bool results,
+                                           bool verify) {
+  std::vector<at::Tensor> out(results ? ls.size() : 0);
+  if (verify) {
+    for (const PatchLanding& l : ls) {
+      sp.verify.push_back(detail::flat_bits(l.dst));
+      sp.verify_names.push_back(l.entry->name);
+      sp.verify_hashes.push_back(l.entry->target_hash);
+    }
+  }
+  auto alone = [&](std::size_t i) {
+    const PatchLanding& l = ls[i];
+    const at::Tensor bits = detail::flat_bits(l.dst);
+    sp.undo.push_back({bits, l.indices, l.indices.defined() ? bits.index_select(0, l.indices) : bits.clone()});
+    sp.writes.push_back({bits, l.indices, l.values});
+    if (!results) return;
+    if (!l.indices.defined()) {
+      out[i] = l.values;
+      return;
+    }
+    at::Tensor r = bits.clone();
+    scatter_items({{r, l.indices, l.values}});
+    out[i] = r;
+  };
+  // Group the entries by destination storage, then take
+  // each storage's entries in storage order: a run of consecutive sparse
+  // entries that do not overlap becomes one write over the range they span.
+  std::vector<std::vector<std::size_t>> groups;
+  std::unordered_map<const void*, std::size_t> group_of;
+  for (std::size_t i = 0; i < ls.size(); ++i) {
+    const PatchLanding& l = ls[i];
+    if (!l.dst.is_contiguous() || !l.dst.has_storage()) {
+      alone(i);
+      continue;
+    }
+    const auto [it, fresh] = group_of.emplace(storage_key(l.dst), groups.size());
+    if (fresh) groups.emplace_back();
+    groups[it->second].push_back(i);
+  }
+  auto merge = [&](const std::vector<std::size_t>& run) {
+    const std::int64_t begin = ls[run.front()].dst.storage_offset();
+    const std::int64_t end = ls[run.back()].dst.storage_offset() + ls[run.back()].dst.numel();
+    const at::Tensor span = detail::flat_bits(whole_storage(ls[run.front()].dst).narrow(0, begin, end - begin));
+    std::vector<at::Tensor> idx, val;
+    std::vector<std::int64_t> offsets, counts;
+    std::int64_t total = 0;
+    for (std::size_t i : run) {
+      idx.push_back(ls[i].indices);
+      val.push_back(ls[i].values);
+      offsets.push_back(ls[i].dst.storage_offset() - begin);
+      counts.push_back(ls[i].indices.numel());
+      total += counts.back();
+    }
+    const auto host = at::TensorOptions().dtype(at::kLong);
+    const at::Tensor off = at::tensor(offsets, host).to(span.device()), cnt = at::tensor(counts, host).to(span.device());
+    at::Tensor merged = at::cat(idx).to(at::kLong) + at::repeat_interleave(off, cnt, 0, total);
+    if (span.numel() <= std::numeric_limits<std::int32_t>::max()) merged = merged.to(at::kInt);
+    const at::Tensor values = at::cat(val);
+    sp.undo.push_back({span, merged, span.index_select(0, merged)});
+    sp.writes.push_back({span, merged, values});
+    if (!results) return;
+    at::Tensor r = span.clone();
+    scatter_items({{r, merged, values}});
+    for (std::size_t i : run) out[i] = r.narrow(0, ls[i].dst.storage_offset() - begin, ls[i].dst.numel());
+  };
+  for (std::vector<std::size_t>& g : groups) {
+    std::sort(g.begin(), g.end(),
+              [&](std::size_t a, std::size_t b) { return ls[a].dst.storage_offset() < ls[b].dst.storage_offset(); });
+    std::vector<std::size_t> run;
+    auto flush = [&] {
+      if (run.size() == 1) alone(run.front());
+      if (run.size() > 1) merge(run);
+      run.clear();
+    };
+    for (std::size_t i : g) {
+      const PatchLanding& l = ls[i];
+      const bool joins = l.indices.defined() && !run.empty() &&
+                         l.dst.element_size() == ls[run.back()].dst.element_size() &&
+                         l.indices.scalar_type() == ls[run.back()].indices.scalar_type() &&
+                         ls[run.back()].dst.storage_offset() + ls[run.back()].dst.numel() <= l.dst.storage_offset();
+      if (!joins) flush();
+      if (l.indices.defined()) run.push_back(i);
+      else alone(i);
+    }
+    flush();
+  }
+  return out;
+}
+
+}  // namespace gk

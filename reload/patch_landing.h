@@ -1,0 +1,37 @@
+// reload/patch_landing.h: how a patch's entries for captured storage become
+// the commit's writes and undo (internal to the reload layer; Note [One
+// scatter per storage] in patch_landing.cpp).
+//
+//   std::vector<gk::PatchLanding> ls = ...;   // one per entry: where it lands, its data on that device
+//   std::vector<at::Tensor> after = gk::land_patch_entries(ls, *staged_patch, /*results=*/true, verify);
+#pragma once
+
+#include "patch_stage.h"
+
+#include <graphkeep/delta/patch.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace gk {
+
+// One entry of a patch and the captured tensor it writes (contiguous, in
+// checkpoint format: the entry's flat indices are its flat indices).
+struct PatchLanding {
+  at::Tensor dst;
+  const PatchEntry* entry = nullptr;
+  at::Tensor indices, values;  // on dst's device; values as integers of their size; indices undefined: dense
+};
+
+// Adds the landings' writes and their undo (the elements they overwrite) to
+// `sp`, one item per destination storage where the entries can share one;
+// with `verify`, each destination with its name and target hash for
+// ReloadOptions::verify_served. With `results`, returns per landing its
+// tensor as the patch leaves it (a new tensor, flat, as integers of the
+// element size), for its target hash; else an empty vector. No host
+// synchronization; a few launches per storage, not per entry.
+std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bool results,
+                                           bool verify);
+
+}  // namespace gk
