@@ -14,14 +14,22 @@ written with safetensors.torch.save_file. Then:
     `xxhash` package;
 (b) `gk-patch apply` writes a directory equal to the target bitwise, with the
     base's layout (files, tensor order, metadata, index, config.json);
-    `gk-patch stats --json` reports the counts;
+    `gk-patch stats --json` reports the counts; the patch writes NaN and
+    infinities (random bits), so apply and verify refuse it without
+    --allow-non-finite;
 (c) docs/delta.md's Python writer (run as written there) writes a patch that
     gk-patch applies, with the same header as gk-patch's; docs/delta.md's
     Python apply reproduces the target from gk-patch's patch;
 (d) bad patches written from Python (another base, an index out of range,
     repeated or unsorted indices, int64 indices for a small tensor, a wrong
     value, version 2) are refused by gk-patch apply with the file and the
-    tensor named, and nothing is written.
+    tensor named, and nothing is written;
+(e) non-finite values: patches writing a NaN (bf16) or +Inf and -Inf
+    (float32) are refused by verify and apply, naming the file, the tensor,
+    the element (the index written to, not the position among the values)
+    and the value, and pass with --allow-non-finite; stats counts them per
+    tensor and in the totals (none for an integer tensor holding a NaN's
+    bits); a finite patch passes verify, and stats counts 0.
 
 A missing `safetensors`, `numpy`, `torch` or `xxhash` module is a failure
 (scripts/setup.sh installs them).
@@ -126,6 +134,14 @@ def load_dir(d):
     return out
 
 
+def non_finite(t):
+    """The flat positions of t's NaN and infinite values (none for integer dtypes)."""
+    if not t.is_floating_point():
+        return torch.empty(0, dtype=torch.long)
+    f = t.float() if t.element_size() == 1 else t  # float8: no isfinite of its own
+    return torch.nonzero(~torch.isfinite(f.reshape(-1))).reshape(-1)
+
+
 def run(*args):
     return subprocess.run(list(args), capture_output=True, text=True)
 
@@ -228,9 +244,30 @@ def main():
         check(header["tensors"]["model.layers.0.self_attn.qkv.weight"]["encoding"] == "dense", "50% f16 is dense")
 
         # (b) gk-patch apply, stats, verify
+        # What the patch writes that is not finite, computed here: per tensor,
+        # the count, and the first such tensor (by name) with its element.
+        nf_count, nf_first = {}, None
+        for n in sorted(header["tensors"]):
+            dense = f"{n}::dense" in file_tensors
+            values = file_tensors[f"{n}::dense" if dense else f"{n}::values"]
+            pos = non_finite(values)
+            nf_count[n] = pos.numel()
+            if pos.numel() and nf_first is None:
+                first = int(pos[0])
+                nf_first = (n, first if dense else int(file_tensors[f"{n}::indices"][first]))
+        check(nf_count["model.layers.0.input_layernorm.weight"] == 1, "the NaN payload is a non-finite value")
+        check(nf_count["model.layers.0.counts"] == 0 and nf_count["model.layers.0.mlp.q8"] == 0,
+              "integer tensors have no non-finite values")
         out = os.path.join(tmp, "out")
         r = run(gk_patch, "apply", bdir, patch, out)
+        check(r.returncode == 2 and f"patch file '{patch}'" in r.stderr and
+              f"tensor '{nf_first[0]}': the patch writes a non-finite value (" in r.stderr and
+              f" at element {nf_first[1]} of " in r.stderr and "--allow-non-finite" in r.stderr,
+              f"apply of a patch writing NaN: {r.returncode} {r.stderr!r}")
+        check(not os.path.exists(out), "apply of a patch writing NaN: written")
+        r = run(gk_patch, "apply", bdir, patch, out, "--allow-non-finite")
         check(r.returncode == 0, f"gk-patch apply: {r.returncode} {r.stderr}")
+        check(f"{sum(nf_count.values())} non-finite values written" in r.stdout, f"apply: {r.stdout}")
         got = load_dir(out) if os.path.isdir(out) else {}
         check(sorted(got) == sorted(target), "apply: the tensor set")
         check(all(bits_equal(got[n], target[n]) for n in got), "apply: every tensor bitwise equal to the target")
@@ -250,9 +287,21 @@ def main():
         down = [t for t in stats["tensors"] if t["name"] == "model.layers.0.mlp.down_proj.weight"]
         check(len(down) == 1 and down[0]["count"] == 1 and abs(down[0]["density"] - 1 / (64 * 256)) < 1e-12,
               "stats: density of a one-element change")
+        check(set(stats["totals"]) == {"tensors", "count", "numel", "density", "payload_bytes", "dense_bytes",
+                                       "file_bytes", "non_finite"}, f"stats: totals keys {sorted(stats['totals'])}")
+        check(all(set(t) == {"name", "encoding", "dtype", "shape", "numel", "count", "density", "payload_bytes",
+                             "dense_bytes", "base_hash", "target_hash", "non_finite"} for t in stats["tensors"]),
+              "stats: tensor keys")
+        check({t["name"]: t["non_finite"] for t in stats["tensors"]} == nf_count,
+              f"stats: non-finite per tensor {[(t['name'], t['non_finite']) for t in stats['tensors']]} != {nf_count}")
+        check(stats["totals"].get("non_finite") == sum(nf_count.values()), "stats: non-finite total")
         r = run(gk_patch, "stats", patch)
-        check(r.returncode == 0 and "total: 8 tensors" in r.stdout, f"stats text: {r.stdout[-200:]}")
+        check(r.returncode == 0 and "total: 8 tensors" in r.stdout and
+              f"{sum(nf_count.values())} non-finite values written" in r.stdout, f"stats text: {r.stdout[-200:]}")
         r = run(gk_patch, "verify", bdir, patch)
+        check(r.returncode == 2 and f"tensor '{nf_first[0]}': the patch writes a non-finite value" in r.stderr,
+              f"gk-patch verify of a patch writing NaN: {r.returncode} {r.stderr!r}")
+        r = run(gk_patch, "verify", bdir, patch, "--allow-non-finite")
         check(r.returncode == 0, f"gk-patch verify: {r.stderr}")
         r = run(gk_patch, "apply", bdir, patch, out)  # exists already
         check(r.returncode == 2 and "exists" in r.stderr, f"apply over an existing directory: {r.stderr}")
@@ -265,7 +314,7 @@ def main():
             py_header = json.loads(f.metadata()["gk_patch"])
         check(py_header == header, "the snippet's header equals gk-patch's")
         out2 = os.path.join(tmp, "out2")
-        r = run(gk_patch, "apply", bdir, pypatch, out2)
+        r = run(gk_patch, "apply", bdir, pypatch, out2, "--allow-non-finite")
         check(r.returncode == 0, f"gk-patch apply of the Python patch: {r.stderr}")
         got = load_dir(out2) if os.path.isdir(out2) else {}
         check(sorted(got) == sorted(target) and all(bits_equal(got[n], target[n]) for n in got),
@@ -325,6 +374,67 @@ def main():
         check(r.returncode == 2 and "the patch was made from other weights: apply it to version 's1'" in r.stderr,
               f"other base: {r.stderr!r}")
         check(not os.path.exists(dest), "other base: written")
+
+        # (e) non-finite values: refused unless --allow-non-finite, counted by stats
+        fbase = {"w": (torch.arange(32, dtype=torch.float32) / 8).to(torch.bfloat16).reshape(4, 8),
+                 "n": torch.linspace(-1, 1, 16, dtype=torch.float32),
+                 "c": torch.arange(8, dtype=torch.int32)}
+        fdir = os.path.join(tmp, "finite-1")
+        write_checkpoint(fdir, fbase, shards=1)
+
+        def patch_to(name, edit):
+            t = {k: v.clone() for k, v in fbase.items()}
+            edit(t)
+            tdir_ = os.path.join(tmp, f"{name}-2")
+            write_checkpoint(tdir_, t, shards=1)
+            path = os.path.join(tmp, f"{name}.safetensors")
+            r = run(gk_patch, "diff", fdir, tdir_, path, "--sparse")
+            check(r.returncode == 0, f"{name}: gk-patch diff: {r.stderr}")
+            return path, t
+
+        def edit_nan(t):  # values at positions 0, 1, 2 of "w": the NaN is position 2, element 9
+            t["w"].view(-1)[2], t["w"].view(-1)[3], t["w"].view(-1)[9] = 0.5, -1.0, float("nan")
+            t["c"][1] = 0x7FC00000  # a NaN's bits, in an integer tensor: a plain number
+
+        def edit_inf(t):
+            t["n"][4], t["n"][11], t["n"][13] = 2.0, float("inf"), float("-inf")
+
+        def edit_finite(t):
+            t["w"].view(-1)[0] = 3.0
+            t["n"][0] = -3.0e38
+
+        def stats_of(path):
+            r = run(gk_patch, "stats", path, "--json")
+            check(r.returncode == 0, f"stats {path}: {r.stderr}")
+            s = json.loads(r.stdout) if r.returncode == 0 else {"totals": {}, "tensors": []}
+            return {t["name"]: t.get("non_finite") for t in s["tensors"]}, s["totals"].get("non_finite")
+
+        cases = [("nan", edit_nan, "w", "(nan at element 9 of [4, 8];", {"w": 1, "c": 0}, 1),
+                 ("inf", edit_inf, "n", "(inf at element 11 of [16];", {"n": 2}, 2)]
+        for name, edit, tensor, needle, per_tensor, total in cases:
+            path, t = patch_to(name, edit)
+            check(stats_of(path) == (per_tensor, total), f"{name}: stats {stats_of(path)}")
+            for cmd in ("verify", "apply"):
+                dest = os.path.join(tmp, f"out_{name}_{cmd}")
+                r = run(gk_patch, cmd, fdir, path, *([dest] if cmd == "apply" else []))
+                check(r.returncode == 2, f"{name}: {cmd} exit {r.returncode}")
+                check(f"patch file '{path}': tensor '{tensor}': the patch writes a non-finite value {needle}" in
+                      r.stderr and "--allow-non-finite" in r.stderr, f"{name}: {cmd} message {r.stderr!r}")
+                check(not os.path.exists(dest), f"{name}: {cmd} wrote {dest}")
+                r = run(gk_patch, cmd, fdir, path, *([dest] if cmd == "apply" else []), "--allow-non-finite")
+                check(r.returncode == 0 and f"{total} non-finite values" in r.stdout,
+                      f"{name}: {cmd} --allow-non-finite: {r.returncode} {r.stdout!r} {r.stderr!r}")
+            got = load_dir(dest) if os.path.isdir(dest) else {}
+            check(sorted(got) == sorted(t) and all(bits_equal(got[n], t[n]) for n in got),
+                  f"{name}: apply --allow-non-finite reproduces the target")
+        r = run(gk_patch, "stats", os.path.join(tmp, "nan.safetensors"))
+        check(r.returncode == 0 and "1 non-finite values written" in r.stdout, f"nan: stats text {r.stdout!r}")
+        path, _ = patch_to("finite", edit_finite)
+        check(stats_of(path) == ({"w": 0, "n": 0}, 0), f"finite: stats {stats_of(path)}")
+        r = run(gk_patch, "verify", fdir, path)
+        check(r.returncode == 0 and "non-finite" not in r.stdout + r.stderr,
+              f"finite: verify {r.returncode} {r.stdout!r} {r.stderr!r}")
+
         leftovers = [f for f in os.listdir(tmp) if "gk-patch" in f]
         check(not leftovers, f"staging directories left behind: {leftovers}")
 

@@ -2,21 +2,25 @@
 // target bitwise at densities 0, one element, 1%, 50% and 100% for every
 // dtype; the file round trip; every bad patch refused with the patch and the
 // tensor named and nothing written (in place: rolled back bitwise); bad patch
-// files. The suite "gpu delta" makes and applies patches on the device
-// (test_delta_gpu, label gpu). tests/delta_interop.py covers the gk-patch tool
+// files; the non-finite values a patch writes (non_finite_values). The suite
+// "gpu delta" makes and applies patches on the device (test_delta_gpu, label
+// gpu). tests/delta_interop.py covers the gk-patch tool
 // and the Python `safetensors` package both ways.
 #include "gk_test.h"
 #include "temp_dir.h"
 
 #include <graphkeep/delta/apply_patch.h>
 #include <graphkeep/delta/make_patch.h>
+#include <graphkeep/delta/non_finite.h>
 #include <graphkeep/delta/patch.h>
 #include <graphkeep/delta/patch_file.h>
 #include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/sources/safetensors_source.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -124,9 +128,91 @@ void check_refused(const gk::Patch& patch, const std::vector<gk::NamedTensor>& t
   }
 }
 
+// A hand-made patch whose entries write NaN and infinities in every way the
+// dtypes allow (non_finite_values' cases), sorted by name; and what
+// non_finite_values must find in each entry, in order.
+struct NonFiniteCase {
+  gk::Patch patch;
+  std::vector<gk::NonFiniteValues> want;
+};
+NonFiniteCase non_finite_patch() {
+  constexpr double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  auto sparse = [](std::string name, std::int64_t numel, std::vector<std::int64_t> idx, at::Tensor values) {
+    gk::PatchEntry e;
+    e.name = std::move(name);
+    e.shape = {numel};
+    e.dtype = values.scalar_type();
+    e.indices = at::tensor(idx, at::kLong).to(at::kInt);
+    e.values = std::move(values);
+    return e;
+  };
+  NonFiniteCase c;
+  c.patch.label = "test patch";
+  auto& es = c.patch.entries;
+  // bf16, sparse: NaN at position 1 (element 7), -inf at position 3 (element 20).
+  es.push_back(sparse("a.bf16", 32, {3, 7, 10, 20}, at::tensor({1.0, nan, 2.0, -inf}, at::kDouble).to(at::kBFloat16)));
+  c.want.push_back({2, 7, nan});
+  // float32, dense [2, 3]: -inf at element 2, NaN at element 4, +inf at element 5.
+  gk::PatchEntry dense;
+  dense.name = "b.f32";
+  dense.shape = {2, 3};
+  dense.dtype = at::kFloat;
+  dense.encoding = gk::PatchEncoding::dense;
+  dense.values = at::tensor({1.0, 2.0, -inf, 4.0, nan, inf}, at::kDouble).to(at::kFloat).reshape({2, 3});
+  es.push_back(dense);
+  c.want.push_back({3, 2, -inf});
+  // float8_e4m3fn has no infinity; S.1111.111 is NaN, both signs: 1.0 (0x38),
+  // -NaN (0xFF), NaN (0x7F), 448 (0x7E, the largest finite) at elements 2, 5, 9, 11.
+  es.push_back(sparse("c.f8e4m3", 16, {2, 5, 9, 11},
+                      at::tensor({0x38, 0xFF, 0x7F, 0x7E}, at::kByte).view(at::kFloat8_e4m3fn)));
+  c.want.push_back({2, 5, -nan});
+  // float8_e5m2: 1.0 (0x3C) and -inf (0xFC) at elements 0 and 4.
+  es.push_back(sparse("d.f8e5m2", 8, {0, 4}, at::tensor({0x3C, 0xFC}, at::kByte).view(at::kFloat8_e5m2)));
+  c.want.push_back({1, 4, -inf});
+  // int32: the bits of +inf and NaN as float32 are plain integers here.
+  es.push_back(sparse("e.i32", 8, {1, 2, 3},
+                      at::tensor({0x7F800000, 0x7FC00000, static_cast<std::int32_t>(0xFF800000)}, at::kInt)));
+  c.want.push_back({});
+  // An entry that stores nothing (it only pins a base hash).
+  es.push_back(sparse("f.empty", 8, {}, at::empty({0}, at::kBFloat16)));
+  c.want.push_back({});
+  // Finite floating-point values, the largest ones included.
+  es.push_back(sparse("g.finite", 8, {0, 1, 7},
+                      at::tensor({0.0, -3.0e38, 3.0e38}, at::kDouble).to(at::kFloat)));
+  c.want.push_back({});
+  return c;
+}
+
 }  // namespace
 
 TEST_SUITE("delta") {
+
+TEST_CASE("non_finite_values: per entry, the count and the first NaN or infinity, at its element") {
+  const NonFiniteCase c = non_finite_patch();
+  gk::validate_patch(c.patch);  // a well-formed patch
+  const std::vector<gk::NonFiniteValues> got = gk::non_finite_values(c.patch);
+  REQUIRE(got.size() == c.want.size());
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    const gk::NonFiniteValues &g = got[k], &w = c.want[k];
+    INFO("entry " << c.patch.entries[k].name << ": count " << g.count << ", first " << g.first_value
+                  << " at element " << g.first_element);
+    CHECK(g.count == w.count);
+    CHECK(g.first_element == w.first_element);
+    // The same value, NaN's sign included (0xFF in float8_e4m3fn is a negative NaN).
+    CHECK(std::isnan(g.first_value) == std::isnan(w.first_value));
+    CHECK(std::signbit(g.first_value) == std::signbit(w.first_value));
+    if (!std::isnan(w.first_value)) CHECK(g.first_value == w.first_value);
+  }
+  // The element is the index written to, not the position among the values.
+  CHECK(got[0].first_element != 1);
+  // No entries, no answers.
+  CHECK(gk::non_finite_values(gk::Patch{}).empty());
+  // An entry whose indices and values disagree is refused, not read past its end.
+  gk::Patch bad = c.patch;
+  bad.entries[0].indices = bad.entries[0].indices.narrow(0, 0, 2);
+  CHECK(weight_error([&] { (void)gk::non_finite_values(bad); })
+            .find("test patch: tensor 'a.bf16': 2 indices but 4 values") != std::string::npos);
+}
 
 TEST_CASE("make_patch -> apply_patch reproduces the target bitwise at every density and dtype") {
   const std::vector<at::ScalarType> dtypes = {at::kBFloat16, at::kHalf, at::kFloat, at::kDouble,
@@ -559,6 +645,23 @@ TEST_CASE("make_patch on the device equals make_patch on the host; apply on the 
   TempDir dir("gk_delta_gpu");
   gk::write_patch(dir.file("p.safetensors"), dev);
   CHECK(all_bits_equal(gk::apply_patch(gk::read_patch(dir.file("p.safetensors")).to(at::kCUDA), dbase), target));
+}
+
+TEST_CASE("non_finite_values on the device equals non_finite_values on the host") {
+  REQUIRE(gk::testing::cuda_available());
+  const NonFiniteCase c = non_finite_patch();
+  const gk::Patch dev = c.patch.to(at::kCUDA);
+  REQUIRE(dev.entries[0].values.is_cuda());
+  const std::vector<gk::NonFiniteValues> host = gk::non_finite_values(c.patch), got = gk::non_finite_values(dev);
+  REQUIRE(got.size() == host.size());
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    INFO("entry " << c.patch.entries[k].name);
+    CHECK(got[k].count == c.want[k].count);
+    CHECK(got[k].count == host[k].count);
+    CHECK(got[k].first_element == host[k].first_element);
+    CHECK(std::isnan(got[k].first_value) == std::isnan(host[k].first_value));
+    CHECK(std::signbit(got[k].first_value) == std::signbit(host[k].first_value));
+  }
 }
 
 TEST_CASE("bad device patches are refused on the host with no device-side assert, and roll back") {

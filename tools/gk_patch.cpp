@@ -5,22 +5,27 @@
 //                 [--sparse | --dense] [--record-unchanged] [--device cpu|cuda]
 //       the patch from BASE_DIR's weights to TARGET_DIR's (same tensor names,
 //       shapes and dtypes); version ids default to the directories' names
-//   gk-patch apply BASE_DIR PATCH OUT_DIR [--device cpu|cuda]
+//   gk-patch apply BASE_DIR PATCH OUT_DIR [--device cpu|cuda] [--allow-non-finite]
 //       BASE_DIR's checkpoint with PATCH applied, written to OUT_DIR (which must
 //       not exist) with BASE_DIR's layout: the same safetensors files, tensor
 //       order and metadata, the index and every other top-level file copied.
 //       Every check (Note [Apply is transactional]) passes before anything is
 //       written, and OUT_DIR appears at once (a temporary directory renamed).
-//   gk-patch verify BASE_DIR PATCH
+//       A patch that writes a NaN or an infinity is refused, as the reload
+//       engine refuses it at stage time, unless --allow-non-finite (the
+//       engine's ReloadOptions::allow_non_finite).
+//   gk-patch verify BASE_DIR PATCH [--device cpu|cuda] [--allow-non-finite]
 //       apply's checks, without writing anything
 //   gk-patch stats PATCH [--json]
-//       per tensor: encoding, dtype, shape, changed elements, density, bytes; totals
+//       per tensor: encoding, dtype, shape, changed elements, density, bytes,
+//       non-finite values written; totals
 //
 // Exit status: 0 on success, 1 for a usage error, 2 for a graphkeep error
 // (the message, naming the tensor and the file, on stderr).
 #include <graphkeep/core/check.h>
 #include <graphkeep/delta/apply_patch.h>
 #include <graphkeep/delta/make_patch.h>
+#include <graphkeep/delta/non_finite.h>
 #include <graphkeep/delta/patch_file.h>
 #include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/sources/hf_checkpoint.h>
@@ -147,8 +152,8 @@ int usage(const char* why) {
       "usage:\n"
       "  gk-patch diff BASE_DIR TARGET_DIR OUT.safetensors [--base-id ID] [--target-id ID]\n"
       "                [--sparse | --dense] [--record-unchanged] [--device cpu|cuda]\n"
-      "  gk-patch apply BASE_DIR PATCH OUT_DIR [--device cpu|cuda]\n"
-      "  gk-patch verify BASE_DIR PATCH [--device cpu|cuda]\n"
+      "  gk-patch apply BASE_DIR PATCH OUT_DIR [--device cpu|cuda] [--allow-non-finite]\n"
+      "  gk-patch verify BASE_DIR PATCH [--device cpu|cuda] [--allow-non-finite]\n"
       "  gk-patch stats PATCH [--json]\n",
       why != nullptr ? stderr : stdout);
   return why != nullptr ? 1 : 0;
@@ -179,20 +184,54 @@ int diff(const Args& a) {
   return 0;
 }
 
-// BASE_DIR's tensors with the patch applied (every check passed).
-std::vector<gk::NamedTensor> patched(gk::HfCheckpointSource& src, const std::string& patch_path, c10::Device device) {
-  const gk::Patch patch = gk::read_patch(patch_path);
+// The non-finite values the patch writes, when it writes any: refused
+// (gk::WeightError naming the patch file, the first such tensor, its element
+// and value) unless `allow`; allowed, their number.
+std::int64_t refuse_non_finite(const gk::Patch& patch, bool allow) {
+  const std::vector<gk::NonFiniteValues> nf = gk::non_finite_values(patch);
+  std::int64_t values = 0, tensors = 0;
+  for (const gk::NonFiniteValues& v : nf) {
+    values += v.count;
+    tensors += v.count > 0 ? 1 : 0;
+  }
+  if (allow || values == 0) return values;
+  for (std::size_t k = 0; k < nf.size(); ++k) {
+    if (nf[k].count == 0) continue;
+    const gk::PatchEntry& e = patch.entries[k];
+    GK_THROW(gk::WeightError, patch.label, ": tensor '", e.name, "': the patch writes a non-finite value (",
+             nf[k].first_value, " at element ", nf[k].first_element, " of ", c10::IntArrayRef(e.shape),
+             "; non-finite values written: ", nf[k].count, " in this tensor, ", values, " in ", tensors,
+             " of the patch's tensors): refused, nothing was written. A diverged trainer writes such updates, and "
+             "the reload engine refuses them at stage time; to apply the patch anyway, pass --allow-non-finite (the "
+             "engine's ReloadOptions::allow_non_finite)");
+  }
+  return values;
+}
+
+// BASE_DIR's tensors with the patch applied (every check passed); `non_finite`
+// receives the number of non-finite values it writes (refused unless
+// --allow-non-finite).
+std::vector<gk::NamedTensor> patched(gk::HfCheckpointSource& src, const std::string& patch_path, const Args& a,
+                                     std::int64_t& non_finite) {
+  const c10::Device device = device_of(a);
+  gk::Patch patch = gk::read_patch(patch_path);
   std::vector<gk::ExpectedTensor> expected;
   for (const gk::HfTensorInfo& t : src.tensors()) expected.push_back({t.name, t.shape, t.dtype});
   gk::check_patch(patch, expected);  // before any weight is read
-  return gk::apply_patch(patch, load_all(src, device));
+  if (!device.is_cpu()) patch = patch.to(device);
+  std::vector<gk::NamedTensor> result = gk::apply_patch(patch, load_all(src, device));
+  // Last, once every check of the format and the hashes passed: a patch made
+  // from other weights is named as such, whatever values it holds.
+  non_finite = refuse_non_finite(patch, a.options.count("--allow-non-finite") > 0);
+  return result;
 }
 
 int apply(const Args& a) {
   gk::HfCheckpointSource src(a.positional[0]);
   const std::string out_dir = a.positional[2];
   GK_CHECK(gk::WeightError, !exists(out_dir), "gk-patch: '", out_dir, "' exists; give a new directory to write");
-  const std::vector<gk::NamedTensor> result = patched(src, a.positional[1], device_of(a));
+  std::int64_t non_finite = 0;
+  const std::vector<gk::NamedTensor> result = patched(src, a.positional[1], a, non_finite);
   std::map<std::string, const at::Tensor*> by_name;
   for (const gk::NamedTensor& t : result) by_name[t.name] = &t.value;
 
@@ -218,27 +257,38 @@ int apply(const Args& a) {
   ::closedir(d);
   for (const std::string& name : others) copy_file(src.dir() + "/" + name, stage.file(name));
   stage.commit();
-  std::printf("gk-patch: wrote %s (%zu files)\n", out_dir.c_str(), src.files().size() + others.size());
+  std::printf("gk-patch: wrote %s (%zu files)", out_dir.c_str(), src.files().size() + others.size());
+  if (non_finite > 0)
+    std::printf(", %lld non-finite values written (--allow-non-finite)", static_cast<long long>(non_finite));
+  std::printf("\n");
   return 0;
 }
 
 int verify(const Args& a) {
   gk::HfCheckpointSource src(a.positional[0]);
-  (void)patched(src, a.positional[1], device_of(a));
-  std::printf("gk-patch: %s applies to %s\n", a.positional[1].c_str(), a.positional[0].c_str());
+  std::int64_t non_finite = 0;
+  (void)patched(src, a.positional[1], a, non_finite);
+  std::printf("gk-patch: %s applies to %s", a.positional[1].c_str(), a.positional[0].c_str());
+  if (non_finite > 0)
+    std::printf(" (it writes %lld non-finite values, allowed by --allow-non-finite)",
+                static_cast<long long>(non_finite));
+  std::printf("\n");
   return 0;
 }
 
 int stats(const Args& a) {
   const gk::Patch p = gk::read_patch(a.positional[0]);
+  const std::vector<gk::NonFiniteValues> nf = gk::non_finite_values(p);
   nlohmann::json tensors = nlohmann::json::array();
-  std::int64_t stored = 0, elements = 0;
+  std::int64_t stored = 0, elements = 0, non_finite = 0;
   std::size_t dense_bytes = 0;
-  for (const gk::PatchEntry& e : p.entries) {
+  for (std::size_t k = 0; k < p.entries.size(); ++k) {
+    const gk::PatchEntry& e = p.entries[k];
     const std::size_t full = static_cast<std::size_t>(e.numel()) * c10::elementSize(e.dtype);
     stored += e.count();
     elements += e.numel();
     dense_bytes += full;
+    non_finite += nf[k].count;
     tensors.push_back({{"name", e.name},
                        {"encoding", std::string(gk::patch_encoding_name(e.encoding))},
                        {"dtype", std::string(c10::toString(e.dtype))},
@@ -249,7 +299,8 @@ int stats(const Args& a) {
                        {"payload_bytes", e.payload_bytes()},
                        {"dense_bytes", full},
                        {"base_hash", gk::format_content_hash(e.base_hash)},
-                       {"target_hash", gk::format_content_hash(e.target_hash)}});
+                       {"target_hash", gk::format_content_hash(e.target_hash)},
+                       {"non_finite", nf[k].count}});
   }
   struct stat st {};
   const std::size_t file_bytes = ::stat(a.positional[0].c_str(), &st) == 0 ? static_cast<std::size_t>(st.st_size) : 0;
@@ -260,7 +311,8 @@ int stats(const Args& a) {
       {"density", elements > 0 ? static_cast<double>(stored) / static_cast<double>(elements) : 0.0},
       {"payload_bytes", p.payload_bytes()},
       {"dense_bytes", dense_bytes},
-      {"file_bytes", file_bytes}};
+      {"file_bytes", file_bytes},
+      {"non_finite", non_finite}};
   if (a.options.count("--json")) {
     std::cout << nlohmann::json{{"base", p.base_version}, {"target", p.target_version}, {"tensors", tensors},
                                 {"totals", totals}}
@@ -271,20 +323,22 @@ int stats(const Args& a) {
   std::cout << "patch " << a.positional[0] << ": '" << p.base_version << "' -> '" << p.target_version << "'\n";
   std::cout << std::left << std::setw(48) << "tensor" << std::setw(8) << "enc" << std::setw(14) << "dtype"
             << std::right << std::setw(14) << "changed" << std::setw(14) << "elements" << std::setw(10) << "density"
-            << std::setw(14) << "bytes" << '\n';
+            << std::setw(14) << "bytes" << std::setw(12) << "non-finite" << '\n';
   for (const auto& t : tensors) {
     std::ostringstream density;
     density << std::fixed << std::setprecision(3) << 100.0 * t["density"].get<double>() << '%';
     std::cout << std::left << std::setw(48) << t["name"].get<std::string>() << std::setw(8)
               << t["encoding"].get<std::string>() << std::setw(14) << t["dtype"].get<std::string>() << std::right
               << std::setw(14) << t["count"].get<std::int64_t>() << std::setw(14) << t["numel"].get<std::int64_t>()
-              << std::setw(10) << density.str() << std::setw(14) << t["payload_bytes"].get<std::size_t>() << '\n';
+              << std::setw(10) << density.str() << std::setw(14) << t["payload_bytes"].get<std::size_t>()
+              << std::setw(12) << t["non_finite"].get<std::int64_t>() << '\n';
   }
   std::ostringstream density;
   density << std::fixed << std::setprecision(3) << 100.0 * totals["density"].get<double>() << '%';
   std::cout << "total: " << p.entries.size() << " tensors, " << stored << " of " << elements
             << " elements stored (" << density.str() << "), payload " << p.payload_bytes() << " bytes of "
-            << dense_bytes << " dense bytes, file " << file_bytes << " bytes\n";
+            << dense_bytes << " dense bytes, file " << file_bytes << " bytes, " << non_finite
+            << " non-finite values written\n";
   return 0;
 }
 
@@ -297,7 +351,7 @@ int main(int argc, char** argv) {
   Args a;
   static const std::map<std::string, bool> kTakesValue = {
       {"--base-id", true}, {"--target-id", true}, {"--device", true},         {"--sparse", false},
-      {"--dense", false},  {"--json", false},     {"--record-unchanged", false}};
+      {"--dense", false},  {"--json", false},     {"--record-unchanged", false}, {"--allow-non-finite", false}};
   for (int i = 2; i < argc; ++i) {
     const std::string s = argv[i];
     if (!s.starts_with("--")) {
