@@ -40,7 +40,10 @@
 //
 // One JSON object per density, appended as a line to --json (and printed):
 // model, format, density, patch_bytes, model_bytes, make_patch_ms, stage_ms,
-// pause_ms, full_pause_ms, full_reload_ms, hash_ms, exact, and more keys.
+// pause_ms, update_ms (stage + pause), full_update_ms (the full update from
+// the same tensors: stage + pause, or a streaming reload), full_pause_ms,
+// full_reload_ms, hash_ms, layers_rerun, host_us_per_tensor (the staging
+// thread's CPU time per patched tensor), exact, and more keys.
 #include "bench_args.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
@@ -57,7 +60,9 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -67,6 +72,14 @@
 #include <vector>
 
 namespace {
+
+// CPU time of the calling thread, in ms.
+double thread_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
 
 // The shapes of the models measured (Llama-3-8B; a Qwen3-30B-A3B-like MoE:
 // 48 layers, 128 experts, top 8), and the example engine's tiny model.
@@ -89,8 +102,14 @@ demo::HfConfig model_config(const std::string& name) {
     c.vocab_size = 151936, c.hidden_size = 2048, c.intermediate_size = 6144;
     c.num_hidden_layers = 48, c.num_key_value_heads = 4;
     c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 768;
+  } else if (name == "moe-narrow") {  // the 30B-A3B's tensor count per layer at 1/16 of its width: host costs on a CPU
+    c.model_type = "qwen3_moe";
+    c.rope_theta = 1000000.0;
+    c.vocab_size = 1024, c.hidden_size = 128, c.intermediate_size = 384;
+    c.num_attention_heads = 4, c.num_hidden_layers = 4, c.num_key_value_heads = 2;
+    c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 48;
   } else {
-    throw std::invalid_argument("unknown --model " + name + " (llama8b, qwen3moe30b, tiny)");
+    throw std::invalid_argument("unknown --model " + name + " (llama8b, qwen3moe30b, moe-narrow, tiny)");
   }
   return c;
 }
@@ -264,7 +283,7 @@ int main(int argc, char** argv) {
     else if (k == "--warmup") warmup = std::stoi(val());
     else if (k == "--streaming-full") streaming_full = true;
     else {
-      std::fprintf(stderr, "usage: bench_delta [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
+      std::fprintf(stderr, "usage: bench_delta [--model llama8b|qwen3moe30b|moe-narrow|tiny] [--format dense|fp8|w4a16] "
                            "[--device auto|cpu|cuda] [--densities adamw:LR,SHARE,...] [--batch B] [--max-batch N] "
                            "[--warmup STEPS] [--streaming-full] [--json FILE]\n");
       return 2;
@@ -340,7 +359,12 @@ int main(int argc, char** argv) {
       // copies]).
       DeviceMemory::reset_peak(device);
       const double before_stage_gib = DeviceMemory::now_and_peak_gib(device).first;
+      const double cpu0 = thread_cpu_ms();
       gk::StagedReload sp = eng.stage(patch);
+      // The staging thread's CPU time per patched tensor: its own work and
+      // its waits for the device (a synchronization spins).
+      const double host_us_per_tensor =
+          (thread_cpu_ms() - cpu0) * 1e3 / static_cast<double>(std::max<std::size_t>(1, patch.entries.size()));
       const double stage_peak_gib = DeviceMemory::now_and_peak_gib(device).second - before_stage_gib;
       const double staged_gib = static_cast<double>(sp.staged_bytes()) / (1 << 30);
       gk::ReloadReport staged = timed_commit([&] { return eng.commit(std::move(sp)); }, device);
@@ -375,6 +399,7 @@ int main(int argc, char** argv) {
         exact = exact && same_bits(eng.decode(tokens, pos), by_patch);
       }
       const std::size_t patch_bytes = patch.payload_bytes();
+      const std::size_t patch_tensors = patch.entries.size();
       patch = gk::Patch();  // its memory, before the full stage (a 30B MoE's staged copy fills the GPU)
       // 5. T in full, staged and committed (--streaming-full: reloaded).
       gk::ReloadReport full;
@@ -418,6 +443,10 @@ int main(int argc, char** argv) {
           {"stage_peak_gib", stage_peak_gib},
           {"staged_gib", staged_gib},
           {"pause_ms", staged.times.commit_ms},
+          {"update_ms", staged.times.stage_ms + staged.times.commit_ms},
+          {"full_update_ms", streaming_full ? full.times.commit_ms : full_stage_ms + full.times.commit_ms},
+          {"host_us_per_tensor", host_us_per_tensor},
+          {"patch_tensors", patch_tensors},
           {"pause_scatter_ms", staged.times.copy_ms},
           {"patch_writes", staged.patch.sectors_written > 0 ? "sectors" : "elements"},
           {"sectors_written", staged.patch.sectors_written},
@@ -430,6 +459,9 @@ int main(int argc, char** argv) {
           {"full_stage_ms", full_stage_ms},
           {"full_reload_ms", full_reload_ms},
           {"hash_ms", staged.times.hash_ms},
+          {"stage_check_ms", staged.times.check_ms},
+          {"stage_finite_ms", staged.times.finite_ms},
+          {"stage_load_ms", staged.times.load_ms},
           {"full_stage_hash_ms", full.times.hash_ms},
           {"full_stage_nohash_ms", nohash_stage_ms},
           {"pause_verify_ms", verify_pause_ms},

@@ -128,6 +128,17 @@ std::vector<at::Tensor> tensor_views(const CheckpointParam& cp, const at::Tensor
   return out;
 }
 
+// Checkpoint tensor ti alone of tensor_views(cp, param): one view, not all
+// of them (a MoE parameter has hundreds of tensors, and a patch asks for
+// each of them).
+at::Tensor tensor_view(const CheckpointParam& cp, const at::Tensor& param, std::size_t ti) {
+  if (cp.tensors.size() == 1) return param;
+  std::int64_t row = 0;
+  for (std::size_t i = 0; i < ti; ++i) row += cp.tensors[i].shape.empty() ? 1 : cp.tensors[i].shape.front();
+  const CheckpointTensor& t = cp.tensors[ti];
+  return param.narrow(0, row, t.shape.empty() ? 1 : t.shape.front());
+}
+
 // Checkpoint tensor ti of parameter pi as delivered, made whole (its shards
 // concatenated along the shard dimension).
 at::Tensor delivered_whole(const LayerRun& run, std::size_t pi, std::size_t ti, const CheckpointTensor& t) {
@@ -326,7 +337,7 @@ at::Tensor ReloadEngine::Impl::captured_tensor(const Expected& e) const {
     if (s.kind == PlannedSlot::Kind::declared || s.local != cp.param || !s.defined()) continue;
     if (!s.captured.is_contiguous() || !s.captured.sizes().equals(cp.shape()) || s.captured.scalar_type() != cp.dtype())
       return {};
-    return tensor_views(cp, s.captured)[e.tensor];
+    return tensor_view(cp, s.captured, e.tensor);
   }
   return {};
 }
