@@ -106,46 +106,65 @@ void validate_entry(const Patch& patch, const PatchEntry& e) {
            " elements");
 }
 
-// Per tensor of `idx` (1-D integer tensors on one device, none empty), a
-// row [min, max, repeats, descents] (descents: idx[i] > idx[i + 1]) of a
-// [n, 4] int64 tensor, in a constant number of launches
-// per chunk of at most 2^26 indices: a patch of a MoE has 18,000 entries,
-// and five launches each were most of its validation. Segment i's min and
-// max by scatter_reduce, its repeats and descents by index_add over the
-// neighbours that lie in the same segment: exact integer results.
-at::Tensor index_stats_batched(const std::vector<at::Tensor>& idx) {
+// [min, max, repeats, descents] of a sparse entry's indices (count > 0), as
+// an int64 tensor of 4 on the indices' device: no synchronization.
+at::Tensor index_stats(const at::Tensor& idx) {
+  const auto [lo, hi] = at::aminmax(idx);
+  at::Tensor repeats, descents;
+  const std::int64_t n = idx.numel();
+  if (n > 1) {
+    const at::Tensor a = idx.narrow(0, 0, n - 1), b = idx.narrow(0, 1, n - 1);
+    repeats = at::eq(a, b).sum();
+    descents = at::gt(a, b).sum();
+  } else {
+    repeats = descents = at::zeros({}, idx.options().dtype(at::kLong));
+  }
+  return at::stack({lo.to(at::kLong), hi.to(at::kLong), repeats, descents});
+}
+
+// Note [Validating indices in one pass]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A MoE patch has 18,000 entries: five launches each (index_stats) were
+// most of its validation. Strictly ascending indices have their minimum
+// first and their maximum last, so the common case needs no reduction per
+// entry: the entries' indices concatenated (per chunk of at most 2^26), one
+// comparison of every neighbour pair that lies in one entry (the pairs
+// across an entry's boundary masked), summed; and each entry's first and
+// last index gathered. One copy to the host gives the first and last of
+// every entry and the count of pairs out of order. Only when that count is
+// not zero (a patch about to be refused) is each entry examined on its own
+// for the message. (A segmented reduction into per-entry slots would be
+// one launch too, but its atomics serialize on an entry of millions.)
+//
+// Per tensor of `idx` (1-D integer tensors on one device, none empty), its
+// first and last index as the rows of a [n, 2] int64 tensor, and the number
+// of neighbour pairs within one tensor that are not strictly ascending.
+std::pair<at::Tensor, at::Tensor> ends_and_disorder(const std::vector<at::Tensor>& idx) {
   constexpr std::int64_t kChunk = std::int64_t{1} << 26;
   const auto longs = idx.front().options().dtype(at::kLong);
-  std::vector<at::Tensor> rows;
+  std::vector<at::Tensor> ends;
+  at::Tensor disorder = at::zeros({}, longs);
   for (std::size_t i = 0; i < idx.size();) {
-    std::size_t j = i;
-    std::int64_t total = 0;
-    std::vector<std::int64_t> counts;
     std::vector<at::Tensor> part;
-    while (j < idx.size() && (j == i || total + idx[j].numel() <= kChunk)) {
-      total += idx[j].numel();
-      counts.push_back(idx[j].numel());
-      part.push_back(idx[j].to(at::kLong));  // no copy for int64 indices
-      ++j;
+    std::vector<std::int64_t> firsts, lasts, boundaries;
+    std::int64_t total = 0;
+    for (; i < idx.size() && (part.empty() || total + idx[i].numel() <= kChunk); ++i) {
+      if (total > 0) boundaries.push_back(total - 1);  // the pair (total - 1, total) spans two tensors
+      firsts.push_back(total);
+      total += idx[i].numel();
+      lasts.push_back(total - 1);
+      part.push_back(idx[i].to(at::kLong));  // no copy for int64 indices
     }
-    const std::int64_t n = static_cast<std::int64_t>(part.size());
     const at::Tensor ids = at::cat(part);
-    const at::Tensor seg =
-        at::repeat_interleave(at::arange(n, longs), at::tensor(counts, at::kLong).to(longs.device()), 0, total);
-    const at::Tensor lo = at::full({n}, std::numeric_limits<std::int64_t>::max(), longs).scatter_reduce_(0, seg, ids, "amin");
-    const at::Tensor hi = at::full({n}, std::numeric_limits<std::int64_t>::min(), longs).scatter_reduce_(0, seg, ids, "amax");
-    at::Tensor repeats = at::zeros({n}, longs), descents = at::zeros({n}, longs);
+    const auto on_device = [&](const std::vector<std::int64_t>& v) { return at::tensor(v, at::kLong).to(longs.device()); };
+    ends.push_back(at::stack({ids.index_select(0, on_device(firsts)), ids.index_select(0, on_device(lasts))}, 1));
     if (total > 1) {
-      const at::Tensor a = ids.narrow(0, 0, total - 1), b = ids.narrow(0, 1, total - 1);
-      const at::Tensor next_seg = seg.narrow(0, 1, total - 1);
-      const at::Tensor same = at::eq(seg.narrow(0, 0, total - 1), next_seg);
-      repeats.index_add_(0, next_seg, at::logical_and(at::eq(a, b), same).to(at::kLong));
-      descents.index_add_(0, next_seg, at::logical_and(at::gt(a, b), same).to(at::kLong));
+      at::Tensor bad = at::le(ids.narrow(0, 1, total - 1), ids.narrow(0, 0, total - 1));
+      if (!boundaries.empty()) bad.index_fill_(0, on_device(boundaries), false);
+      disorder = disorder + bad.sum();
     }
-    rows.push_back(at::stack({lo, hi, repeats, descents}, 1));
-    i = j;
   }
-  return at::cat(rows);
+  return {at::cat(ends), disorder};
 }
 
 // The first position i > 0 where idx[i] <= idx[i - 1] (the error path only).
@@ -190,11 +209,24 @@ void validate_patch(const Patch& patch) {
     std::vector<at::Tensor> indices;
     indices.reserve(which.size());
     for (const std::size_t i : which) indices.push_back(patch.entries[i].indices.reshape({-1}));
-    const at::Tensor host = index_stats_batched(indices).cpu();
-    const auto* s = host.const_data_ptr<std::int64_t>();
-    for (std::size_t k = 0; k < which.size(); ++k, s += 4) {
+    const auto [ends, disorder] = ends_and_disorder(indices);
+    const at::Tensor summary = at::cat({ends.reshape({-1}), disorder.reshape({1})}).cpu();
+    const auto* f = summary.const_data_ptr<std::int64_t>();
+    const bool ordered = f[2 * which.size()] == 0;
+    // Ordered: each entry's first and last index are its min and max (Note
+    // [Validating indices in one pass]); else every entry is examined alone.
+    const at::Tensor host = ordered ? at::Tensor() : [&] {
+      std::vector<at::Tensor> stats;
+      for (const at::Tensor& t : indices) stats.push_back(index_stats(t));
+      return at::stack(stats).cpu();
+    }();
+    for (std::size_t k = 0; k < which.size(); ++k) {
       const PatchEntry& e = patch.entries[which[k]];
       const std::int64_t numel = e.numel();
+      const std::int64_t s[4] = {ordered ? f[2 * k] : host[k][0].item<std::int64_t>(),
+                                 ordered ? f[2 * k + 1] : host[k][1].item<std::int64_t>(),
+                                 ordered ? 0 : host[k][2].item<std::int64_t>(),
+                                 ordered ? 0 : host[k][3].item<std::int64_t>()};
       if (s[0] >= 0 && s[1] < numel && s[2] == 0 && s[3] == 0) continue;  // the message only on failure
       const std::string what = detail::concat(label, ": tensor '", e.name, "' (shape ", c10::IntArrayRef(e.shape),
                                               ", ", numel, " elements)");

@@ -685,3 +685,42 @@ TEST_CASE("bad device patches are refused on the host with no device-side assert
 }
 
 }  // TEST_SUITE("gpu delta")
+
+// Note [Validating indices in one pass] in delta/patch.cpp: many entries'
+// indices are checked together; an entry's boundary with the next is no
+// disorder, and a fault in any one entry is found and named, also one that
+// its first and last index do not show.
+TEST_CASE("validate_patch checks many entries' indices at once and names the entry at fault") {
+  std::vector<gk::NamedTensor> base, target;
+  for (int k = 0; k < 40; ++k) {
+    const at::Tensor b = at::zeros({64});
+    at::Tensor t = b.clone();
+    t[k % 5] = 3.f, t[(k * 7) % 64] = 1.f, t[63 - k % 8] = 2.f;  // each entry ends high, the next starts low
+    const std::string name = (k < 10 ? "t0" : "t") + std::to_string(k);
+    base.push_back({name, b, 0});
+    target.push_back({name, t, 0});
+  }
+  gk::MakePatchOptions o;
+  o.base_version = "a", o.target_version = "b";
+  o.encoding = gk::MakePatchOptions::Encoding::sparse;
+  const gk::Patch good = gk::make_patch(base, target, o);
+  REQUIRE(good.entries.size() == 40);
+  CHECK_NOTHROW(gk::validate_patch(good));
+  auto edited = [&](std::size_t entry, std::int64_t position, std::int64_t value) {
+    gk::Patch p = good;
+    p.entries[entry].indices = p.entries[entry].indices.clone();
+    p.entries[entry].indices[position] = value;
+    return weight_error([&] { gk::validate_patch(p); });
+  };
+  const std::int64_t n20 = good.entries[20].indices.numel();
+  REQUIRE(n20 >= 3);
+  // Out of range in the middle: the entry's first and last index are fine.
+  CHECK(edited(20, 1, 9999).find("tensor 't20' (shape [64], 64 elements): index 9999 is out of range [0, 64)") !=
+        std::string::npos);
+  CHECK(edited(39, good.entries[39].indices.numel() - 1, 64).find("tensor 't39'") != std::string::npos);
+  CHECK(edited(0, 0, -1).find("tensor 't00' (shape [64], 64 elements): index -1 is out of range") != std::string::npos);
+  CHECK(edited(20, 1, good.entries[20].indices[0].item<std::int64_t>()).find("tensor 't20'") != std::string::npos);
+  CHECK(edited(20, 1, good.entries[20].indices[0].item<std::int64_t>()).find("appears twice (positions 0 and 1)") !=
+        std::string::npos);
+  CHECK(edited(31, 0, 63).find("tensor 't31'") != std::string::npos);  // no longer ascending
+}
