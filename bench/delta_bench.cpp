@@ -5,7 +5,7 @@
 // decode graphs captured, and for each density:
 //   1. loads the base weights B in full (every tensor made on the device
 //      from a seed: nothing of the model's size is kept outside the engine);
-//   2. makes the patch B -> T tensor by tensor (gk::make_patch on the device;
+//   2. makes the patch B -> T in groups of 2 GiB (gk::make_patch on the device;
 //      make_patch_ms), T made from B as the density says;
 //   3. stages it and commits it (stage_ms, pause_ms = the commit until the device is idle, hash_ms =
 //      the stage's hashing), then decodes one batch through the graphs;
@@ -331,24 +331,38 @@ int main(int argc, char** argv) {
         Weights::Source b(weights, c, false);
         eng.reload(b);
       }
-      // 2. The patch B -> T, tensor by tensor.
+      // 2. The patch B -> T.
       gk::Patch patch;
       patch.base_version = "B";
       patch.target_version = "T " + c.label;
       double make_ms = 0;
       std::size_t changed = 0, total = 0;
-      for (std::size_t i = 0; i < shapes.size(); ++i) {
-        auto [b, t] = weights.make(i, c, true);
+      // In groups of at most 2 GiB of weights (B and T of the whole model
+      // do not fit beside a 30B engine): one make_patch call per group, as a
+      // trainer publishing layer by layer would make them.
+      constexpr std::int64_t kGroupBytes = std::int64_t{2} << 30;
+      for (std::size_t i = 0; i < shapes.size();) {
+        std::vector<gk::NamedTensor> bs, ts;
+        std::int64_t bytes = 0;
+        for (; i < shapes.size() && (bs.empty() || bytes < kGroupBytes); ++i) {
+          auto [b, t] = weights.make(i, c, true);
+          bytes += static_cast<std::int64_t>(b.nbytes());
+          total += static_cast<std::size_t>(b.numel());
+          bs.push_back({shapes[i].name, b, 0});
+          ts.push_back({shapes[i].name, t, 0});
+        }
         gk::runtime::synchronize(device);
         const gk::Stopwatch w;
-        gk::Patch one = gk::make_patch({{shapes[i].name, b, 0}}, {{shapes[i].name, t, 0}},
-                                       {.base_version = "B", .target_version = patch.target_version});
+        gk::Patch group = gk::make_patch(bs, ts, {.base_version = "B", .target_version = patch.target_version});
         gk::runtime::synchronize(device);
         make_ms += w.elapsed_ms();
-        total += static_cast<std::size_t>(b.numel());
-        for (gk::PatchEntry& e : one.entries) {
-          changed += static_cast<std::size_t>(e.encoding == gk::PatchEncoding::sparse ? e.count() : 0);
-          if (e.encoding == gk::PatchEncoding::dense) changed += static_cast<std::size_t>(b.ne(t).sum().item<std::int64_t>());
+        for (gk::PatchEntry& e : group.entries) {
+          if (e.encoding == gk::PatchEncoding::sparse) {
+            changed += static_cast<std::size_t>(e.count());
+          } else {
+            for (std::size_t k = 0; k < bs.size(); ++k)
+              if (bs[k].name == e.name) changed += static_cast<std::size_t>(bs[k].value.ne(ts[k].value).sum().item<std::int64_t>());
+          }
           patch.entries.push_back(std::move(e));
         }
       }

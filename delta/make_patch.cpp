@@ -1,5 +1,7 @@
 // gk::make_patch: a bitwise comparison per tensor, where the tensors are
-// (Note [Changed means different bits] in graphkeep/delta/make_patch.h).
+// (Note [Changed means different bits] in graphkeep/delta/make_patch.h),
+// with one synchronization per chunk of tensors (Note [Counting changes in
+// batches], below).
 #include <graphkeep/core/check.h>
 #include <graphkeep/delta/make_patch.h>
 #include <graphkeep/delta/detail/element_bits.h>
@@ -43,7 +45,14 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
   patch.base_version = options.base_version;
   patch.target_version = options.target_version;
   patch.label = detail::concat("in-memory patch '", options.base_version, "' -> '", options.target_version, "'");
-  std::vector<at::Tensor> base_bytes, target_bytes;  // contiguous, for the hashes
+  // The checked pairs, in name order, contiguous.
+  struct Pair {
+    const std::string* name;
+    const at::Tensor* target;
+    at::Tensor b, t;
+  };
+  std::vector<Pair> pairs;
+  pairs.reserve(bases.size());
   for (const auto& [name, b_ptr] : bases) {
     const auto it = targets.find(name);
     GK_CHECK(WeightError, it != targets.end(), "gk::make_patch: tensor '", name,
@@ -61,34 +70,54 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
              "' has dtype ", b.scalar_type(), ", which the patch format (safetensors) does not have");
     GK_CHECK(WeightError, b.layout() == at::kStrided && t.layout() == at::kStrided, "gk::make_patch: tensor '",
              name, "' is not a strided tensor");
+    pairs.push_back({&name, &t, b.contiguous(), t.contiguous()});
+  }
 
-    const at::Tensor bc = b.contiguous(), tc = t.contiguous();
-    const at::Tensor tbits = detail::flat_bits(tc);
-    const at::Tensor changed = at::nonzero(at::ne(detail::flat_bits(bc), tbits)).view(-1);  // int64, syncs
-    const std::int64_t count = changed.numel(), numel = bc.numel();
-    if (count == 0 && !options.record_unchanged) continue;
-
-    PatchEntry e;
-    e.name = name;
-    e.shape = b.sizes().vec();
-    e.dtype = b.scalar_type();
-    const at::ScalarType index_dtype = patch_index_dtype(numel);
-    const auto itemsize = static_cast<std::int64_t>(bc.element_size());
-    const std::int64_t sparse_bytes = count * (static_cast<std::int64_t>(c10::elementSize(index_dtype)) + itemsize);
-    const bool dense = options.encoding == MakePatchOptions::Encoding::dense ||
-                       (options.encoding == MakePatchOptions::Encoding::automatic && sparse_bytes > numel * itemsize);
-    if (dense) {
-      e.encoding = PatchEncoding::dense;
-      // tc is a fresh copy when t is not contiguous; otherwise it is t itself.
-      e.values = (options.share_dense || !tc.is_same(t)) ? tc : tc.clone();
-    } else {
-      e.encoding = PatchEncoding::sparse;
-      e.indices = changed.to(index_dtype);
-      e.values = tbits.index_select(0, changed).view(e.dtype);
+  // Note [Counting changes in batches]: one synchronization per chunk of
+  // tensors (at most kChunk elements of change masks, or one tensor), not
+  // one per tensor: each tensor's changed elements are counted on the
+  // device, the counts of the chunk copied to the host at once, and each
+  // tensor's indices taken by nonzero_static with its known count.
+  constexpr std::int64_t kChunk = std::int64_t{1} << 30;
+  std::vector<at::Tensor> base_bytes, target_bytes;  // contiguous, for the hashes
+  for (std::size_t i = 0; i < pairs.size();) {
+    std::vector<at::Tensor> masks, counts;
+    std::int64_t elements = 0;
+    const std::size_t first = i;
+    for (; i < pairs.size() && (masks.empty() || elements + pairs[i].b.numel() <= kChunk); ++i) {
+      masks.push_back(at::ne(detail::flat_bits(pairs[i].b), detail::flat_bits(pairs[i].t)));
+      counts.push_back(masks.back().sum().to(at::kLong).reshape({1}));
+      elements += pairs[i].b.numel();
     }
-    patch.entries.push_back(std::move(e));
-    base_bytes.push_back(bc);
-    target_bytes.push_back(tc);
+    const at::Tensor host_counts = at::cat(counts).cpu();  // the chunk's one synchronization
+    for (std::size_t k = first; k < i; ++k) {
+      const Pair& pr = pairs[k];
+      const at::Tensor& mask = masks[k - first];
+      const std::int64_t count = host_counts.const_data_ptr<std::int64_t>()[k - first], numel = pr.b.numel();
+      if (count == 0 && !options.record_unchanged) continue;
+      PatchEntry e;
+      e.name = *pr.name;
+      e.shape = pr.b.sizes().vec();
+      e.dtype = pr.b.scalar_type();
+      const at::ScalarType index_dtype = patch_index_dtype(numel);
+      const auto itemsize = static_cast<std::int64_t>(pr.b.element_size());
+      const std::int64_t sparse_bytes = count * (static_cast<std::int64_t>(c10::elementSize(index_dtype)) + itemsize);
+      const bool dense = options.encoding == MakePatchOptions::Encoding::dense ||
+                         (options.encoding == MakePatchOptions::Encoding::automatic && sparse_bytes > numel * itemsize);
+      if (dense) {
+        e.encoding = PatchEncoding::dense;
+        // pr.t is a fresh copy when the target is not contiguous; otherwise it is the target itself.
+        e.values = (options.share_dense || !pr.t.is_same(*pr.target)) ? pr.t : pr.t.clone();
+      } else {
+        e.encoding = PatchEncoding::sparse;
+        const at::Tensor changed = at::nonzero_static(mask, count).view(-1);  // int64, no synchronization
+        e.indices = changed.to(index_dtype);
+        e.values = detail::flat_bits(pr.t).index_select(0, changed).view(e.dtype);
+      }
+      patch.entries.push_back(std::move(e));
+      base_bytes.push_back(pr.b);
+      target_bytes.push_back(pr.t);
+    }
   }
   const std::vector<std::uint64_t> base_hashes = content_hashes(base_bytes);
   const std::vector<std::uint64_t> target_hashes = content_hashes(target_bytes);
