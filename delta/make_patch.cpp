@@ -73,11 +73,14 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
     pairs.push_back({&name, &t, b.contiguous(), t.contiguous()});
   }
 
-  // Note [Counting changes in batches]: one synchronization per chunk of
-  // tensors (at most kChunk elements of change masks, or one tensor), not
-  // one per tensor: each tensor's changed elements are counted on the
-  // device, the counts of the chunk copied to the host at once, and each
-  // tensor's indices taken by nonzero_static with its known count.
+  // Note [Counting changes in batches]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // at::nonzero synchronizes to learn its output's size: once per tensor,
+  // 18,000 times for a MoE. Instead, one synchronization per chunk of
+  // tensors (at most kChunk elements of change masks, or one tensor): each
+  // tensor's changed elements are counted on the device, the chunk's
+  // counts copied to the host at once, and each tensor's indices taken by
+  // nonzero_static with its known count.
   constexpr std::int64_t kChunk = std::int64_t{1} << 30;
   std::vector<at::Tensor> base_bytes, target_bytes;  // contiguous, for the hashes
   for (std::size_t i = 0; i < pairs.size();) {

@@ -92,7 +92,9 @@ inline bool same(const at::Tensor& a, const at::Tensor& b, bool bitwise) {
 // Capture, reload twice, replay: equal to a fresh model each time, with every
 // captured address unchanged and no drift.
 template <class Model>
-void positive(c10::Device dev, bool bitwise = true) {
+// rerun: the layers a patch must re-run PWAL for, where the site's
+// declarations decide it (Note [Declared derivations]); -1: not checked.
+void positive(c10::Device dev, bool bitwise = true, int rerun = -1) {
   Rig<Model> rig(dev);
   std::vector<std::uintptr_t> addresses;
   for (const auto& l : rig.engine->plan().layers())
@@ -134,6 +136,7 @@ void positive(c10::Device dev, bool bitwise = true) {
     const gk::ReloadReport r = step == 1 ? prig.engine->reload(p) : prig.engine->commit(prig.engine->stage(p));
     CHECK(r.patch.applied);
     CHECK(r.patch.layers_scattered + r.patch.layers_rerun > 0);
+    if (rerun >= 0) CHECK(r.patch.layers_rerun == static_cast<std::size_t>(rerun));
     CHECK(r.drift == 0);
     CHECK(prig.engine->replay_allowed());
     CHECK(same(prig.replay(), fresh_output<Model>(dev, step, prig.input), bitwise));

@@ -50,9 +50,11 @@ class CutlassW4A8Experts final : public MoeExperts {
   at::Tensor s_strides2_;  // int64 [E] = K
   int64_t group_ = 0;      // quantization group size along the reduction dim
 
-  GRAPHKEEP_DESCRIBE_DERIVED(CutlassW4A8Experts, (MoeExperts), (a_strides1_, metadata), (a_strides2_, metadata),
-                             (c_strides1_, metadata), (c_strides2_, metadata), (s_strides1_, metadata),
-                             (s_strides2_, metadata), group_)
+  // Functions of E, K, N and the group alone (Note [Declared derivations]).
+  GRAPHKEEP_DESCRIBE_DERIVED(CutlassW4A8Experts, (MoeExperts), (a_strides1_, metadata.from_shapes()),
+                             (a_strides2_, metadata.from_shapes()), (c_strides1_, metadata.from_shapes()),
+                             (c_strides2_, metadata.from_shapes()), (s_strides1_, metadata.from_shapes()),
+                             (s_strides2_, metadata.from_shapes()), group_)
 };
 
 class W4A8Moe : public torch::nn::Module, public DescribedLayer<W4A8Moe> {
