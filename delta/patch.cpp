@@ -72,37 +72,39 @@ void validate_entry(const Patch& patch, const PatchEntry& e) {
              e.name, "' has shape ", c10::IntArrayRef(e.shape), ", more than 2^63 elements");
     numel *= d;
   }
-  const std::string what = detail::concat(label, ": tensor '", e.name, "' (shape ", c10::IntArrayRef(e.shape), ", ",
-                                          e.dtype, ")");
+  // Built only for a message (a MoE patch has 18,000 entries).
+  const auto what = [&] {
+    return detail::concat(label, ": tensor '", e.name, "' (shape ", c10::IntArrayRef(e.shape), ", ", e.dtype, ")");
+  };
   if (e.encoding == PatchEncoding::dense) {
-    GK_CHECK(WeightError, e.values.defined(), what, ": the dense entry has no values");
-    GK_CHECK(WeightError, !e.indices.defined(), what, ": the dense entry has indices too");
-    GK_CHECK(WeightError, e.values.layout() == at::kStrided, what, ": the values are not a strided tensor");
-    GK_CHECK(WeightError, e.values.scalar_type() == e.dtype, what, ": the dense values are ",
+    GK_CHECK(WeightError, e.values.defined(), what(), ": the dense entry has no values");
+    GK_CHECK(WeightError, !e.indices.defined(), what(), ": the dense entry has indices too");
+    GK_CHECK(WeightError, e.values.layout() == at::kStrided, what(), ": the values are not a strided tensor");
+    GK_CHECK(WeightError, e.values.scalar_type() == e.dtype, what(), ": the dense values are ",
              e.values.scalar_type());
-    GK_CHECK(WeightError, e.values.sizes() == c10::IntArrayRef(e.shape), what, ": the dense values have shape ",
+    GK_CHECK(WeightError, e.values.sizes() == c10::IntArrayRef(e.shape), what(), ": the dense values have shape ",
              e.values.sizes());
     return;
   }
-  GK_CHECK(WeightError, e.indices.defined() && e.values.defined(), what, ": the sparse entry lacks ",
+  GK_CHECK(WeightError, e.indices.defined() && e.values.defined(), what(), ": the sparse entry lacks ",
            e.indices.defined() ? "values" : "indices");
-  GK_CHECK(WeightError, e.indices.layout() == at::kStrided && e.values.layout() == at::kStrided, what,
+  GK_CHECK(WeightError, e.indices.layout() == at::kStrided && e.values.layout() == at::kStrided, what(),
            ": the indices or values are not a strided tensor");
-  GK_CHECK(WeightError, e.indices.dim() == 1, what, ": the indices have shape ", e.indices.sizes(),
+  GK_CHECK(WeightError, e.indices.dim() == 1, what(), ": the indices have shape ", e.indices.sizes(),
            "; they must be 1-D");
   const at::ScalarType want = patch_index_dtype(numel);
-  GK_CHECK(WeightError, e.indices.scalar_type() == want, what, ": the indices are ", e.indices.scalar_type(),
+  GK_CHECK(WeightError, e.indices.scalar_type() == want, what(), ": the indices are ", e.indices.scalar_type(),
            "; a tensor of ", numel, " elements takes ", want == at::kInt ? "int32" : "int64",
            " indices (int32 below 2^31 elements)");
-  GK_CHECK(WeightError, e.values.dim() == 1, what, ": the values have shape ", e.values.sizes(),
+  GK_CHECK(WeightError, e.values.dim() == 1, what(), ": the values have shape ", e.values.sizes(),
            "; they must be 1-D");
-  GK_CHECK(WeightError, e.values.scalar_type() == e.dtype, what, ": the values are ", e.values.scalar_type(),
+  GK_CHECK(WeightError, e.values.scalar_type() == e.dtype, what(), ": the values are ", e.values.scalar_type(),
            "; they must be the tensor's dtype");
-  GK_CHECK(WeightError, e.values.numel() == e.indices.numel(), what, ": ", e.indices.numel(), " indices but ",
+  GK_CHECK(WeightError, e.values.numel() == e.indices.numel(), what(), ": ", e.indices.numel(), " indices but ",
            e.values.numel(), " values");
-  GK_CHECK(WeightError, e.indices.device() == e.values.device(), what, ": the indices are on ", e.indices.device(),
+  GK_CHECK(WeightError, e.indices.device() == e.values.device(), what(), ": the indices are on ", e.indices.device(),
            " and the values on ", e.values.device());
-  GK_CHECK(WeightError, e.indices.numel() <= numel, what, ": ", e.indices.numel(), " indices for ", numel,
+  GK_CHECK(WeightError, e.indices.numel() <= numel, what(), ": ", e.indices.numel(), " indices for ", numel,
            " elements");
 }
 
@@ -153,9 +155,15 @@ std::pair<at::Tensor, at::Tensor> ends_and_disorder(const std::vector<at::Tensor
       firsts.push_back(total);
       total += idx[i].numel();
       lasts.push_back(total - 1);
-      part.push_back(idx[i].to(at::kLong));  // no copy for int64 indices
+      part.push_back(idx[i]);
     }
-    const at::Tensor ids = at::cat(part);
+    // One conversion for the chunk (not a launch per entry) when the entries
+    // share an index dtype, as make_patch's do.
+    const bool one_dtype = std::all_of(part.begin(), part.end(),
+                                       [&](const at::Tensor& t) { return t.scalar_type() == part.front().scalar_type(); });
+    if (!one_dtype)
+      for (at::Tensor& t : part) t = t.to(at::kLong);
+    const at::Tensor ids = at::cat(part).to(at::kLong);
     const auto on_device = [&](const std::vector<std::int64_t>& v) { return at::tensor(v, at::kLong).to(longs.device()); };
     ends.push_back(at::stack({ids.index_select(0, on_device(firsts)), ids.index_select(0, on_device(lasts))}, 1));
     if (total > 1) {
