@@ -28,6 +28,8 @@
 //     loaded buffer), a running buffer PWAL writes, the parameter again under
 //     a second member (same TensorImpl or a coinciding view), or no
 //     checkpoint tensors at all (a PWAL-only layer); maybe a plain module;
+//   - per layer, stride-like metadata declared from_shapes (Note [Declared
+//     derivations]: checked at every reload, never to fire here);
 //   - per layer, Kernels: vector, map, optional and variant of kernels, a
 //     polymorphic unique_ptr, two shared_ptr (one object under two paths, or
 //     two), a vector of polymorphic experts, and a ViewGroup: ONE storage
@@ -344,6 +346,14 @@ struct ViewGroup {
                      (interior_, gk::metadata), (strided_, gk::derived_weight), (transposed_, gk::scale), mask_, len_)
 };
 
+// Stride-like metadata of the layer's shape alone, declared so (Note
+// [Declared derivations]): every reload of every structure, fault and PWAL
+// behaviour checks the declaration, which must never fire here.
+struct ShapeStrides {
+  at::Tensor ab, c;
+};
+GRAPHKEEP_AGGREGATE(ShapeStrides, (ab, gk::metadata.from_shapes()), (c, gk::metadata.from_shapes()));
+
 // Every container kind the registry walks.
 struct Kernels {
   std::vector<ScaleKernel> dense;
@@ -354,6 +364,7 @@ struct Kernels {
   std::shared_ptr<KernelBase> shared_a, shared_b;  // shared_b may be shared_a: one object, two paths
   std::vector<std::unique_ptr<KernelBase>> experts;
   ViewGroup views;
+  ShapeStrides strides;
 
   void contribute(Acc& acc) const {
     for (const auto& k : dense) k.contribute(acc);
@@ -364,8 +375,10 @@ struct Kernels {
       if (k != nullptr) k->contribute(acc);
     for (const auto& e : experts) e->contribute(acc);
     views.contribute(acc);
+    fold(acc, strides.ab);
+    fold(acc, strides.c);
   }
-  GRAPHKEEP_DESCRIBE(Kernels, dense, named, opt, var, poly, shared_a, shared_b, experts, views)
+  GRAPHKEEP_DESCRIBE(Kernels, dense, named, opt, var, poly, shared_a, shared_b, experts, views, strides)
 };
 
 Kernels build_kernels(const LayerSpec& s, const at::Tensor& qkv) {
@@ -382,6 +395,8 @@ Kernels build_kernels(const LayerSpec& s, const at::Tensor& qkv) {
   if (s.shared == 3) k.shared_b = make_kernel('P', qkv, salt++);
   for (int64_t i = 0; i < s.experts; ++i) k.experts.push_back(make_kernel((s.expert_types >> i) & 1 ? 'P' : 'S', qkv, salt++));
   k.views = ViewGroup(qkv, s);
+  k.strides.ab = at::full({D}, 3 * D, at::kLong);
+  k.strides.c = at::arange(D, at::kLong) * D + s.index;
   return k;
 }
 
