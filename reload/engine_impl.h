@@ -203,8 +203,18 @@ struct ReloadEngine::Impl {
   at::Tensor captured_tensor(const Expected& e) const;
 
   // --- patch_stage.cpp --------------------------------------------------------
-  // Everything stage(const Patch&) does between begin_stage and the return.
+  // Everything stage(const Patch&) does between begin_stage and the return,
+  // in named steps over the state they share (Note [Applying a patch]).
   void stage_patch(const Patch& patch, const ReloadOptions& o, detail::StagedState& st);
+  struct PatchStaging;
+  void check_patch_against_served(PatchStaging& ps);
+  void choose_patch_landings(PatchStaging& ps);
+  void stage_scatter_layers(PatchStaging& ps);
+  void stage_rerun_layers(PatchStaging& ps, detail::StagedState& st);
+  void rerun_patched_layer(PatchStaging& ps, std::size_t li, const WeightSource& described, PwalGuard& guard);
+  void land_rerun_passthrough(PatchStaging& ps, LayerPlan& lp, LayerRun& run,
+                              const std::map<std::string, const PatchEntry*>& touched);
+  void choose_patch_writes(PatchStaging& ps);
   // Commits what stage_patch staged (after commit()'s stale checks).
   void commit_patch(detail::StagedState& st, ReloadReport& rep);
 

@@ -155,26 +155,78 @@ StagedReload ReloadEngine::stage(const Patch& patch, const ReloadOptions& option
   return StagedReload(std::move(st));
 }
 
+// The state the steps of stage(patch) share (Note [Applying a patch]).
+struct ReloadEngine::Impl::PatchStaging {
+  PatchStaging(const Patch& p, const ReloadOptions& options, ReloadReport r) : patch(p), o(options), rep(std::move(r)) {}
+  const Patch& patch;
+  const ReloadOptions& o;
+  ReloadReport rep;
+  std::string_view label = label_of(patch);
+  std::shared_ptr<const ServedWeights> served0;
+  const ServedWeights::State* S = nullptr;
+  std::vector<std::vector<std::size_t>> by_layer;  // per layer, its entries' indices
+  std::vector<const Expected*> where;              // per entry, its checkpoint tensor
+  std::unique_ptr<StagedPatch> sp = std::make_unique<StagedPatch>();
+  std::unique_ptr<ServedWeights::State> next;      // the served content after the commit
+  std::vector<LayerRun> runs;                      // the re-run layers'
+
+  // How parameter pi of lp lands in what is served now.
+  const ServedParam& landing(const LayerPlan& lp, std::size_t pi) const {
+    const auto it = S->params.find(lp.full_name(lp.params[pi].param));
+    GK_INTERNAL_ASSERT(it != S->params.end(), "no landing for parameter '", lp.full_name(lp.params[pi].param), "'");
+    return it->second;
+  }
+  static PatchLanding landing_of(const at::Tensor& dst, const PatchEntry& pe) {
+    const EntryData x = on_device(pe, dst.device());
+    return PatchLanding{dst, &pe, x.indices, x.values};
+  }
+};
+
 void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o, detail::StagedState& st) {
   ReloadReport rep = new_report(o);
   rep.staged = true;
   rep.patch.applied = true;
-  const std::string_view label = label_of(patch);
-  const std::shared_ptr<const ServedWeights> served0 = served_now();
-  GK_CHECK(StateError, served0 != nullptr, "stage(patch) refused for ", label,
+  PatchStaging ps(patch, o, std::move(rep));
+  ps.served0 = served_now();
+  GK_CHECK(StateError, ps.served0 != nullptr, "stage(patch) refused for ", ps.label,
            ": the engine does not know the content it serves (no prepare(first_load) with the report of "
            "gk::load_weights, or the last reload ran without ReloadOptions::hash_served, or a failure left the model "
            "inconsistent); reload the weights in full first");
-  const ServedWeights::State& S = served0->state();
+  ps.S = &ps.served0->state();
+  check_patch_against_served(ps);  // 1. every check before anything is staged
+  choose_patch_landings(ps);       // 2. scatter or re-run, per touched layer
+  ps.next = std::make_unique<ServedWeights::State>();
+  ps.next->hashes = ps.S->hashes;
+  ps.next->params = ps.S->params;
+  ps.next->label = patch.target_version;
+  stage_scatter_layers(ps);        // 3. map the entries into captured storage ...
+  stage_rerun_layers(ps, st);      //    ... or recompute the layer
+  choose_patch_writes(ps);         // 4. elements or sectors
+  // 5. The served state, built here so that the commit only swaps a pointer.
+  StagedPatch& sp = *ps.sp;
+  ps.next->finish();
+  st.served_after = make_served(std::move(ps.next));
+  ps.rep.served = st.served_after;
+  for (const ScatterItem& w : sp.writes) st.bytes += w.values.nbytes() + (w.indices.defined() ? w.indices.nbytes() : 0);
+  for (const ScatterItem& u : sp.undo) st.bytes += u.values.nbytes();
+  // The staged tensors are complete before another thread's commit reads them.
+  wait_for(sp.undo);
+  sync_staged_streams(ps.runs);
+  st.rep = std::move(ps.rep);
+  st.runs = std::move(ps.runs);
+  st.patch = std::move(ps.sp);
+}
 
-  // 1. Every check before anything is staged.
+void ReloadEngine::Impl::check_patch_against_served(PatchStaging& ps) {
+  const Patch& patch = ps.patch;
+  const std::string_view label = ps.label;
+  ReloadReport& rep = ps.rep;
   {
     ScopedMsTimer t(rep.times.check_ms);
     validate_patch(patch);
   }
-  const std::size_t L = plan.layers().size();
-  std::vector<std::vector<std::size_t>> by_layer(L);  // entry indices
-  std::vector<const Expected*> where(patch.entries.size());
+  ps.by_layer.assign(plan.layers().size(), {});
+  ps.where.assign(patch.entries.size(), nullptr);
   for (std::size_t k = 0; k < patch.entries.size(); ++k) {
     const PatchEntry& pe = patch.entries[k];
     const auto it = expected.find(pe.name);
@@ -185,14 +237,14 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
     GK_CHECK(WeightError, pe.shape == ct.shape && pe.dtype == ct.dtype, label, ": tensor '", pe.name, "' is ",
              pe.dtype, " ", at::IntArrayRef(pe.shape), " in the patch but ", ct.dtype, " ", at::IntArrayRef(ct.shape),
              " in the model; nothing was changed");
-    const std::uint64_t* h = S.find(pe.name);
+    const std::uint64_t* h = ps.S->find(pe.name);
     GK_INTERNAL_ASSERT(h != nullptr, "no served hash for '", pe.name, "'");
     GK_CHECK(WeightError, *h == pe.base_hash, label, ": tensor '", pe.name, "': the patch's base hash is ",
              format_content_hash(pe.base_hash), " but the engine serves ", format_content_hash(*h), " (version ",
-             served0->describe(), "): the patch was made from other weights than those served (its base is '",
+             ps.served0->describe(), "): the patch was made from other weights than those served (its base is '",
              patch.base_version, "'); nothing was changed");
-    where[k] = &e;
-    by_layer[e.layer].push_back(k);
+    ps.where[k] = &e;
+    ps.by_layer[e.layer].push_back(k);
     rep.patch.elements += static_cast<std::size_t>(pe.count());
   }
   rep.patch.tensors = patch.entries.size();
@@ -200,7 +252,7 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
   // Non-finite values (Note [Refusing non-finite weights]): the values a
   // patch writes are checked, O(changed); what it leaves was checked when it
   // was loaded. (Re-run layers are checked again whole by the pipeline.)
-  if (!o.allow_non_finite) {
+  if (!ps.o.allow_non_finite) {
     ScopedMsTimer t(rep.times.finite_ms);
     std::vector<at::Tensor> values;
     values.reserve(patch.entries.size());
@@ -218,25 +270,22 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
                "updates; to serve them anyway, set ReloadOptions::allow_non_finite");
     }
   }
+}
 
-  // 2. The path of each touched layer.
-  auto sp = std::make_unique<StagedPatch>();
-  sp->touched.assign(L, 0);
-  sp->rerun.assign(L, 0);
-  auto landing = [&](const LayerPlan& lp, std::size_t pi) -> const ServedParam& {
-    const auto it = S.params.find(lp.full_name(lp.params[pi].param));
-    GK_INTERNAL_ASSERT(it != S.params.end(), "no landing for parameter '", lp.full_name(lp.params[pi].param), "'");
-    return it->second;
-  };
+void ReloadEngine::Impl::choose_patch_landings(PatchStaging& ps) {
+  const std::size_t L = plan.layers().size();
+  StagedPatch& sp = *ps.sp;
+  sp.touched.assign(L, 0);
+  sp.rerun.assign(L, 0);
   auto scatter_only = [&](std::size_t li) {
     const LayerPlan& lp = plan.layers()[li];
-    for (std::size_t k : by_layer[li])
-      if (!landing(lp, where[k]->param).passthrough || !captured_tensor(*where[k]).defined()) return false;
+    for (std::size_t k : ps.by_layer[li])
+      if (!ps.landing(lp, ps.where[k]->param).passthrough || !captured_tensor(*ps.where[k]).defined()) return false;
     if (lp.layer == nullptr) return true;
-    if (!o.check_configs && !lp.configs.empty()) return false;
+    if (!ps.o.check_configs && !lp.configs.empty()) return false;
     std::unordered_set<const void*> passthrough;
     for (std::size_t pi = 0; pi < lp.params.size(); ++pi)
-      if (const std::ptrdiff_t i = param_slot(lp, lp.params[pi].param); i >= 0 && landing(lp, pi).passthrough)
+      if (const std::ptrdiff_t i = param_slot(lp, lp.params[pi].param); i >= 0 && ps.landing(lp, pi).passthrough)
         passthrough.insert(storage_key(lp.slots[static_cast<std::size_t>(i)].captured));
     for (const PlannedSlot& s : lp.slots)
       if (s.defined() && s.role.effective_init() == Init::copy_new && !detail::patch_leaves_unchanged(s) &&
@@ -245,165 +294,173 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
     return true;
   };
   for (std::size_t li = 0; li < L; ++li) {
-    if (by_layer[li].empty()) continue;
-    sp->touched[li] = 1;
+    if (ps.by_layer[li].empty()) continue;
+    sp.touched[li] = 1;
     if (scatter_only(li)) {
-      rep.patch.layers_scattered += 1;
+      ps.rep.patch.layers_scattered += 1;
       continue;
     }
-    sp->rerun[li] = 1;
-    rep.patch.layers_rerun += 1;
+    sp.rerun[li] = 1;
+    ps.rep.patch.layers_rerun += 1;
     const LayerPlan& lp = plan.layers()[li];
     for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
-      const ServedParam& p = landing(lp, pi);
-      GK_CHECK(WeightError, p.passthrough || !p.base.empty(), label, ": tensor '", patch.entries[by_layer[li].front()].name,
-               "' cannot be patched: its layer '", lp.prefix, "' must run PWAL again, and ", p.no_base,
-               "; nothing was changed");
+      const ServedParam& p = ps.landing(lp, pi);
+      GK_CHECK(WeightError, p.passthrough || !p.base.empty(), ps.label, ": tensor '",
+               ps.patch.entries[ps.by_layer[li].front()].name, "' cannot be patched: its layer '", lp.prefix,
+               "' must run PWAL again, and ", p.no_base, "; nothing was changed");
     }
   }
+}
 
-  // The served content after the commit, updated as the layers are staged.
-  auto next = std::make_unique<ServedWeights::State>();
-  next->hashes = S.hashes;
-  next->params = S.params;
-  next->label = patch.target_version;
-  auto landing_of = [&](const at::Tensor& dst, const PatchEntry& pe) {
-    const EntryData x = on_device(pe, dst.device());
-    return PatchLanding{dst, &pe, x.indices, x.values};
-  };
-
-  // Scatter layers: the entries, their undo, and each result's hash (Note
-  // [One scatter per storage] in patch_landing.cpp).
-  for (std::size_t li = 0; li < L; ++li) {
-    if (!sp->touched[li] || sp->rerun[li]) continue;
+// Scatter layers: the entries, their undo, and each result's hash (Note
+// [One scatter per storage] in patch_landing.cpp).
+void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
+  ReloadReport& rep = ps.rep;
+  for (std::size_t li = 0; li < plan.layers().size(); ++li) {
+    if (!ps.sp->touched[li] || ps.sp->rerun[li]) continue;
     const LayerPlan& lp = plan.layers()[li];
     std::vector<at::Tensor> results;
     {
       ScopedMsTimer t(rep.times.load_ms);
       fault(testing::Stage::load, lp.prefix);
       std::vector<PatchLanding> ls;
-      ls.reserve(by_layer[li].size());
-      for (std::size_t k : by_layer[li]) ls.push_back(landing_of(captured_tensor(*where[k]), patch.entries[k]));
-      results = land_patch_entries(ls, *sp, /*results=*/true, o.verify_served);
+      ls.reserve(ps.by_layer[li].size());
+      for (std::size_t k : ps.by_layer[li])
+        ls.push_back(PatchStaging::landing_of(captured_tensor(*ps.where[k]), ps.patch.entries[k]));
+      results = land_patch_entries(ls, *ps.sp, /*results=*/true, ps.o.verify_served);
     }
     ScopedMsTimer t(rep.times.hash_ms);
     fault(testing::Stage::check, lp.prefix);
     const std::vector<std::uint64_t> got = content_hashes(results);
     for (std::size_t j = 0; j < got.size(); ++j) {
-      const PatchEntry& pe = patch.entries[by_layer[li][j]];
-      GK_CHECK(WeightError, got[j] == pe.target_hash, label, ": tensor '", pe.name, "': after the patch its content "
-               "hash is ", format_content_hash(got[j]), " but the patch's target hash is ",
+      const PatchEntry& pe = ps.patch.entries[ps.by_layer[li][j]];
+      GK_CHECK(WeightError, got[j] == pe.target_hash, ps.label, ": tensor '", pe.name, "': after the patch its "
+               "content hash is ", format_content_hash(got[j]), " but the patch's target hash is ",
                format_content_hash(pe.target_hash), " (the patch's values do not produce its target version '",
-               patch.target_version, "'); nothing was changed");
-      *next->find(pe.name) = pe.target_hash;
+               ps.patch.target_version, "'); nothing was changed");
+      *ps.next->find(pe.name) = pe.target_hash;
     }
   }
+}
 
-  // Re-run layers: rebuild, patch, and run them through the pipeline.
-  std::vector<LayerRun> runs = new_runs();
-  if (sp->any_rerun()) {
-    const InMemorySource described({}, std::string(label));
-    StageGuard guard(plan, [this](std::string why) { refuse_replay(std::move(why)); });
-    try {
-      for (std::size_t li = 0; li < L; ++li) {
-        if (!sp->rerun[li]) continue;
-        LayerPlan& lp = plan.layers()[li];
-        LayerRun& run = runs[li];
-        std::map<std::string, const PatchEntry*> touched;
-        for (std::size_t k : by_layer[li]) touched.emplace(patch.entries[k].name, &patch.entries[k]);
-        {
-          ScopedMsTimer t(rep.times.load_ms);
-          for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
-            const CheckpointParam& cp = lp.params[pi];
-            const ServedParam& p = landing(lp, pi);
-            for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
-              const CheckpointTensor& ct = cp.tensors[ti];
-              const std::string name = lp.full_name(ct.name);
-              const at::Tensor base = p.passthrough ? captured_tensor(expected.at(name)) : p.base[ti];
-              GK_INTERNAL_ASSERT(base.defined(), "no base for '", name, "'");
-              const auto hit = touched.find(name);
-              const at::Tensor whole = hit != touched.end() ? patched(base, *hit->second) : base.clone();
-              const std::int64_t piece = ct.num_shards > 1 ? ct.shape[static_cast<std::size_t>(ct.shard_dim)] / ct.num_shards : 0;
-              for (std::int64_t s = 0; s < ct.num_shards; ++s)
-                run.pending.push_back({pi, ti, s,
-                                       ct.num_shards == 1 ? whole : whole.narrow(ct.shard_dim, s * piece, piece).contiguous(),
-                                       name});
-              run.shards[expected.at(name).flat].assign(static_cast<std::size_t>(ct.num_shards), true);
-            }
-          }
-          run.loaded = run.expected;
-        }
-        snapshot_and_detach(lp, run, guard);
-        ReloadOptions ro = o;
-        ro.hash_served = true;
-        ro.patch_base = kept_where(S, lp, o.patch_base);
-        process(lp, run, ro, rep, described, guard);
-        // Every loaded tensor is the target (touched) or what is served.
-        GK_INTERNAL_ASSERT(run.record.recorded, "a re-run layer was not recorded");
-        for (const auto& [name, h] : run.record.hashes) {
-          const auto hit = touched.find(name);
-          const std::uint64_t want = hit != touched.end() ? hit->second->target_hash : *S.find(name);
-          GK_CHECK(WeightError, h == want, label, ": tensor '", name, "': ",
-                   hit != touched.end()
-                       ? concat("after the patch its content hash is ", format_content_hash(h),
-                                " but the patch's target hash is ", format_content_hash(want),
-                                " (the patch's values do not produce its target version '", patch.target_version, "')")
-                       : concat("rebuilt from its base it hashes ", format_content_hash(h), " but the engine serves ",
-                                format_content_hash(want), " (its base no longer holds the served values)"),
-                   "; nothing was changed");
-          *next->find(name) = h;
-        }
-        // Passthrough parameters go by scatter: their slots (and views of
-        // the same bytes) commit in place, the touched tensors' entries are
-        // written into captured storage.
-        std::vector<PatchLanding> passthrough_landings;
-        for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
-          const CheckpointParam& cp = lp.params[pi];
-          const std::string full = lp.full_name(cp.param);
-          const auto rec = std::find_if(run.record.params.begin(), run.record.params.end(),
-                                        [&](const auto& x) { return x.first == full; });
-          const std::ptrdiff_t i = param_slot(lp, cp.param);
-          if (rec == run.record.params.end() || !rec->second.passthrough || i < 0 ||
-              !run.current[static_cast<std::size_t>(i)].defined())
-            continue;
-          const PlannedSlot& ps = lp.slots[static_cast<std::size_t>(i)];
-          const void* staged_key = storage_key(run.current[static_cast<std::size_t>(i)]);
-          // Note [Re-run layers release their passthrough copies]: the
-          // layer's fields stop pointing at the staged copy now, not at the
-          // end of the stage, so a patch touching every layer of a MoE holds
-          // one layer's copy at a time, not a second model.
-          for (std::size_t j = 0; j < lp.slots.size(); ++j)
-            if (run.current[j].defined() && run.current[j].has_storage() && storage_key(run.current[j]) == staged_key &&
-                lp.slots[j].defined() && storage_key(lp.slots[j].captured) == storage_key(ps.captured)) {
-              run.current[j] = lp.slots[j].captured;
-              detail::repoint(lp, lp.slots[j]);
-            }
-          for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
-            const auto hit = touched.find(lp.full_name(cp.tensors[ti].name));
-            if (hit == touched.end()) continue;
-            const at::Tensor dst = captured_tensor(expected.at(hit->first));
-            GK_INTERNAL_ASSERT(dst.defined(), "a passthrough parameter without a captured tensor");
-            passthrough_landings.push_back(landing_of(dst, *hit->second));
-          }
-        }
-        land_patch_entries(passthrough_landings, *sp, /*results=*/false, o.verify_served);
-        passthrough_landings.clear();
-        for (auto& [name, p] : run.record.params) next->params.insert_or_assign(name, std::move(p));
-        run.record = LayerRecord{};
+// Re-run layers: rebuild, patch, and run them through the pipeline.
+void ReloadEngine::Impl::stage_rerun_layers(PatchStaging& ps, detail::StagedState& st) {
+  ps.runs = new_runs();
+  if (!ps.sp->any_rerun()) return;
+  const InMemorySource described({}, std::string(ps.label));
+  StageGuard guard(plan, [this](std::string why) { refuse_replay(std::move(why)); });
+  try {
+    for (std::size_t li = 0; li < plan.layers().size(); ++li)
+      if (ps.sp->rerun[li]) rerun_patched_layer(ps, li, described, guard);
+    settle_staged(ps.runs, guard.copies(), st, ps.sp->rerun);
+  } catch (...) {
+    if (!rollback_all(ps.runs, st.options)) fields_unrestored = true;
+    throw;
+  }
+}
+
+void ReloadEngine::Impl::rerun_patched_layer(PatchStaging& ps, std::size_t li, const WeightSource& described,
+                                             PwalGuard& guard) {
+  const Patch& patch = ps.patch;
+  LayerPlan& lp = plan.layers()[li];
+  LayerRun& run = ps.runs[li];
+  std::map<std::string, const PatchEntry*> touched;
+  for (std::size_t k : ps.by_layer[li]) touched.emplace(patch.entries[k].name, &patch.entries[k]);
+  {
+    ScopedMsTimer t(ps.rep.times.load_ms);
+    for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+      const CheckpointParam& cp = lp.params[pi];
+      const ServedParam& p = ps.landing(lp, pi);
+      for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
+        const CheckpointTensor& ct = cp.tensors[ti];
+        const std::string name = lp.full_name(ct.name);
+        const at::Tensor base = p.passthrough ? captured_tensor(expected.at(name)) : p.base[ti];
+        GK_INTERNAL_ASSERT(base.defined(), "no base for '", name, "'");
+        const auto hit = touched.find(name);
+        const at::Tensor whole = hit != touched.end() ? patched(base, *hit->second) : base.clone();
+        const std::int64_t piece = ct.num_shards > 1 ? ct.shape[static_cast<std::size_t>(ct.shard_dim)] / ct.num_shards : 0;
+        for (std::int64_t s = 0; s < ct.num_shards; ++s)
+          run.pending.push_back({pi, ti, s,
+                                 ct.num_shards == 1 ? whole : whole.narrow(ct.shard_dim, s * piece, piece).contiguous(),
+                                 name});
+        run.shards[expected.at(name).flat].assign(static_cast<std::size_t>(ct.num_shards), true);
       }
-      settle_staged(runs, guard.copies(), st, sp->rerun);
-    } catch (...) {
-      if (!rollback_all(runs, st.options)) fields_unrestored = true;
-      throw;
+    }
+    run.loaded = run.expected;
+  }
+  snapshot_and_detach(lp, run, guard);
+  ReloadOptions ro = ps.o;
+  ro.hash_served = true;
+  ro.patch_base = kept_where(*ps.S, lp, ps.o.patch_base);
+  process(lp, run, ro, ps.rep, described, guard);
+  // Every loaded tensor is the target (touched) or what is served.
+  GK_INTERNAL_ASSERT(run.record.recorded, "a re-run layer was not recorded");
+  for (const auto& [name, h] : run.record.hashes) {
+    const auto hit = touched.find(name);
+    const std::uint64_t want = hit != touched.end() ? hit->second->target_hash : *ps.S->find(name);
+    GK_CHECK(WeightError, h == want, ps.label, ": tensor '", name, "': ",
+             hit != touched.end()
+                 ? concat("after the patch its content hash is ", format_content_hash(h),
+                          " but the patch's target hash is ", format_content_hash(want),
+                          " (the patch's values do not produce its target version '", patch.target_version, "')")
+                 : concat("rebuilt from its base it hashes ", format_content_hash(h), " but the engine serves ",
+                          format_content_hash(want), " (its base no longer holds the served values)"),
+             "; nothing was changed");
+    *ps.next->find(name) = h;
+  }
+  land_rerun_passthrough(ps, lp, run, touched);
+  for (auto& [name, p] : run.record.params) ps.next->params.insert_or_assign(name, std::move(p));
+  run.record = LayerRecord{};
+}
+
+// A re-run layer's passthrough parameters go by scatter: their slots (and
+// views of the same bytes) commit in place, the touched tensors' entries
+// are written into captured storage.
+void ReloadEngine::Impl::land_rerun_passthrough(PatchStaging& ps, LayerPlan& lp, LayerRun& run,
+                                                const std::map<std::string, const PatchEntry*>& touched) {
+  std::vector<PatchLanding> landings;
+  for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+    const CheckpointParam& cp = lp.params[pi];
+    const std::string full = lp.full_name(cp.param);
+    const auto rec = std::find_if(run.record.params.begin(), run.record.params.end(),
+                                  [&](const auto& x) { return x.first == full; });
+    const std::ptrdiff_t i = param_slot(lp, cp.param);
+    if (rec == run.record.params.end() || !rec->second.passthrough || i < 0 ||
+        !run.current[static_cast<std::size_t>(i)].defined())
+      continue;
+    const PlannedSlot& slot = lp.slots[static_cast<std::size_t>(i)];
+    const void* staged_key = storage_key(run.current[static_cast<std::size_t>(i)]);
+    // Note [Re-run layers release their passthrough copies]: the layer's
+    // fields stop pointing at the staged copy now, not at the end of the
+    // stage, so a patch touching every layer of a MoE holds one layer's
+    // copy at a time, not a second model.
+    for (std::size_t j = 0; j < lp.slots.size(); ++j)
+      if (run.current[j].defined() && run.current[j].has_storage() && storage_key(run.current[j]) == staged_key &&
+          lp.slots[j].defined() && storage_key(lp.slots[j].captured) == storage_key(slot.captured)) {
+        run.current[j] = lp.slots[j].captured;
+        detail::repoint(lp, lp.slots[j]);
+      }
+    for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
+      const auto hit = touched.find(lp.full_name(cp.tensors[ti].name));
+      if (hit == touched.end()) continue;
+      const at::Tensor dst = captured_tensor(expected.at(hit->first));
+      GK_INTERNAL_ASSERT(dst.defined(), "a passthrough parameter without a captured tensor");
+      landings.push_back(PatchStaging::landing_of(dst, *hit->second));
     }
   }
-  // How the commit writes (Note [Sector images] in cuda/patch_scatter.h):
-  // the images are made here, from the captured storage the commit will
-  // write, which nothing writes before then (a commit after another write
-  // of the weights is refused as stale).
-  // PatchWrites::automatic writes sectors on a GPU only while their images
-  // (at most) fit in half of what the device has left: at a real AdamW
-  // step's density a 30B MoE's images come near the model's own size.
+  land_patch_entries(landings, *ps.sp, /*results=*/false, ps.o.verify_served);
+}
+
+// How the commit writes (Note [Sector images] in cuda/patch_scatter.h): the
+// images are made here, from the captured storage the commit will write,
+// which nothing writes before then (a commit after another write of the
+// weights is refused as stale). PatchWrites::automatic writes sectors on a
+// GPU only while their images (at most) fit in half of what the device has
+// left: at a real AdamW step's density a 30B MoE's images come near the
+// model's own size.
+void ReloadEngine::Impl::choose_patch_writes(PatchStaging& ps) {
+  const ReloadOptions& o = ps.o;
+  std::vector<ScatterItem>& writes = ps.sp->writes;
   const auto wants_sectors = [&](const ScatterItem& w) {
     return o.patch_writes == PatchWrites::sectors || (o.patch_writes == PatchWrites::automatic && w.dst.is_cuda());
   };
@@ -411,31 +468,20 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
   if (o.patch_writes == PatchWrites::automatic) {
     std::size_t need = 0;
     c10::Device device(c10::kCPU);
-    for (const ScatterItem& w : sp->writes)
+    for (const ScatterItem& w : writes)
       if (wants_sectors(w)) need += sector_image_bytes_bound(w), device = w.dst.device();
     sectors = need > 0 && need <= device_headroom(device) / 2;
-    rep.patch.sectors_declined = need > 0 && !sectors;
+    ps.rep.patch.sectors_declined = need > 0 && !sectors;
   }
   if (sectors) {
-    ScopedMsTimer t(rep.times.load_ms);
-    use_sector_images(sp->writes, wants_sectors);
+    ScopedMsTimer t(ps.rep.times.load_ms);
+    use_sector_images(writes, wants_sectors);
   }
-  rep.patch.bytes_scattered = 0;
-  for (const ScatterItem& w : sp->writes) {
-    rep.patch.bytes_scattered += w.bytes();
-    if (w.sectors) rep.patch.sectors_written += static_cast<std::size_t>(w.indices.numel());
+  ps.rep.patch.bytes_scattered = 0;
+  for (const ScatterItem& w : writes) {
+    ps.rep.patch.bytes_scattered += w.bytes();
+    if (w.sectors) ps.rep.patch.sectors_written += static_cast<std::size_t>(w.indices.numel());
   }
-  next->finish();
-  st.served_after = make_served(std::move(next));
-  rep.served = st.served_after;
-  for (const ScatterItem& w : sp->writes) st.bytes += w.values.nbytes() + (w.indices.defined() ? w.indices.nbytes() : 0);
-  for (const ScatterItem& u : sp->undo) st.bytes += u.values.nbytes();
-  // The staged tensors are complete before another thread's commit reads them.
-  wait_for(sp->undo);
-  sync_staged_streams(runs);
-  st.rep = std::move(rep);
-  st.runs = std::move(runs);
-  st.patch = std::move(sp);
 }
 
 void ReloadEngine::Impl::commit_patch(detail::StagedState& st, ReloadReport& rep) {
