@@ -393,6 +393,9 @@ int main(int argc, char** argv) {
       if (patch) {
         std::printf("%s; %zu layers scattered, %zu re-ran PWAL; serving %s\n", delta_note.c_str(),
                     r.patch.layers_scattered, r.patch.layers_rerun, eng.reload_engine().served()->describe().c_str());
+        // Each layer's landing: why a re-run layer could not take the scatter.
+        for (std::size_t k = 0; k < r.patch.rerun_why.size() && (step == 1 || k < 3); ++k)
+          std::printf("  re-ran %s\n", r.patch.rerun_why[k].c_str());
         all_equal = all_equal && eng.reload_engine().served()->label() == "step" + std::to_string(step);
       }
       std::fflush(stdout);

@@ -277,12 +277,17 @@ void ReloadEngine::Impl::choose_patch_landings(PatchStaging& ps) {
   StagedPatch& sp = *ps.sp;
   sp.touched.assign(L, 0);
   sp.rerun.assign(L, 0);
-  auto scatter_only = [&](std::size_t li) {
+  // Why layer li must re-run PWAL; empty: the scatter alone lands it.
+  auto rerun_why = [&](std::size_t li) -> std::string {
     const LayerPlan& lp = plan.layers()[li];
-    for (std::size_t k : ps.by_layer[li])
-      if (!ps.landing(lp, ps.where[k]->param).passthrough || !captured_tensor(*ps.where[k]).defined()) return false;
-    if (lp.layer == nullptr) return true;
-    if (!ps.o.check_configs && !lp.configs.empty()) return false;
+    for (std::size_t k : ps.by_layer[li]) {
+      const CheckpointParam& cp = lp.params[ps.where[k]->param];
+      if (!ps.landing(lp, ps.where[k]->param).passthrough || !captured_tensor(*ps.where[k]).defined())
+        return concat("parameter '", cp.param, "' does not land unchanged in captured storage (PWAL transforms it, "
+                      "or a load_weight() of the layer placed it)");
+    }
+    if (lp.layer == nullptr) return {};
+    if (!ps.o.check_configs && !lp.configs.empty()) return "configuration checks are off";
     std::unordered_set<const void*> passthrough;
     for (std::size_t pi = 0; pi < lp.params.size(); ++pi)
       if (const std::ptrdiff_t i = param_slot(lp, lp.params[pi].param); i >= 0 && ps.landing(lp, pi).passthrough)
@@ -290,18 +295,21 @@ void ReloadEngine::Impl::choose_patch_landings(PatchStaging& ps) {
     for (const PlannedSlot& s : lp.slots)
       if (s.defined() && s.role.effective_init() == Init::copy_new && !detail::patch_leaves_unchanged(s) &&
           !passthrough.count(storage_key(s.captured)))
-        return false;
-    return true;
+        return concat(s.name, " (", to_string(s.role.role), s.owner.empty() ? "" : " of ", s.owner,
+                      ") is derived without a declared derivation");
+    return {};
   };
   for (std::size_t li = 0; li < L; ++li) {
     if (ps.by_layer[li].empty()) continue;
     sp.touched[li] = 1;
-    if (scatter_only(li)) {
+    std::string why = rerun_why(li);
+    if (why.empty()) {
       ps.rep.patch.layers_scattered += 1;
       continue;
     }
     sp.rerun[li] = 1;
     ps.rep.patch.layers_rerun += 1;
+    ps.rep.patch.rerun_why.push_back(concat(plan.layers()[li].prefix, ": ", why));
     const LayerPlan& lp = plan.layers()[li];
     for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
       const ServedParam& p = ps.landing(lp, pi);

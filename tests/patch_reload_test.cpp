@@ -318,6 +318,12 @@ TEST_CASE("a patch by reload() and by stage()+commit() serves what a full reload
       CHECK(r.patch.tensors == 6);
       CHECK(r.patch.layers_scattered == 1);  // fused (norm is untouched)
       CHECK(r.patch.layers_rerun == 3);      // toy (derived kernel), trans (transformed), custom (load_weight)
+      REQUIRE(r.patch.rerun_why.size() == 3);  // each re-run layer, with why
+      CHECK(r.patch.rerun_why[0].find("toy: toy.kernel_.") != std::string::npos);
+      CHECK(r.patch.rerun_why[0].find("is derived without a declared derivation") != std::string::npos);
+      CHECK(r.patch.rerun_why[1].find("trans: parameter 'w' does not land unchanged in captured storage") !=
+            std::string::npos);
+      CHECK(r.patch.rerun_why[2].find("custom: parameter 'w' does not land unchanged") != std::string::npos);
       const at::Tensor out1 = rig.replay();
       CHECK_FALSE(pt::same(out1, out0));
       CHECK(pt::same(out1, pt::full_output(w0, w1)));
@@ -402,6 +408,7 @@ TEST_CASE("declared from_shapes strides: a patch touching every expert runs no P
       CHECK(p.entries.size() == static_cast<std::size_t>(pt::E));  // every expert touched
       const gk::ReloadReport r = staged ? rig.engine->commit(rig.engine->stage(p)) : rig.engine->reload(p);
       CHECK(r.patch.layers_rerun == 0);
+      CHECK(r.patch.rerun_why.empty());
       CHECK(r.patch.layers_scattered == 1);
       full.reload(*b);
       CHECK(pt::same(rig.replay(), full.replay()));  // the strides too: the graph reads every slot
@@ -409,6 +416,9 @@ TEST_CASE("declared from_shapes strides: a patch touching every expert runs no P
       // Without the declaration the same patch re-runs the layer's PWAL, to the same bits.
       const gk::ReloadReport u = undeclared.engine->reload(p);
       CHECK(u.patch.layers_rerun == 1);
+      REQUIRE(u.patch.rerun_why.size() == 1);
+      CHECK(u.patch.rerun_why[0] ==
+            "moe: moe.strides_.ab (metadata of UndeclaredStrides) is derived without a declared derivation");
       CHECK(pt::same(undeclared.replay(), full.replay()));
     }
     CHECK_FALSE(pt::same(rig.replay(), out0));

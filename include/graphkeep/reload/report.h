@@ -83,6 +83,11 @@ struct ReloadReport {
     std::size_t bytes_scattered = 0;
     std::size_t sectors_written = 0;  // whole 32-byte sectors (PatchWrites::sectors; the rest as elements)
     bool sectors_declined = false;    // PatchWrites::automatic wrote elements: the images would not fit
+    // Per layer that re-ran PWAL, "<layer>: <why>", the first reason found:
+    // a derived slot without a declared derivation (Note [Declared
+    // derivations] in graphkeep/registry/role.h), a parameter PWAL
+    // transforms, a layer's own load_weight(), configuration checks off.
+    std::vector<std::string> rerun_why;
   } patch;
   PhaseTimes times;
 
