@@ -35,8 +35,8 @@ at::Tensor module_buffer(torch::nn::Module& m, const std::string& name);
 // The module tensor a parameter or buffer slot names.
 at::Tensor module_tensor(torch::nn::Module& m, const PlannedSlot& s);
 
-// The message for a ReloadOptions::<option> entry that names no slot of the
-// plan, with the closest slot names.
+// The message for a gk::testing::EngineHooks::<option> entry that names no
+// slot of the plan, with the closest slot names.
 std::string unknown_slot_message(const SlotPlan& plan, std::string_view option, std::string_view name);
 
 // What differs between the captured layout of s and t ("shape [4] -> [8]").

@@ -130,7 +130,7 @@ namespace detail {
 std::string unknown_slot_message(const SlotPlan& plan, std::string_view option, std::string_view name) {
   std::string near;
   for (const std::string& c : plan.closest_slot_names(name)) near += concat(near.empty() ? "" : ", ", "'", c, "'");
-  return concat("ReloadOptions::", option, " names '", name, "', which is no slot of the model",
+  return concat("gk::testing::EngineHooks::", option, " names '", name, "', which is no slot of the model",
                 near.empty() ? "" : concat("; closest: ", near),
                 " (slot names: module path, then parameter or member path, as ReloadEngine::slot_names() lists them)");
 }
