@@ -9,6 +9,7 @@
 #include <cstring>
 #include <utility>
 
+#include "device_groups.h"
 #include "patch_errors.h"
 
 namespace gk {
@@ -41,7 +42,7 @@ at::Tensor entry_stats(const PatchEntry& e) {
 std::vector<NonFiniteValues> non_finite_values(const Patch& patch) {
   std::vector<NonFiniteValues> out(patch.entries.size());
   // The entries to read, by device: one copy to the host per device.
-  std::vector<std::pair<c10::Device, std::vector<std::size_t>>> by_device;
+  detail::DeviceGroups by_device;
   for (std::size_t i = 0; i < patch.entries.size(); ++i) {
     const PatchEntry& e = patch.entries[i];
     if (!e.values.defined() || e.values.numel() == 0 || !may_be_non_finite(e.values.scalar_type())) continue;
@@ -52,12 +53,9 @@ std::vector<NonFiniteValues> non_finite_values(const Patch& patch) {
       GK_CHECK(WeightError, e.indices.device() == e.values.device(), detail::patch_label(patch), ": tensor '", e.name,
                "': the indices are on ", e.indices.device(), " and the values on ", e.values.device());
     }
-    auto it = std::find_if(by_device.begin(), by_device.end(),
-                           [&](const auto& d) { return d.first == e.values.device(); });
-    if (it == by_device.end()) it = by_device.insert(by_device.end(), {e.values.device(), {}});
-    it->second.push_back(i);
+    by_device.add(e.values.device(), i);
   }
-  for (const auto& [device, which] : by_device) {
+  for (const auto& [device, which] : by_device.list()) {
     std::vector<at::Tensor> stats;
     stats.reserve(which.size());
     for (const std::size_t i : which) stats.push_back(entry_stats(patch.entries[i]));

@@ -10,6 +10,7 @@
 #include <limits>
 #include <utility>
 
+#include "device_groups.h"
 #include "patch_errors.h"
 
 namespace gk {
@@ -204,37 +205,34 @@ void validate_patch(const Patch& patch) {
 
   // The indices' range and order, computed where they are; one copy to the
   // host per device.
-  std::vector<std::pair<c10::Device, std::vector<std::size_t>>> by_device;
+  detail::DeviceGroups by_device;
   for (std::size_t i = 0; i < patch.entries.size(); ++i) {
     const PatchEntry& e = patch.entries[i];
-    if (e.encoding != PatchEncoding::sparse || e.indices.numel() == 0) continue;
-    auto it = std::find_if(by_device.begin(), by_device.end(),
-                           [&](const auto& d) { return d.first == e.indices.device(); });
-    if (it == by_device.end()) it = by_device.insert(by_device.end(), {e.indices.device(), {}});
-    it->second.push_back(i);
+    if (e.encoding == PatchEncoding::sparse && e.indices.numel() > 0) by_device.add(e.indices.device(), i);
   }
-  for (const auto& [device, which] : by_device) {
+  for (const auto& [device, which] : by_device.list()) {
     std::vector<at::Tensor> indices;
     indices.reserve(which.size());
     for (const std::size_t i : which) indices.push_back(patch.entries[i].indices.reshape({-1}));
     const auto [ends, disorder] = ends_and_disorder(indices);
     const at::Tensor summary = at::cat({ends.reshape({-1}), disorder.reshape({1})}).cpu();
     const auto* f = summary.const_data_ptr<std::int64_t>();
-    const bool ordered = f[2 * which.size()] == 0;
-    // Ordered: each entry's first and last index are its min and max (Note
-    // [Validating indices in one pass]); else every entry is examined alone.
-    const at::Tensor host = ordered ? at::Tensor() : [&] {
-      std::vector<at::Tensor> stats;
-      for (const at::Tensor& t : indices) stats.push_back(index_stats(t));
-      return at::stack(stats).cpu();
-    }();
+    // Per entry [min, max, repeats, descents]. Ordered: each entry's first
+    // and last index are its min and max (Note [Validating indices in one
+    // pass]); else every entry is examined alone.
+    std::vector<std::int64_t> stats(4 * which.size(), 0);
+    if (f[2 * which.size()] == 0) {
+      for (std::size_t k = 0; k < which.size(); ++k) stats[4 * k] = f[2 * k], stats[4 * k + 1] = f[2 * k + 1];
+    } else {
+      std::vector<at::Tensor> each;
+      for (const at::Tensor& t : indices) each.push_back(index_stats(t));
+      const at::Tensor host = at::stack(each).cpu();
+      std::copy_n(host.const_data_ptr<std::int64_t>(), stats.size(), stats.begin());
+    }
     for (std::size_t k = 0; k < which.size(); ++k) {
       const PatchEntry& e = patch.entries[which[k]];
       const std::int64_t numel = e.numel();
-      const std::int64_t s[4] = {ordered ? f[2 * k] : host[k][0].item<std::int64_t>(),
-                                 ordered ? f[2 * k + 1] : host[k][1].item<std::int64_t>(),
-                                 ordered ? 0 : host[k][2].item<std::int64_t>(),
-                                 ordered ? 0 : host[k][3].item<std::int64_t>()};
+      const std::int64_t* s = stats.data() + 4 * k;
       if (s[0] >= 0 && s[1] < numel && s[2] == 0 && s[3] == 0) continue;  // the message only on failure
       const std::string what = detail::concat(label, ": tensor '", e.name, "' (shape ", c10::IntArrayRef(e.shape),
                                               ", ", numel, " elements)");
