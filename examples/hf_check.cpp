@@ -257,11 +257,12 @@ int run_patch_check(const std::string& ref_dir, std::int64_t steps, c10::Device 
     const bool ok = bad.empty() && versions && logits_equal && vs_ref.diff.within(tol) && r.patch.applied &&
                     c.patch.applied;
     pass = pass && ok;
-    std::printf("%s: patch of %zu tensors, %zu elements, %zu bytes (%zu layers scattered, %zu re-run, %zu of %zu "
+    std::printf("%s: patch of %zu tensors, %zu elements, %zu bytes (%zu layers scattered, %zu re-run, %zu blocks "
+                "recomputed, %zu of %zu "
                 "served tensors touched); reload(patch) pause %.2f ms, stage %.2f ms + commit %.2f ms | %zu slots "
                 "%s, content version %s, decode logits %s a full reload's | transformers: %s | %s\n",
                 s.c_str(), p.entries.size(), elements, p.payload_bytes(), r.patch.layers_scattered, r.patch.layers_rerun,
-                p.entries.size(), served_tensors, r.times.commit_ms, c.times.stage_ms, c.times.commit_ms, compared,
+                r.patch.blocks_recomputed, p.entries.size(), served_tensors, r.times.commit_ms, c.times.stage_ms, c.times.commit_ms, compared,
                 bad.empty() ? "bitwise equal" : ("DIFFER (" + bad.front() + ", ...)").c_str(),
                 versions ? "equal" : "DIFFERS", logits_equal ? "bitwise equal to" : "DIFFER from",
                 vs_ref.summary().c_str(), ok ? "ok" : "FAIL");

@@ -391,8 +391,9 @@ int main(int argc, char** argv) {
                   static_cast<long long>(c.total), c.logits.max_abs());
       if (!online_note.empty()) std::printf("%s\n", online_note.c_str());
       if (patch) {
-        std::printf("%s; %zu layers scattered, %zu re-ran PWAL; serving %s\n", delta_note.c_str(),
-                    r.patch.layers_scattered, r.patch.layers_rerun, eng.reload_engine().served()->describe().c_str());
+        std::printf("%s; %zu layers scattered (%zu derived blocks recomputed), %zu re-ran PWAL; serving %s\n",
+                    delta_note.c_str(), r.patch.layers_scattered, r.patch.blocks_recomputed, r.patch.layers_rerun,
+                    eng.reload_engine().served()->describe().c_str());
         // Each layer's landing: why a re-run layer could not take the scatter.
         for (std::size_t k = 0; k < r.patch.rerun_why.size() && (step == 1 || k < 3); ++k)
           std::printf("  re-ran %s\n", r.patch.rerun_why[k].c_str());

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <string_view>
 
 namespace gk::detail {
 namespace {
@@ -30,12 +31,217 @@ std::string member_name(const std::string& local) {
   return dot == std::string::npos ? local : local.substr(dot + 1);
 }
 
+std::string member_of(const PlannedSlot& s) { return concat(s.owner, "::", member_name(s.local)); }
+
+const char* to_string(BlockLayout l) {
+  switch (l) {
+    case BlockLayout::same_as_source: return "same_as_source";
+    case BlockLayout::one_per_block: return "one_per_block";
+    case BlockLayout::one_per_block_transposed: return "one_per_block_transposed";
+  }
+  return "?";
+}
+
+// The number of elements a derivation output holds.
+std::int64_t output_numel(const PlannedDerivation& d, BlockLayout l, std::int64_t n, std::int64_t k) {
+  return l == BlockLayout::same_as_source ? n * k : (n / d.block_rows) * (k / d.block_cols);
+}
+
+// All blocks of src [N, K] as [N/bh * K/bw, bh, bw], row-major over the blocks.
+at::Tensor all_blocks(const at::Tensor& src, std::int64_t bh, std::int64_t bw) {
+  const std::int64_t n = src.size(0), k = src.size(1);
+  return src.reshape({n / bh, bh, k / bw, bw}).permute({0, 2, 1, 3}).reshape({-1, bh, bw});
+}
+
+// The inverse of all_blocks.
+at::Tensor from_blocks(const at::Tensor& blocks, std::int64_t n, std::int64_t k) {
+  const std::int64_t bh = blocks.size(1), bw = blocks.size(2);
+  return blocks.reshape({n / bh, k / bw, bh, bw}).permute({0, 2, 1, 3}).reshape({n, k});
+}
+
 }  // namespace
+
+const PlannedDerivation* derivation_of(const LayerPlan& lp, std::size_t slot) {
+  for (const PlannedDerivation& d : lp.derivations)
+    for (const PlannedDerivation::Output& o : d.outputs)
+      if (o.slot == slot) return &d;
+  return nullptr;
+}
+
+void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_out) {
+  lp.derivations.clear();
+  if (lp.layer == nullptr) return;
+  Derivations declared;
+  lp.layer->declare_derivations(declared);
+  auto slot_of = [&](const at::Tensor& t) -> std::ptrdiff_t {
+    if (!t.defined()) return -1;
+    for (std::size_t i = 0; i < lp.slots.size(); ++i)
+      if (lp.slots[i].defined() && same_region(lp.slots[i].captured, t)) return static_cast<std::ptrdiff_t>(i);
+    return -1;
+  };
+  bool dropped = false;
+  for (const BlockDerivation& b : declared.list()) {
+    const std::string what = concat("block derivation '", b.name, "' of layer '", lp.prefix, "'");
+    PlannedDerivation d;
+    d.name = b.name;
+    d.block_rows = b.block_rows;
+    d.block_cols = b.block_cols;
+    d.fn = b.fn;
+    GK_CHECK(DeclarationError, static_cast<bool>(b.fn), what, " has no function");
+    const std::ptrdiff_t src = slot_of(b.source);
+    const bool checkpoint = src >= 0 && lp.slots[static_cast<std::size_t>(src)].kind != PlannedSlot::Kind::declared &&
+                            std::any_of(lp.params.begin(), lp.params.end(), [&](const CheckpointParam& cp) {
+                              return cp.param == lp.slots[static_cast<std::size_t>(src)].local;
+                            });
+    GK_CHECK(DeclarationError, checkpoint, what, " reads a source that is not a checkpoint parameter of the layer (",
+             b.source.defined() ? concat(b.source.scalar_type(), " ", b.source.sizes()) : std::string("undefined"),
+             "): a block derivation computes a derived member from one parameter that checkpoint_params() lists; "
+             "pass that parameter's field");
+    d.source = static_cast<std::size_t>(src);
+    const at::Tensor& s = b.source;
+    GK_CHECK(DeclarationError, s.dim() == 2 && s.is_contiguous() && b.block_rows > 0 && b.block_cols > 0 &&
+             s.size(0) % b.block_rows == 0 && s.size(1) % b.block_cols == 0,
+             what, ": its source '", lp.slots[d.source].local, "' is ", s.sizes(), (s.is_contiguous() ? "" : " (not contiguous)"),
+             ", which blocks of ", b.block_rows, "x", b.block_cols, " do not tile (a 2-D contiguous parameter whose "
+             "sizes the block's divide)");
+    bool complete = true;
+    for (const BlockOutput& o : b.outputs) {
+      const std::ptrdiff_t i = slot_of(o.tensor);
+      if (i < 0 && !left_out.empty()) {
+        complete = false;  // a testing hook left the member out of the plan
+        continue;
+      }
+      GK_CHECK(DeclarationError, i >= 0, what, " names an output (",
+               o.tensor.defined() ? concat(o.tensor.scalar_type(), " ", o.tensor.sizes()) : std::string("undefined"),
+               ") that is no member of the layer: pass the field of a member declared by_blocks()");
+      const PlannedSlot& slot = lp.slots[static_cast<std::size_t>(i)];
+      GK_CHECK(DeclarationError, slot.kind == PlannedSlot::Kind::declared && slot.role.derive == Derive::blocks,
+               slot.kind == PlannedSlot::Kind::declared ? member_of(slot) : concat("'", slot.local, "'"),
+               " is an output of ", what, ", but ",
+               slot.kind == PlannedSlot::Kind::declared
+                   ? concat("its descriptor declares it ", to_string(slot.role.role),
+                            slot.role.derive == Derive::undeclared ? "" : concat(".", to_string(slot.role.derive), "()"),
+                            ": declare it gk::", to_string(slot.role.role), ".by_blocks()")
+                   : std::string("it is a parameter or buffer of the module: a derivation computes derived members"));
+      const std::int64_t want = output_numel(d, o.layout, s.size(0), s.size(1));
+      GK_CHECK(DeclarationError, o.tensor.is_contiguous() && o.tensor.numel() == want, member_of(slot), " (", slot.name,
+               ") is ", o.tensor.sizes(), o.tensor.is_contiguous() ? "" : " (not contiguous)", ", but as output ",
+               to_string(o.layout), " of ", what, " over blocks of ", b.block_rows, "x", b.block_cols, " of ",
+               s.sizes(), " it must hold ", want, " elements, contiguous");
+      d.outputs.push_back({static_cast<std::size_t>(i), o.layout});
+    }
+    if (!complete) {
+      dropped = true;
+      continue;
+    }
+    lp.derivations.push_back(std::move(d));
+  }
+  for (std::size_t i = 0; i < lp.slots.size(); ++i) {
+    PlannedSlot& slot = lp.slots[i];
+    if (slot.role.derive != Derive::blocks || !slot.defined() || derivation_of(lp, i) != nullptr) continue;
+    if (dropped) {
+      slot.role.derive = Derive::undeclared;  // its derivation was left out with a member: the layer re-runs
+      continue;
+    }
+    GK_THROW(DeclarationError, member_of(slot), " (", slot.name, ") is declared ", to_string(slot.role.role),
+             ".by_blocks(), but layer '", lp.prefix, "' binds no block derivation to it: bind it in the layer's "
+             "declare_derivations() (graphkeep/model/block_derivation.h), or drop .by_blocks() (a weight patch then "
+             "re-runs the layer's PWAL)");
+  }
+}
+
+void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current, std::string_view after,
+                             const std::vector<char>* mismatched) {
+  if (lp.derivations.empty()) return;
+  auto skipped = [&](const PlannedDerivation& d) {  // a layout mismatch is reported by the pipeline
+    if (mismatched == nullptr) return false;
+    if ((*mismatched)[d.source]) return true;
+    for (const PlannedDerivation::Output& o : d.outputs)
+      if ((*mismatched)[o.slot]) return true;
+    return false;
+  };
+  auto now = [&](std::size_t i) -> const at::Tensor& {
+    return i < current.size() && current[i].defined() ? current[i] : lp.slots[i].captured;
+  };
+  struct Compared {
+    const PlannedDerivation* d;
+    std::size_t output;
+    at::Tensor predicted, built;  // flat, as bits
+  };
+  std::vector<Compared> compared;
+  std::vector<at::Tensor> differs;
+  for (const PlannedDerivation& d : lp.derivations) {
+    if (skipped(d)) continue;
+    const at::Tensor src = now(d.source);
+    const std::int64_t n = src.size(0), k = src.size(1), nb = (n / d.block_rows) * (k / d.block_cols);
+    const at::Tensor blocks = all_blocks(src, d.block_rows, d.block_cols);
+    std::vector<at::Tensor> predicted(d.outputs.size());
+    for (std::size_t j = 0; j < d.outputs.size(); ++j) {
+      const at::Tensor& out = now(d.outputs[j].slot);
+      // As bits: index_copy_ has no kernel for every dtype (e4m3 on the CPU).
+      const at::TensorOptions bits = out.options().dtype(as_bits(out).scalar_type());
+      predicted[j] = d.outputs[j].layout == BlockLayout::same_as_source
+                         ? at::empty({nb, d.block_rows, d.block_cols}, bits)
+                         : at::empty({nb}, bits);
+    }
+    // Two interleaved halves: a function that reads beyond its block sees
+    // other neighbours than PWAL did, and differs.
+    for (std::int64_t parity = 0; parity < std::min<std::int64_t>(2, nb); ++parity) {
+      const at::Tensor ids = at::arange(parity, nb, 2, src.options().dtype(at::kLong));
+      const std::vector<at::Tensor> outs = d.fn(blocks.index_select(0, ids));
+      GK_CHECK(DeclarationError, outs.size() == d.outputs.size(), "block derivation '", d.name, "' of layer '",
+               lp.prefix, "' returned ", outs.size(), " tensors for its ", d.outputs.size(), " outputs; ", after);
+      for (std::size_t j = 0; j < outs.size(); ++j) {
+        const PlannedSlot& slot = lp.slots[d.outputs[j].slot];
+        const std::int64_t per = d.outputs[j].layout == BlockLayout::same_as_source ? d.block_rows * d.block_cols : 1;
+        GK_CHECK(DeclarationError, outs[j].numel() == ids.numel() * per && outs[j].scalar_type() == slot.dtype,
+                 "block derivation '", d.name, "' of layer '", lp.prefix, "' returned ", outs[j].scalar_type(), " ",
+                 outs[j].sizes(), " for ", ids.numel(), " blocks of output ", member_of(slot), ", which is ",
+                 slot.dtype, " with ", per, " element(s) per block; ", after);
+        const at::Tensor got = as_bits(outs[j].contiguous());
+        predicted[j].index_copy_(0, ids, per == 1 ? got.reshape({-1})
+                                                  : got.reshape({ids.numel(), d.block_rows, d.block_cols}));
+      }
+    }
+    for (std::size_t j = 0; j < d.outputs.size(); ++j) {
+      at::Tensor p = predicted[j];
+      switch (d.outputs[j].layout) {
+        case BlockLayout::same_as_source: p = from_blocks(p, n, k); break;
+        case BlockLayout::one_per_block: break;
+        case BlockLayout::one_per_block_transposed: p = p.reshape({n / d.block_rows, k / d.block_cols}).t(); break;
+      }
+      Compared c{&d, j, p.contiguous().reshape({-1}), as_bits(now(d.outputs[j].slot).reshape({-1}))};
+      differs.push_back(at::ne(c.predicted, c.built).any().reshape({1}));
+      compared.push_back(std::move(c));
+    }
+  }
+  if (differs.empty()) return;
+  const at::Tensor any = at::cat(differs).cpu();  // one synchronization for the layer
+  const bool* flag = any.data_ptr<bool>();
+  for (std::size_t j = 0; j < compared.size(); ++j) {
+    if (!flag[j]) continue;
+    const Compared& c = compared[j];
+    const PlannedDerivation& d = *c.d;
+    const PlannedSlot& slot = lp.slots[d.outputs[c.output].slot];
+    const std::int64_t at = at::nonzero(at::ne(c.predicted, c.built)).reshape({-1})[0].item<std::int64_t>();
+    auto value = [&](const at::Tensor& bits) {
+      return bits.narrow(0, at, 1).view(slot.dtype).to(at::kDouble).item<double>();
+    };
+    GK_THROW(DeclarationError, member_of(slot), " is declared ", to_string(slot.role.role),
+             ".by_blocks() and bound to block derivation '", d.name, "' (blocks of ", d.block_rows, "x", d.block_cols,
+             " of '", lp.slots[d.source].local, "', ", to_string(d.outputs[c.output].layout), "), but PWAL of layer '",
+             lp.prefix, "' built ", slot.name, " otherwise: element ", at, " is ", value(c.built),
+             " where the derivation gives ", value(c.predicted),
+             ". The function is not what PWAL computes, or a block depends on more than its own elements: fix the "
+             "derivation, or drop .by_blocks() (a weight patch then re-runs this layer's PWAL); ", after);
+  }
+}
 
 bool patch_leaves_unchanged(const PlannedSlot& s) { return s.role.derive == Derive::from_shapes; }
 
 void check_declared_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current,
                                 const std::vector<char>& mismatched) {
+  check_block_derivations(lp, current, "nothing was copied into captured storage for this layer", &mismatched);
   std::vector<std::size_t> which;
   std::vector<at::Tensor> differs;
   for (std::size_t i = 0; i < lp.slots.size(); ++i) {

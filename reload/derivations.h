@@ -10,6 +10,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace gk::detail {
@@ -18,12 +20,36 @@ namespace gk::detail {
 // declaration says a patch cannot change it (from_shapes).
 bool patch_leaves_unchanged(const PlannedSlot& s);
 
+// The block derivation of lp whose output is slot `slot`, or nullptr.
+const PlannedDerivation* derivation_of(const LayerPlan& lp, std::size_t slot);
+
+// Binds the layer's block derivations (ReloadableLayer::declare_derivations)
+// to its slots, at prepare(), with the fields as captured. Throws
+// gk::DeclarationError naming the member for a member declared by_blocks()
+// that nothing binds, an output not declared by_blocks(), a source that is
+// no checkpoint parameter of the layer, or shapes the block shape does not
+// tile. A derivation whose output the plan left out (testing hook
+// undeclared_members) is dropped, and the members it bound then re-run.
+void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_out);
+
+// Recomputes every block derivation of lp over all of its source's blocks
+// (in two interleaved halves) and compares with the outputs, bit for bit:
+// `current` per slot (undefined: the captured tensor; an empty vector: all
+// captured). `after` ends the message ("prepare() refused", "nothing was
+// copied ..."). Throws gk::DeclarationError naming the class, the member,
+// the slot and the first differing element. One synchronization per layer.
+// With `mismatched` (per slot), derivations reading or writing a slot whose
+// layout PWAL changed are skipped: the pipeline reports those.
+void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current, std::string_view after,
+                             const std::vector<char>* mismatched = nullptr);
+
 // Compares what PWAL built (`current`, per slot of lp; undefined or
 // `mismatched` slots are skipped) with what each declared derivation
 // predicts, bit for bit: a from_shapes slot must hold what its captured
 // storage holds. Throws gk::DeclarationError naming the class, the member,
 // the slot and the first differing element. One batched comparison and one
 // synchronization per layer, and none for a layer without declarations.
+// Block derivations are checked too (check_block_derivations).
 void check_declared_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current,
                                 const std::vector<char>& mismatched);
 

@@ -22,7 +22,11 @@
 //               parameter's captured storage, bar those declared
 //               from_shapes (Note [Declared derivations] in
 //               graphkeep/registry/role.h: a function of shapes alone,
-//               which every full reload checks) (nothing derived: PWAL would
+//               which every full reload checks), and those declared
+//               by_blocks() from a passthrough parameter, whose touched
+//               blocks are recomputed and written in the same commit
+//               (Note [Patches through block derivations] in
+//               block_landing.cpp) (nothing else derived: PWAL would
 //               produce the same tensors from the new values, bar the
 //               parameters themselves; a configuration PWAL changed would
 //               be a mismatch while check_configs is on, so with it off the
@@ -73,6 +77,7 @@
 // are freed layer by layer. Held to the end of the stage, a patch touching
 // every MoE layer (whose experts object is derived, so each such layer
 // re-runs) held a second copy of the model: out of memory at 30B on an H200.
+#include "block_landing.h"
 #include "derivations.h"
 #include "engine_impl.h"
 #include "non_finite.h"
@@ -292,11 +297,21 @@ void ReloadEngine::Impl::choose_patch_landings(PatchStaging& ps) {
     for (std::size_t pi = 0; pi < lp.params.size(); ++pi)
       if (const std::ptrdiff_t i = param_slot(lp, lp.params[pi].param); i >= 0 && ps.landing(lp, pi).passthrough)
         passthrough.insert(storage_key(lp.slots[static_cast<std::size_t>(i)].captured));
-    for (const PlannedSlot& s : lp.slots)
-      if (s.defined() && s.role.effective_init() == Init::copy_new && !detail::patch_leaves_unchanged(s) &&
-          !passthrough.count(storage_key(s.captured)))
-        return concat(s.name, " (", to_string(s.role.role), s.owner.empty() ? "" : " of ", s.owner,
-                      ") is derived without a declared derivation");
+    for (std::size_t i = 0; i < lp.slots.size(); ++i) {
+      const PlannedSlot& s = lp.slots[i];
+      if (!s.defined() || s.role.effective_init() != Init::copy_new || detail::patch_leaves_unchanged(s) ||
+          passthrough.count(storage_key(s.captured)))
+        continue;
+      // By blocks, from a parameter that lands unchanged: the touched blocks
+      // are recomputed (Note [Patches through block derivations]).
+      if (const PlannedDerivation* d = detail::derivation_of(lp, i)) {
+        if (passthrough.count(storage_key(lp.slots[d->source].captured))) continue;
+        return concat(s.name, " (", to_string(s.role.role), " of ", s.owner, ") derives by blocks from '",
+                      lp.slots[d->source].local, "', which does not land unchanged in captured storage");
+      }
+      return concat(s.name, " (", to_string(s.role.role), s.owner.empty() ? "" : " of ", s.owner,
+                    ") is derived without a declared derivation");
+    }
     return {};
   };
   for (std::size_t li = 0; li < L; ++li) {
@@ -336,6 +351,7 @@ void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
       for (std::size_t k : ps.by_layer[li])
         ls.push_back(PatchStaging::landing_of(captured_tensor(*ps.where[k]), ps.patch.entries[k]));
       results = land_patch_entries(ls, *ps.sp, /*results=*/true, ps.o.verify_served);
+      rep.patch.blocks_recomputed += land_derived_blocks(lp, ls, *ps.sp);
     }
     ScopedMsTimer t(rep.times.hash_ms);
     fault(testing::Stage::check, lp.prefix);

@@ -1,6 +1,7 @@
 // The reload engine: construction, prepare(), reload(), the engine's state
 // and accessors. The pipeline's parts live beside it (engine_impl.h lists
 // them); docs/reload.md describes the whole.
+#include "derivations.h"
 #include "engine_impl.h"
 #include "reload_internal.h"
 
@@ -191,10 +192,17 @@ void ReloadEngine::prepare() {
                             "staged tensors were released)",
                             /*engine_gone=*/false);
   }
+  // Block derivations are bound and checked before anything changes: a
+  // declaration the model contradicts leaves the engine as it was.
+  SlotPlan plan = build_slot_plan(impl_->model, impl_->hooks.undeclared_members);
+  for (LayerPlan& lp : plan.layers()) {
+    detail::bind_block_derivations(lp, plan.undeclared());
+    detail::check_block_derivations(lp, {}, "prepare() refused");
+  }
   impl_->graphs.clear();
   impl_->graphs_generation += 1;
   impl_->plan_generation += 1;
-  impl_->plan = build_slot_plan(impl_->model, impl_->hooks.undeclared_members);
+  impl_->plan = std::move(plan);
   impl_->index_expected();
   impl_->validate_hooks();
   impl_->fields_unrestored = false;

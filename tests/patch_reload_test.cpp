@@ -445,6 +445,210 @@ TEST_CASE("a from_shapes declaration that lies is refused at the next full reloa
   CHECK(pt::same(rig.replay(), out0));
 }
 
+namespace pt {
+
+// Block derivations (graphkeep/model/block_derivation.h) on an int8 layer
+// quantized per block, as FP8 per row or W4A16 per group are: two checkpoint
+// tensors fused into w [8, 16], PWAL builds q (int8, like w) and a scale per
+// block. Each variant is one way a declaration can be right or wrong.
+enum class Blocks {
+  rows,           // 1 x 16 blocks, scales [8]: declared right
+  groups,         // 2 x 4 blocks, scales stored group-major [4, 4]: declared right (transposed)
+  wrong_shape,    // PWAL per 1 x 16; declared 2 x 8 (as many scales): a wrong block shape
+  reads_beyond,   // PWAL one scale for the tensor; the function the amax of all the blocks it gets
+  unbound,        // declared by_blocks() in the descriptor, bound by nothing
+  not_by_blocks,  // bound, but its descriptor does not say by_blocks()
+  bad_source,     // bound to a derived tensor as its source
+  undeclared,     // rows, no declaration at all: a patch re-runs PWAL
+  groups_undeclared,  // groups, the same
+};
+constexpr int64_t QR = 8, QC = 16;
+
+struct QuantBlocks {  // the derived members, declared by blocks
+  at::Tensor q, s;
+};
+GRAPHKEEP_AGGREGATE(QuantBlocks, (q, gk::derived_weight.by_blocks()), (s, gk::scale.by_blocks()));
+struct QuantPlain {  // the same members, without .by_blocks()
+  at::Tensor q, s;
+};
+GRAPHKEEP_AGGREGATE(QuantPlain, (q, gk::derived_weight), (s, gk::scale));
+
+// blocks [B, bh, bw] float -> {int8 [B, bh, bw], float scale [B]}; with
+// `whole`, one scale for all the blocks given.
+std::vector<at::Tensor> quantize_blocks(const at::Tensor& blocks, bool whole = false) {
+  at::Tensor amax = blocks.abs().amax({1, 2});
+  if (whole) amax = amax.max().expand_as(amax);
+  const at::Tensor scale = (amax / 127.0).clamp_min(1e-12).contiguous();
+  const at::Tensor q = at::round(blocks / scale.view({-1, 1, 1})).clamp(-127, 127).to(at::kChar);
+  return {q, scale};
+}
+
+template <class Members>
+class Quantized : public torch::nn::Module, public gk::DescribedLayer<Quantized<Members>> {
+ public:
+  explicit Quantized(Blocks kind) : kind_(kind) {
+    w_ = this->checkpoint_param("w", {{"a.weight", {QR / 2, QC}, at::kFloat}, {"b.weight", {QR / 2, QC}, at::kFloat}},
+                                at::kCPU);
+  }
+  // PWAL's block shape (the truth) and the declared one.
+  std::pair<int64_t, int64_t> built() const {
+    if (grouped()) return {2, 4};
+    if (kind_ == Blocks::reads_beyond) return {QR, QC};
+    return {1, QC};
+  }
+  std::pair<int64_t, int64_t> declared() const {
+    if (kind_ == Blocks::wrong_shape) return {2, 8};
+    if (kind_ == Blocks::reads_beyond) return {1, QC};
+    return built();
+  }
+  bool grouped() const { return kind_ == Blocks::groups || kind_ == Blocks::groups_undeclared; }
+  gk::BlockLayout scale_layout() const {
+    return grouped() ? gk::BlockLayout::one_per_block_transposed : gk::BlockLayout::one_per_block;
+  }
+  void process_weights_after_loading() override {
+    const auto [bh, bw] = built();
+    const at::Tensor blocks = w_.reshape({QR / bh, bh, QC / bw, bw}).permute({0, 2, 1, 3}).reshape({-1, bh, bw});
+    std::vector<at::Tensor> qs = quantize_blocks(blocks);
+    m_.q = qs[0].reshape({QR / bh, QC / bw, bh, bw}).permute({0, 2, 1, 3}).reshape({QR, QC}).contiguous();
+    m_.s = qs[1];
+    if (grouped()) m_.s = m_.s.reshape({QR / bh, QC / bw}).t().contiguous();
+    if (kind_ == Blocks::reads_beyond) m_.s = m_.s.expand({QR}).contiguous();  // one value, per row
+  }
+  void declare_derivations(gk::Derivations& d) const override {
+    if (kind_ == Blocks::unbound || kind_ == Blocks::undeclared || kind_ == Blocks::groups_undeclared) return;
+    const auto [bh, bw] = declared();
+    const bool whole = kind_ == Blocks::reads_beyond;
+    d.blocks("int8 per block", kind_ == Blocks::bad_source ? m_.s.view({QR, 1}) : w_, {bh, bw},
+             {{m_.q, gk::BlockLayout::same_as_source}, {m_.s, scale_layout()}},
+             [whole](const at::Tensor& blocks) { return quantize_blocks(blocks, whole); });
+  }
+  at::Tensor w_;
+  Members m_;
+  Blocks kind_;
+  GRAPHKEEP_DESCRIBE_DERIVED(Quantized, (torch::nn::Module, gk::DescribedLayer<Quantized<Members>>),
+                             (w_, gk::parameter), m_, kind_)
+};
+
+template <class Members, Blocks Kind>
+class QuantModel : public torch::nn::Module {
+ public:
+  QuantModel() { lin = register_module("lin", std::make_shared<Quantized<Members>>(Kind)); }
+  std::shared_ptr<Quantized<Members>> lin;
+};
+
+Weights quant_weights(std::mt19937_64& rng) {
+  return {{"lin.a.weight", random_tensor(rng, {QR / 2, QC}, false)},
+          {"lin.b.weight", random_tensor(rng, {QR / 2, QC}, false)}};
+}
+
+}  // namespace pt
+
+TEST_CASE("block derivations: a patch recomputes only the blocks it touches, without PWAL, to a full reload's bits") {
+  at::set_num_threads(1);
+  auto run = [](auto right, auto undeclared, const std::string& what) {
+    using Right = typename decltype(right)::type;
+    using Undeclared = typename decltype(undeclared)::type;
+    CAPTURE(what);
+    for (gk::PatchWrites writes : {gk::PatchWrites::elements, gk::PatchWrites::sectors})
+      for (bool staged : {false, true}) {
+        CAPTURE(staged);
+        std::mt19937_64 rng(9);
+        const pt::Weights w0 = pt::quant_weights(rng), w1 = pt::step(w0, rng, 0.02), w2 = pt::step(w1, rng, 0.3);
+        pt::BasicRig<Right> rig(w0), full(w0);
+        pt::BasicRig<Undeclared> slow(w0);
+        const at::Tensor out0 = rig.replay();
+        gk::ReloadOptions o = rig.engine->options().defaults;
+        o.patch_writes = writes;
+        for (const auto& [from, to, a, b] : {std::tuple{"step-0", "step-1", &w0, &w1}, {"step-1", "step-2", &w1, &w2}}) {
+          const gk::Patch p = pt::patch_of(*a, *b, from, to);
+          const gk::ReloadReport r = staged ? rig.engine->commit(rig.engine->stage(p, o)) : rig.engine->reload(p, o);
+          CHECK(r.patch.layers_rerun == 0);
+          CHECK(r.patch.rerun_why.empty());
+          CHECK(r.patch.layers_scattered == 1);
+          CHECK(r.patch.blocks_recomputed > 0);
+          full.reload(*b);
+          // The graph reads every slot: the quantized weights and the scales too.
+          CHECK(pt::same(rig.replay(), full.replay()));
+          CHECK(rig.engine->served()->content_version() == full.engine->served()->content_version());
+          // Undeclared, the same patch re-runs PWAL, to the same bits.
+          const gk::ReloadReport u = slow.engine->reload(p);
+          CHECK(u.patch.layers_rerun == 1);
+          CHECK(u.patch.blocks_recomputed == 0);
+          CHECK(pt::same(slow.replay(), full.replay()));
+        }
+        CHECK_FALSE(pt::same(rig.replay(), out0));
+      }
+  };
+  run(std::type_identity<pt::QuantModel<pt::QuantBlocks, pt::Blocks::rows>>{},
+      std::type_identity<pt::QuantModel<pt::QuantPlain, pt::Blocks::undeclared>>{}, "per row");
+  run(std::type_identity<pt::QuantModel<pt::QuantBlocks, pt::Blocks::groups>>{},
+      std::type_identity<pt::QuantModel<pt::QuantPlain, pt::Blocks::groups_undeclared>>{},
+      "2x4 groups, scales group-major");
+
+  // Only the touched blocks: one element of row 5 recomputes one row.
+  std::mt19937_64 rng(10);
+  const pt::Weights w0 = pt::quant_weights(rng);
+  pt::Weights w1 = w0;
+  w1["lin.b.weight"] = w0.at("lin.b.weight").clone();
+  w1["lin.b.weight"][1][3] += 0.25f;  // row 4 + 1 of the fused parameter
+  pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::rows>> rig(w0), full(w0);
+  const gk::ReloadReport r = rig.engine->reload(pt::patch_of(w0, w1, "step-0", "one"));
+  CHECK(r.patch.blocks_recomputed == 1);
+  CHECK(r.patch.elements == 1);
+  full.reload(w1);
+  CHECK(pt::same(rig.replay(), full.replay()));
+
+  // A commit that fails after its writes puts the derived blocks back too.
+  const at::Tensor out1 = rig.replay();
+  const pt::Weights w2 = pt::step(w1, rng, 0.5);
+  {
+    const gk::testing::ScopedHooks hooks(rig.engine.get(), gk::testing::fault_at(gk::testing::Stage::scatter, "lin"));
+    CHECK_THROWS_WITH(rig.engine->reload(pt::patch_of(w1, w2, "one", "two")), doctest::Contains("injected"));
+  }
+  CHECK(pt::same(rig.replay(), out1));
+  rig.engine->reload(pt::patch_of(w1, w2, "one", "two"));
+  full.reload(w2);
+  CHECK(pt::same(rig.replay(), full.replay()));
+}
+
+TEST_CASE("a block derivation that lies or binds wrongly is refused at prepare() and at full reloads, naming the member") {
+  at::set_num_threads(1);
+  std::mt19937_64 rng(12);
+  const pt::Weights w0 = pt::quant_weights(rng);
+  // A wrong block shape: PWAL quantizes rows, the declaration 2 x 8 blocks.
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::wrong_shape>>(w0)),
+                              gk::DeclarationError,
+                              "QuantBlocks::q is declared derived_weight.by_blocks() and bound to block derivation "
+                              "'int8 per block' (blocks of 2x8 of 'w', same_as_source), but PWAL of layer 'lin' built "
+                              "lin.m_.q otherwise: element ");
+  // A function that reads beyond its block agrees with PWAL over all the
+  // blocks at once, and not over each half apart.
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::reads_beyond>>(w0)),
+                              gk::DeclarationError, "or a block depends on more than its own elements");
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::unbound>>(w0)),
+                              gk::DeclarationError,
+                              "QuantBlocks::q (lin.m_.q) is declared derived_weight.by_blocks(), but layer 'lin' binds "
+                              "no block derivation to it: bind it in the layer's declare_derivations()");
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantPlain, pt::Blocks::not_by_blocks>>(w0)),
+                              gk::DeclarationError,
+                              "QuantPlain::q is an output of block derivation 'int8 per block' of layer 'lin', but its "
+                              "descriptor declares it derived_weight: declare it gk::derived_weight.by_blocks()");
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::bad_source>>(w0)),
+                              gk::DeclarationError,
+                              "block derivation 'int8 per block' of layer 'lin' reads a source that is not a "
+                              "checkpoint parameter of the layer");
+  // A refused prepare() leaves a prepared engine as it was; a declaration
+  // that only lies on some weights is refused at the full reload that shows
+  // it, before anything is copied.
+  pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::rows>> rig(w0);
+  const at::Tensor out0 = rig.replay();
+  rig.model->lin->kind_ = pt::Blocks::wrong_shape;
+  CHECK_THROWS_AS(rig.engine->prepare(), gk::DeclarationError);
+  CHECK(pt::same(rig.replay(), out0));
+  rig.model->lin->kind_ = pt::Blocks::rows;
+  CHECK(rig.engine->plan().layers().back().derivations.size() == 1);
+}
+
 TEST_CASE("sector writes serve what element writes serve, at every alignment, element size and density") {
   at::set_num_threads(1);
   // Bits of a tensor, to compare exactly (NaN payloads included).

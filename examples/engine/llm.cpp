@@ -228,6 +228,25 @@ Plain::Plain(std::vector<int64_t> shape, at::TensorOptions options) {
 // whole-tensor version peaked at 1.62x the largest layer while staging
 // (docs/performance.md). The values are bitwise those of the one-shot version
 // (tests/engine_decode_test.cpp builds both).
+namespace {
+// Rows [M, K] of the checkpoint -> their e4m3 values and scales, written
+// into q [M, K] and s [M] (Note [FP8 CPU twin]).
+void quantize_rows_into(const at::Tensor& rows, at::Tensor q, at::Tensor s) {
+  const at::Tensor w = rows.to(at::kFloat);
+  const at::Tensor sc = (w.abs().amax(1) / 448.0).clamp_min(1e-12);
+  at::Tensor y = w / sc.unsqueeze(1);
+  q.copy_(y.clamp_(-448.0, 448.0));
+  s.copy_(sc);
+}
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> Fp8Weights::quantize_rows(const at::Tensor& rows) {
+  at::Tensor q = at::empty(rows.sizes(), rows.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor s = at::empty({rows.size(0)}, rows.options().dtype(at::kFloat));
+  quantize_rows_into(rows, q, s);
+  return {q, s};
+}
+
 void Fp8Weights::build(const at::Tensor& dense, std::int64_t chunk_elements) {
   GK_CHECK(gk::StateError, dense.dim() == 2 && chunk_elements > 0, "Fp8Weights::build: dense ", dense.sizes(),
            " must be [N, K] and chunk_elements ", chunk_elements, " positive");
@@ -237,14 +256,22 @@ void Fp8Weights::build(const at::Tensor& dense, std::int64_t chunk_elements) {
   at::Tensor s = at::empty({n}, dense.options().dtype(at::kFloat));
   for (std::int64_t r = 0; r < n; r += rows) {
     const std::int64_t m = std::min(rows, n - r);
-    const at::Tensor w = dense.narrow(0, r, m).to(at::kFloat);
-    const at::Tensor sc = (w.abs().amax(1) / 448.0).clamp_min(1e-12);
-    at::Tensor y = w / sc.unsqueeze(1);
-    q.narrow(0, r, m).copy_(y.clamp_(-448.0, 448.0));
-    s.narrow(0, r, m).copy_(sc);
+    quantize_rows_into(dense.narrow(0, r, m), q.narrow(0, r, m), s.narrow(0, r, m));
   }
   qweight_ = q;
   scale_ = s;
+}
+
+// Each row's weights and scale follow from that row alone (a scale per
+// output channel): blocks of 1 x K. A patch then requantizes only the rows
+// it touches (Note [Declared derivations] in graphkeep/registry/role.h).
+void Fp8Weights::declare(gk::Derivations& d, const at::Tensor& dense) const {
+  d.blocks("fp8 e4m3 with a scale per output row", dense, {1, dense.size(1)},
+           {{qweight_, gk::BlockLayout::same_as_source}, {scale_, gk::BlockLayout::one_per_block}},
+           [](const at::Tensor& blocks) {
+             auto [q, s] = quantize_rows(blocks.flatten(0, 1));
+             return std::vector<at::Tensor>{q, s};
+           });
 }
 
 at::Tensor Fp8Weights::apply(const at::Tensor& x) const {
@@ -310,6 +337,12 @@ void ProjectionWeights::build(const at::Tensor& dense) {
   if (format_ == WeightFormat::w4a16) w4a16_.build(dense, weight_);
 }
 
+void ProjectionWeights::declare(gk::Derivations& d, const at::Tensor& dense) const {
+  if (format_ == WeightFormat::fp8) fp8_.declare(d, dense);
+  // w4a16: the Marlin repack is a tile permutation, not declarable yet; a
+  // patch re-runs the layer's PWAL.
+}
+
 at::Tensor ProjectionWeights::apply(const char* name, const at::Tensor& x, const at::Tensor& dense) const {
   switch (format_) {
     case WeightFormat::fp8: return fp8_.apply(x);
@@ -346,6 +379,11 @@ std::vector<gk::CheckpointParam> Attention::checkpoint_params() const {
 void Attention::process_weights_after_loading() {
   qkv_.build(qkv_proj_);
   o_.build(o_proj_);
+}
+
+void Attention::declare_derivations(gk::Derivations& d) const {
+  qkv_.declare(d, qkv_proj_);
+  o_.declare(d, o_proj_);
 }
 
 // Note [Stale KV rows]
@@ -468,6 +506,11 @@ std::vector<gk::CheckpointParam> Mlp::checkpoint_params() const {
 void Mlp::process_weights_after_loading() {
   gate_up_.build(gate_up_proj_);
   down_.build(down_proj_);
+}
+
+void Mlp::declare_derivations(gk::Derivations& d) const {
+  gate_up_.declare(d, gate_up_proj_);
+  down_.declare(d, down_proj_);
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x) {

@@ -107,11 +107,16 @@ class Fp8Weights {
   bool built() const { return qweight_.defined(); }
   const at::Tensor& qweight() const { return qweight_; }
   const at::Tensor& scale() const { return scale_; }
+  // rows [M, K] -> {e4m3 [M, K], float32 [M]}: what build() makes of them.
+  static std::pair<at::Tensor, at::Tensor> quantize_rows(const at::Tensor& rows);
+  // Declares qweight_ and scale_ as derived row by row from `dense` (Note
+  // [Declared derivations] in graphkeep/registry/role.h).
+  void declare(gk::Derivations& d, const at::Tensor& dense) const;
 
  private:
   at::Tensor qweight_;  // [N, K] float8_e4m3fn
   at::Tensor scale_;    // [N] float32, dequantization scale per output channel
-  GRAPHKEEP_DESCRIBE(Fp8Weights, (qweight_, gk::derived_weight), (scale_, gk::scale))
+  GRAPHKEEP_DESCRIBE(Fp8Weights, (qweight_, gk::derived_weight.by_blocks()), (scale_, gk::scale.by_blocks()))
 };
 
 // W4A16 weights of one projection: symmetric int4 per group of input
@@ -143,6 +148,8 @@ class ProjectionWeights {
   // format that cannot take K is refused here, before any weight is read.
   ProjectionWeights(WeightFormat f, std::string weight, std::int64_t k, const std::string& k_field);
   void build(const at::Tensor& dense);  // PWAL
+  // The block derivations of the format's members from `dense` (fp8: per row).
+  void declare(gk::Derivations& d, const at::Tensor& dense) const;
   // y = x W^T in the run's format; `dense` is the checkpoint-format parameter.
   at::Tensor apply(const char* name, const at::Tensor& x, const at::Tensor& dense) const;
 
@@ -164,6 +171,7 @@ class Attention : public torch::nn::Module, public gk::ReloadableLayer {
   std::vector<gk::CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
   gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
+  void declare_derivations(gk::Derivations& d) const override;
 
   // x [T, hidden] -> [T, hidden]; writes the batch's keys and values into `cache`.
   at::Tensor forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache, const RopeTables& rope);
@@ -191,6 +199,7 @@ class Mlp : public torch::nn::Module, public gk::ReloadableLayer {
   std::vector<gk::CheckpointParam> checkpoint_params() const override;
   void process_weights_after_loading() override;
   gk::ObjectRef registered_members() override { return gk::ObjectRef::of(*this); }
+  void declare_derivations(gk::Derivations& d) const override;
   at::Tensor forward(const at::Tensor& x);
   at::Tensor forward_fast(const at::Tensor& x);  // the activation fused (CUDA)
 

@@ -12,7 +12,10 @@
 //     parameters into kernel format and builds derived tensors;
 //   - registered_members(): the layer's registered members (kernels,
 //     quantization methods, derived tensors), usually gk::ObjectRef::of(*this)
-//     for a layer described with GRAPHKEEP_DESCRIBE_DERIVED.
+//     for a layer described with GRAPHKEEP_DESCRIBE_DERIVED;
+//   - declare_derivations(): optional; how members declared by_blocks()
+//     follow from a checkpoint parameter, so a weight patch need not re-run
+//     PWAL (graphkeep/model/block_derivation.h).
 //
 // A new layer derives from gk::DescribedLayer<Self> (below), which supplies
 // the last one and states each checkpoint parameter once:
@@ -41,6 +44,7 @@
 // each parameter is a checkpoint tensor of its current shape, with no PWAL.
 #pragma once
 
+#include <graphkeep/model/block_derivation.h>
 #include <graphkeep/registry/describe.h>
 #include <graphkeep/registry/member_kind.h>
 #include <graphkeep/registry/walk.h>
@@ -109,6 +113,12 @@ class ReloadableLayer {
 
   // The layer's registered members; an empty ObjectRef when there are none.
   virtual ObjectRef registered_members() { return {}; }
+
+  // Binds the members its classes declare by_blocks() to their block
+  // derivations (graphkeep/model/block_derivation.h): the source parameter,
+  // the block shape and the function. Called by ReloadEngine::prepare()
+  // after PWAL, with the fields as the graphs capture them.
+  virtual void declare_derivations(Derivations& /*d*/) const {}
 };
 
 // What a checkpoint parameter holds before its first load.

@@ -55,13 +55,26 @@
 //                  arrays, group indices): a patch leaves it as it is, so a
 //                  MoE layer whose experts object holds only such members
 //                  takes a patch by scatter, with no PWAL.
+//   by_blocks()    the member is computed block by block from one
+//                  checkpoint parameter of the layer (per-row or per-group
+//                  quantization, 2-D block scales): element (r, c) of the
+//                  parameter reaches only the outputs of its block. The
+//                  descriptor says which members; the layer binds them to
+//                  the parameter, the block shape and the function in
+//                  ReloadableLayer::declare_derivations()
+//                  (graphkeep/model/block_derivation.h). A patch
+//                  recomputes only the blocks it touches, from the captured
+//                  parameter with the patch applied, and writes them with
+//                  the parameter in one commit (reload/block_landing.cpp).
 // A member without one keeps the correct, slow path: a patch touching its
 // layer re-runs PWAL (`gk-slots --rerun` lists those members). Layout maps
-// and block-local transforms (per-row or per-group quantization, tile
-// repacks) are not declarable yet: their members re-run. A declaration
+// (stacks, concatenations, permutations through an index tensor) and tile
+// repacks (Marlin) are not declarable yet: their members re-run. A declaration
 // cannot lie silently: every full reload, and every patch that re-runs the
 // layer, compares what PWAL built with what the declaration predicts, bit
-// for bit (from_shapes: the value already captured), before anything
+// for bit (from_shapes: the value already captured; by_blocks: the
+// function over the parameter's blocks, in two interleaved halves so that
+// a function reading beyond its block is caught), before anything
 // reaches captured storage, and refuses a mismatch with a
 // gk::DeclarationError naming the class, the member and the first differing
 // element (reload/derivations.cpp). Only derived roles take a derivation;
@@ -129,12 +142,14 @@ constexpr std::string_view to_string(Init i) noexcept {
 enum class Derive : std::uint8_t {
   undeclared,   // unknown: a patch touching the layer re-runs its PWAL
   from_shapes,  // a function of shapes and configuration, never of checkpoint values
+  blocks,       // block by block from a checkpoint parameter (the layer's gk::BlockDerivation)
 };
 
 constexpr std::string_view to_string(Derive d) noexcept {
   switch (d) {
     case Derive::undeclared: return "undeclared";
     case Derive::from_shapes: return "from_shapes";
+    case Derive::blocks: return "blocks";
   }
   return "?";
 }
@@ -150,6 +165,7 @@ struct RoleSpec {
   constexpr RoleSpec with_init(Init i) const noexcept { return {role, i, reason, derive}; }
   // The derivation (Note [Declared derivations]).
   constexpr RoleSpec from_shapes() const noexcept { return {role, init, reason, Derive::from_shapes}; }
+  constexpr RoleSpec by_blocks() const noexcept { return {role, init, reason, Derive::blocks}; }
   // Roles whose member PWAL derives from the checkpoint, copied from its new value.
   constexpr bool derived() const noexcept {
     return (role == Role::metadata || role == Role::scale || role == Role::derived_weight ||

@@ -82,6 +82,9 @@ struct ReloadReport {
     std::size_t tensors = 0, elements = 0, payload_bytes = 0, layers_scattered = 0, layers_rerun = 0;
     std::size_t bytes_scattered = 0;
     std::size_t sectors_written = 0;  // whole 32-byte sectors (PatchWrites::sectors; the rest as elements)
+    // Blocks of by_blocks() members recomputed in scattered layers (Note
+    // [Declared derivations] in graphkeep/registry/role.h).
+    std::size_t blocks_recomputed = 0;
     bool sectors_declined = false;    // PatchWrites::automatic wrote elements: the images would not fit
     // Per layer that re-ran PWAL, "<layer>: <why>", the first reason found:
     // a derived slot without a declared derivation (Note [Declared

@@ -77,6 +77,21 @@ struct PlannedConfig {
   std::shared_ptr<const void> captured;  // its value at prepare(), what the graphs were captured with
 };
 
+// A block derivation of the layer (graphkeep/model/block_derivation.h)
+// bound to its slots by prepare() (Note [Declared derivations] in
+// graphkeep/registry/role.h).
+struct PlannedDerivation {
+  std::string name;
+  std::size_t source = 0;  // the checkpoint parameter's slot
+  std::int64_t block_rows = 1, block_cols = 1;
+  struct Output {
+    std::size_t slot;
+    BlockLayout layout;
+  };
+  std::vector<Output> outputs;
+  BlockFn fn;
+};
+
 struct LayerPlan {
   std::string prefix;                   // module path in the model ("" for the root)
   torch::nn::Module* module = nullptr;
@@ -85,6 +100,7 @@ struct LayerPlan {
   std::vector<CheckpointParam> params;  // what the checkpoint fills
   std::vector<PlannedSlot> slots;
   std::vector<PlannedConfig> configs;
+  std::vector<PlannedDerivation> derivations;
 
   std::string full_name(std::string_view local) const;
 };

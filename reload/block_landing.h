@@ -1,0 +1,28 @@
+// reload/block_landing.h: a patch's effect on block-derived members
+// (internal to the reload layer; Note [Patches through block derivations]
+// in block_landing.cpp).
+//
+//   std::vector<gk::PatchLanding> ls = ...;                 // the layer's entries, in captured storage
+//   gk::land_patch_entries(ls, sp, ...);                    // the parameters' writes
+//   std::size_t blocks = gk::land_derived_blocks(lp, ls, sp);  // their derived blocks' writes
+#pragma once
+
+#include "patch_landing.h"
+#include "patch_stage.h"
+
+#include <graphkeep/reload/slot_plan.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace gk {
+
+// Adds to `sp` the writes (and their undo) that bring the outputs of lp's
+// block derivations up to date with the landings `ls` into their sources:
+// only the blocks the landings touch are recomputed, from the captured
+// source with the landings applied. Returns the number of blocks
+// recomputed. One synchronization per derivation touched (the number of
+// touched blocks); O(touched blocks) memory.
+std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLanding>& ls, StagedPatch& sp);
+
+}  // namespace gk
