@@ -7,6 +7,8 @@
   :meth:`Manifest.verify` and :func:`guard` check it again after a reload.
 * :class:`LlmEngine` — the C++ example engine, with online reload from a Python
   trainer: ``stage(state_dict)`` on one thread, ``commit(staged)`` on the serving one.
+* :func:`make_patch`, :class:`PatchPublisher` — weight patches from a trainer: the
+  elements that changed, with content hashes; ``LlmEngine.stage(patch)`` applies one.
 * :class:`Error` and its subclasses — the C++ library's error family.
 """
 
@@ -18,6 +20,7 @@ from . import _C
 from .collector import CollectedTensor, Collection, collect
 from .audit import CLASSES, Manifest, VerifyIssue, VerifyResult, audit, build_manifest, guard, scan
 from .engine import LlmEngine, ReloadReport, StagedReload
+from .patch import Patch, PatchEntry, PatchPublisher, Publication, content_hash, make_patch, read_patch
 
 __version__ = "0.1.0"
 with_cuda: bool = _C.with_cuda
@@ -25,6 +28,7 @@ with_cuda: bool = _C.with_cuda
 
 __all__ = [
     "CLASSES", "CollectedTensor", "Collection", "DeclarationError", "DriftError", "Error", "InternalError",
-    "LlmEngine", "Manifest", "MismatchError", "ReloadReport", "StagedReload", "StateError", "VerifyIssue",
-    "VerifyResult", "WeightError", "audit", "build_manifest", "collect", "guard", "scan", "with_cuda",
+    "LlmEngine", "Manifest", "MismatchError", "Patch", "PatchEntry", "PatchPublisher", "Publication", "ReloadReport",
+    "StagedReload", "StateError", "VerifyIssue", "VerifyResult", "WeightError", "audit", "build_manifest", "collect",
+    "content_hash", "guard", "make_patch", "read_patch", "scan", "with_cuda",
 ]

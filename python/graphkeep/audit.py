@@ -179,11 +179,11 @@ def _static_buffers(static_io: Any) -> list[tuple[str, torch.Tensor]]:
     elif isinstance(static_io, Sequence):
         items = [(f"static_io[{i}]", t) for i, t in enumerate(static_io)]
     else:
-        raise StateError(f"static_io must be a tensor, a sequence or a dict of tensors, not {type(static_io).__name__}")
+        raise TypeError(f"static_io must be a tensor, a sequence or a dict of tensors, not {type(static_io).__name__}")
     out = []
     for name, t in items:
         if not isinstance(t, torch.Tensor):
-            raise StateError(f"static_io '{name}' is a {type(t).__name__}, not a tensor")
+            raise TypeError(f"static_io '{name}' is a {type(t).__name__}, not a tensor")
         out.append((str(name), t))
     return out
 

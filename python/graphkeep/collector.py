@@ -392,8 +392,7 @@ def collect(obj: Any, *, prefix: str = "", max_depth: int = 64, max_count: int =
     listed in :attr:`Collection.stops` (then the collection may miss tensors).
     """
     if max_depth < 0 or max_count < 1:
-        from .errors import StateError
-        raise StateError(f"collect: max_depth must be >= 0 and max_count >= 1 (got {max_depth}, {max_count})")
+        raise ValueError(f"collect: max_depth must be >= 0 and max_count >= 1 (got {max_depth}, {max_count})")
     w = _Walk(max_depth, max_count)
     w.visit(obj, prefix, 0)
     tensors = [w.records[k] for k in w.order]

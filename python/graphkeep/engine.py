@@ -34,7 +34,7 @@ from .errors import StateError
 __all__ = ["LlmEngine", "StagedReload", "ReloadReport"]
 
 ReloadReport = _C.ReloadReport
-Weights = Union[Mapping[str, torch.Tensor], str, "os.PathLike[str]"]
+Weights = Union[Mapping[str, torch.Tensor], str, "os.PathLike[str]", "_C.Patch"]
 
 
 class StagedReload:
@@ -75,13 +75,15 @@ class StagedReload:
         return f"<graphkeep.StagedReload {state}, base version {self.base_version}, {self.staged_bytes} bytes>"
 
 
-def _weights_arg(weights: Weights, what: str) -> Union[dict, str]:
+def _weights_arg(weights: Weights, what: str) -> Union[dict, str, "_C.Patch"]:
+    if isinstance(weights, _C.Patch):
+        return weights
     if isinstance(weights, (str, os.PathLike)):
         return os.fspath(weights)
     if isinstance(weights, Mapping):
         return dict(weights)
-    raise StateError(f"{what}: weights must be a dict of name -> torch.Tensor or a model directory, "
-                     f"not {type(weights).__name__}")
+    raise TypeError(f"{what}: weights must be a dict of name -> torch.Tensor, a model directory or a "
+                    f"graphkeep.Patch, not {type(weights).__name__}")
 
 
 class LlmEngine:
@@ -132,7 +134,7 @@ class LlmEngine:
         the same call draws the same tokens. ``graphs=False``: eager and greedy only."""
         if not graphs:
             if temperature != 0:
-                raise StateError("decode: sampling (temperature != 0) runs through the graphs only")
+                raise ValueError("decode: temperature: sampling (temperature != 0) runs through the graphs only")
             return self.decode_logits(tokens, positions, graphs=False).argmax(-1)
         t = torch.as_tensor(tokens, dtype=torch.long)
         p = torch.as_tensor(positions, dtype=torch.long)
@@ -145,9 +147,9 @@ class LlmEngine:
         token ids, [B, max_new_tokens] int64."""
         p = torch.as_tensor(prompts, dtype=torch.long)
         if p.dim() != 2 or p.size(0) < 1 or p.size(1) < 1:
-            raise StateError(f"generate: prompts must be [B, P] with B, P >= 1, got shape {list(p.shape)}")
+            raise ValueError(f"generate: prompts must be [B, P] with B, P >= 1, got shape {list(p.shape)}")
         if max_new_tokens < 1:
-            raise StateError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
         B, P = p.shape
         nxt = torch.stack([self.prefill(b, p[b])[P - 1].argmax() for b in range(B)])
         out = []
@@ -160,10 +162,12 @@ class LlmEngine:
     # -- weights ---------------------------------------------------------------------------
     def stage(self, weights: Weights) -> StagedReload:
         """Loads, processes and checks new weights (a dict of Hugging Face names -> tensors,
-        or a model directory) into new storage, on the calling thread, while other threads
+        a model directory, or a :class:`graphkeep.Patch` against what is served) into new storage, on the calling thread, while other threads
         go on decoding the old weights. Raises :class:`graphkeep.WeightError` (nothing
         changed) for a bad weight set."""
         arg = _weights_arg(weights, "stage")
+        if isinstance(arg, _C.Patch):
+            return StagedReload(self._e.stage_patch(arg), self)
         return StagedReload(self._e.stage(arg), self)
 
     def commit(self, staged: StagedReload) -> ReloadReport:
@@ -171,7 +175,7 @@ class LlmEngine:
         verifies the capture manifests (the pause is ``report.times.commit_ms``). Call it
         from the serving thread, between two decode steps."""
         if not isinstance(staged, StagedReload):
-            raise StateError(f"commit: expected a StagedReload from stage(), not {type(staged).__name__}")
+            raise TypeError(f"commit: staged must be a StagedReload from stage(), not {type(staged).__name__}")
         if staged._engine is not self:
             raise StateError("commit: this StagedReload was staged by another engine")
         return self._e.commit(staged._staged)
@@ -182,9 +186,18 @@ class LlmEngine:
 
     def reload(self, weights: Weights) -> ReloadReport:
         """Stage and commit in one call, on this thread (decoding must wait)."""
-        return self._e.reload(_weights_arg(weights, "reload"))
+        arg = _weights_arg(weights, "reload")
+        if isinstance(arg, _C.Patch):
+            return self._e.reload_patch(arg)
+        return self._e.reload(arg)
 
     # -- state -----------------------------------------------------------------------------
+    @property
+    def served(self) -> "_C.ServedWeights":
+        """What the engine serves: each checkpoint tensor's content hash, the content
+        version and its label (a patch's target version after it is applied)."""
+        return self._e.served
+
     @property
     def weight_version(self) -> int:
         """How many reloads have been committed; readable from any thread."""

@@ -16,5 +16,7 @@ namespace py = pybind11;
 
 // engine.cpp: graphkeep._C._LlmEngine, _StagedReload, ReloadReport.
 void bind_engine(py::module_& m);
+// patch.cpp: Patch, PatchEntry, make_patch, read_patch, content hashes, ServedWeights.
+void bind_patch(py::module_& m);
 
 }  // namespace gkpy

@@ -19,7 +19,9 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <graphkeep/core/check.h>
+#include <graphkeep/delta/patch.h>
 #include <graphkeep/reload/report.h>
+#include <graphkeep/reload/served_weights.h>
 #include <graphkeep/reload/staged_reload.h>
 #include <graphkeep/sources/weight_source.h>
 
@@ -37,11 +39,13 @@ std::vector<gk::NamedTensor> named_tensors(const py::dict& weights) {
   std::vector<gk::NamedTensor> out;
   out.reserve(weights.size());
   for (const auto& item : weights) {
-    GK_CHECK(gk::WeightError, py::isinstance<py::str>(item.first), "weight names must be str, not ",
-             std::string(py::str(py::type::of(item.first).attr("__name__"))));
+    if (!py::isinstance<py::str>(item.first))
+      throw py::type_error("weights: names must be str, not " +
+                           std::string(py::str(py::type::of(item.first).attr("__name__"))));
     const std::string name = item.first.cast<std::string>();
-    GK_CHECK(gk::WeightError, THPVariable_Check(item.second.ptr()), "weight '", name, "' is a ",
-             std::string(py::str(py::type::of(item.second).attr("__name__"))), ", not a torch.Tensor");
+    if (!THPVariable_Check(item.second.ptr()))
+      throw py::type_error("weights['" + name + "'] is a " +
+                           std::string(py::str(py::type::of(item.second).attr("__name__"))) + ", not a torch.Tensor");
     out.push_back({name, item.second.cast<at::Tensor>(), 0});
   }
   return out;
@@ -101,14 +105,39 @@ void bind_engine(py::module_& m) {
       .def_readonly("load_ms", &PhaseTimes::load_ms)
       .def_readonly("pwal_ms", &PhaseTimes::pwal_ms)
       .def_readonly("check_ms", &PhaseTimes::check_ms)
+      .def_readonly("finite_ms", &PhaseTimes::finite_ms)
+      .def_readonly("hash_ms", &PhaseTimes::hash_ms)
       .def_readonly("copy_ms", &PhaseTimes::copy_ms)
       .def_readonly("verify_ms", &PhaseTimes::verify_ms)
       .def_readonly("total_ms", &PhaseTimes::total_ms)
       .def_readonly("stage_ms", &PhaseTimes::stage_ms)
       .def_readonly("commit_ms", &PhaseTimes::commit_ms);
+  using Stats = ReloadReport::PatchStats;
+  py::class_<Stats>(m, "PatchStats", "What a weight patch did (gk::ReloadReport::PatchStats).")
+      .def_readonly("applied", &Stats::applied)
+      .def_readonly("tensors", &Stats::tensors)
+      .def_readonly("elements", &Stats::elements)
+      .def_readonly("payload_bytes", &Stats::payload_bytes)
+      .def_readonly("layers_scattered", &Stats::layers_scattered)
+      .def_readonly("layers_rerun", &Stats::layers_rerun)
+      .def_readonly("bytes_scattered", &Stats::bytes_scattered)
+      .def_readonly("sectors_written", &Stats::sectors_written)
+      .def_readonly("sectors_declined", &Stats::sectors_declined)
+      .def_readonly("blocks_recomputed", &Stats::blocks_recomputed)
+      .def_readonly("rerun_why", &Stats::rerun_why);
   py::class_<ReloadReport>(m, "ReloadReport", "What a reload, stage or commit did (gk::ReloadReport).")
+      .def_property_readonly("mode", [](const ReloadReport& r) {
+        return r.mode == gk::ReloadMode::streaming ? "streaming" : "transactional";
+      })
       .def_readonly("layers", &ReloadReport::layers)
       .def_readonly("slots_tracked", &ReloadReport::slots_tracked)
+      .def_readonly("declared_slots", &ReloadReport::declared_slots)
+      .def_readonly("slots_zeroed", &ReloadReport::slots_zeroed)
+      .def_readonly("needs_recapture", &ReloadReport::needs_recapture)
+      .def_readonly("mismatched", &ReloadReport::mismatched)
+      .def_readonly("graphs_destroyed", &ReloadReport::graphs_destroyed)
+      .def_property_readonly("served", [](const ReloadReport& r) { return std::const_pointer_cast<gk::ServedWeights>(r.served); })
+      .def_readonly("patch", &ReloadReport::patch)
       .def_readonly("tensors_loaded", &ReloadReport::tensors_loaded)
       .def_readonly("bytes_loaded", &ReloadReport::bytes_loaded)
       .def_readonly("bytes_copied", &ReloadReport::bytes_copied)
@@ -193,6 +222,20 @@ void bind_engine(py::module_& m) {
              return e.get().reload(dir);
            },
            py::arg("model_dir"))
+      .def("stage_patch",
+           [](Engine& e, const gk::Patch& patch) {
+             py::gil_scoped_release nogil;
+             return e.get().stage(patch);
+           },
+           py::arg("patch"), py::keep_alive<0, 1>())
+      .def("reload_patch",
+           [](Engine& e, const gk::Patch& patch) {
+             py::gil_scoped_release nogil;
+             return e.get().reload(patch);
+           },
+           py::arg("patch"))
+      .def_property_readonly("served",
+                             [](Engine& e) { return std::const_pointer_cast<gk::ServedWeights>(e.get().reload_engine().served()); })
       .def_property_readonly("weight_version", [](Engine& e) { return e.get().weight_version(); })
       .def_property_readonly("config", [](Engine& e) { return config_dict(e.get().config()); })
       .def_property_readonly("batch_sizes", [](Engine& e) { return e.get().batch_sizes(); })

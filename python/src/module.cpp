@@ -7,6 +7,7 @@
 //     same message (Note [Errors cross as the same message]);
 //   - the CUDA graph scan (gk::cuda::scan_graph) for graphkeep.audit, and
 //     the caching allocator's segments and blocks, as column tensors;
+//   - weight patches and content hashes (patch.cpp);
 //   - the example engine (engine.cpp).
 //
 // Tensors cross through torch's casters (Note [pybind11 headers: torch's
@@ -226,5 +227,6 @@ PYBIND11_MODULE(_C, m) {
 #endif
   m.def("_raise_for_test", &gkpy::raise_for_test, py::arg("kind"), py::arg("message"),
         py::arg("paths") = std::vector<std::string>{});
+  gkpy::bind_patch(m);  // before the engine, whose methods take and return its types
   gkpy::bind_engine(m);
 }

@@ -215,7 +215,7 @@ def test_shared_collection_between_manifests(rig):
 
 
 def test_static_io_must_be_tensors(rig):
-    with pytest.raises(graphkeep.StateError, match="static_io 'x' is a int"):
+    with pytest.raises(TypeError, match="static_io 'x' is a int"):
         manifest_of(rig, static_io={"x": 3})
 
 

@@ -308,7 +308,7 @@ def test_count_limit_reports_where_it_stopped():
     got, c = found(boxes, max_count=11)   # the list and 10 boxes
     assert got == {f"[{i}].x": "escaped" for i in range(10)}
     assert len(c.stops) == 1 and c.stops[0].startswith("[10]: object limit 11")
-    with pytest.raises(graphkeep.StateError, match="max_count"):
+    with pytest.raises(ValueError, match="max_count"):
         graphkeep.collect(boxes, max_count=0)
 
 
