@@ -9,12 +9,12 @@
 // kv_len - 1 (each step attends over kv_len positions):
 //
 //   decode_step_ms         the whole step as a server calls it:
-//                          LlmEngine::decode_tokens, greedy (host work,
+//                          LlmEngine::decode, greedy (host work,
 //                          input copies, replay, the int32 ids back)
 //   gpu_step_ms            the decode graph's replay alone, back to back
-//   sampling_step_ms       decode_tokens with temperature 0.8, top-k 50,
+//   sampling_step_ms       decode with temperature 0.8, top-k 50,
 //                          top-p 0.95 (the sampling graph replayed too)
-//   logits_step_ms         decode(): the float32 logits copied to the host
+//   logits_step_ms         decode_logits(): the float32 logits copied to the host
 //   read_bw_gbs            the device's read bandwidth, measured here: the
 //                          best of 5 at::sum over a 4 GiB bf16 buffer
 //   bytes_read_per_step    what one step must read: every projection weight
@@ -178,12 +178,12 @@ int main(int argc, char** argv) {
     const at::Tensor tokens = at::arange(batch, at::kLong).mul(7).remainder(cfg.vocab_size);
     const at::Tensor pos = at::full({batch}, kv_len - 1, at::kLong);
     const demo::SamplingParams sampling{.temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1};
-    const double step_ms = mean_ms(steps, [&] { (void)eng.decode_tokens(tokens, pos); });
-    const double sampling_ms = mean_ms(steps, [&] { (void)eng.decode_tokens(tokens, pos, sampling); });
-    const double logits_ms = mean_ms(std::max(steps / 10, 3), [&] { (void)eng.decode(tokens, pos); });
+    const double step_ms = mean_ms(steps, [&] { (void)eng.decode(tokens, pos); });
+    const double sampling_ms = mean_ms(steps, [&] { (void)eng.decode(tokens, pos, sampling); });
+    const double logits_ms = mean_ms(std::max(steps / 10, 3), [&] { (void)eng.decode_logits(tokens, pos); });
     // The graph alone: the inputs of the last step stay; replays queued back
     // to back, one wait at the end.
-    (void)eng.decode_tokens(tokens, pos);
+    (void)eng.decode(tokens, pos);
     for (int i = 0; i < 3; ++i) eng.replay_graph(batch);
     gk::runtime::synchronize(device);
     const gk::Stopwatch replay_watch;

@@ -382,7 +382,7 @@ int main(int argc, char** argv) {
       const double stage_peak_gib = DeviceMemory::now_and_peak_gib(device).second - before_stage_gib;
       const double staged_gib = static_cast<double>(sp.staged_bytes()) / (1 << 30);
       gk::ReloadReport staged = timed_commit([&] { return eng.commit(std::move(sp)); }, device);
-      const at::Tensor by_patch = eng.decode(tokens, pos);
+      const at::Tensor by_patch = eng.decode_logits(tokens, pos);
       const std::uint64_t patched_version = eng.reload_engine().served()->content_version();
       // 4. B again, and the patch with verify_served (it must serve the same).
       double verify_pause_ms = 0;
@@ -394,7 +394,7 @@ int main(int argc, char** argv) {
         o.verify_served = true;
         gk::StagedReload sv = eng.reload_engine().stage(patch, o);
         verify_pause_ms = timed_commit([&] { return eng.reload_engine().commit(std::move(sv)); }, device).times.commit_ms;
-        exact = same_bits(eng.decode(tokens, pos), by_patch);
+        exact = same_bits(eng.decode_logits(tokens, pos), by_patch);
       }
       // 4b. B again, and the patch written element by element
       // (PatchWrites::elements; the default writes whole sectors on a GPU).
@@ -410,7 +410,7 @@ int main(int argc, char** argv) {
         const gk::ReloadReport re = timed_commit([&] { return eng.reload_engine().commit(std::move(se)); }, device);
         elements_pause_ms = re.times.commit_ms;
         elements_scatter_ms = re.times.copy_ms;
-        exact = exact && same_bits(eng.decode(tokens, pos), by_patch);
+        exact = exact && same_bits(eng.decode_logits(tokens, pos), by_patch);
       }
       const std::size_t patch_bytes = patch.payload_bytes();
       const std::size_t patch_tensors = patch.entries.size();
@@ -429,7 +429,7 @@ int main(int argc, char** argv) {
           full_stage_ms = full.times.stage_ms - t.made_ms;
         }
       }
-      const at::Tensor by_full = eng.decode(tokens, pos);
+      const at::Tensor by_full = eng.decode_logits(tokens, pos);
       exact = exact && same_bits(by_patch, by_full) && patched_version == eng.reload_engine().served()->content_version();
       // 6. T reloaded in full; a stage without hashing.
       double full_reload_ms = 0, nohash_stage_ms = 0;

@@ -32,7 +32,7 @@
 //   reload_no_finite_check_ms  reload_gpu_source_ms with the check off
 //   decode_tok_s_idle          greedy decode throughput through the graphs,
 //                              the next tokens chosen on the device
-//                              (LlmEngine::decode_tokens), one batch, every
+//                              (LlmEngine::decode), one batch, every
 //                              sequence at position kv_len - 1
 //   decode_tok_s_during_stage  the same while stage() runs
 //   peak_above_model_gib       allocator peak above the served model during
@@ -181,24 +181,24 @@ double chunked_copy_ms(std::int64_t bytes, bool from_pinned_host, c10::Device de
 }
 
 // Decode throughput: greedy steps through the graphs, the next tokens chosen
-// on the device (LlmEngine::decode_tokens: only the ids come back), every
+// on the device (LlmEngine::decode: only the ids come back), every
 // sequence at position `pos`. `steps` steps, or until `until` is set (then
 // `served`, when given, counts the steps as they are done).
 double decode_tok_s(demo::LlmEngine& eng, std::int64_t batch, std::int64_t pos, int steps,
                     const std::atomic<bool>* until = nullptr, std::atomic<std::int64_t>* served = nullptr) {
   const at::Tensor tokens = at::arange(batch, at::kLong).remainder(eng.config().vocab_size);
   const at::Tensor positions = at::full({batch}, pos, at::kLong);
-  (void)eng.decode_tokens(tokens, positions);
+  (void)eng.decode(tokens, positions);
   const gk::Stopwatch w;
   std::int64_t n = 0;
   if (until != nullptr) {
     while (!until->load()) {
-      (void)eng.decode_tokens(tokens, positions);
+      (void)eng.decode(tokens, positions);
       ++n;
       if (served) served->store(n);
     }
   } else {
-    for (; n < steps; ++n) (void)eng.decode_tokens(tokens, positions);
+    for (; n < steps; ++n) (void)eng.decode(tokens, positions);
   }
   return n > 0 ? static_cast<double>(n * batch) / (w.elapsed_ms() / 1e3) : 0.0;
 }
@@ -482,7 +482,7 @@ int main(int argc, char** argv) {
         {"decode_tok_s_idle", num(idle, 1)},
         {"decode_tok_s_during_stage", maybe(during, 1)},
         {"decode_steps_during_stage", served.load()},
-        {"decode", "decode_tokens, greedy, tokens chosen on the device"},
+        {"decode_logits", "decode, greedy, tokens chosen on the device"},
         {"decode_position", decode_pos},
         {"fast_cuda", opts.fast_cuda},
         {"stages", stage_count},

@@ -249,8 +249,8 @@ int run_patch_check(const std::string& ref_dir, std::int64_t steps, c10::Device 
     }
     for (std::int64_t t = prefill_len; t < T; ++t) {
       const at::Tensor pos = at::full({B}, t, at::kLong);
-      const at::Tensor lf = full.decode(tokens.select(1, t), pos), lr = by_reload.decode(tokens.select(1, t), pos),
-                       ls = by_stage.decode(tokens.select(1, t), pos);
+      const at::Tensor lf = full.decode_logits(tokens.select(1, t), pos), lr = by_reload.decode_logits(tokens.select(1, t), pos),
+                       ls = by_stage.decode_logits(tokens.select(1, t), pos);
       logits_equal = logits_equal && same_bits(lf, lr) && same_bits(lf, ls);
       vs_ref.add(lf, want.select(1, t));
     }
@@ -382,7 +382,7 @@ int main(int argc, char** argv) {
         prefill.add(eng->prefill(b, tokens[b].narrow(0, 0, a.prefill), checked), want[b].narrow(0, 0, a.prefill));
       for (std::int64_t t = a.prefill; t < T; ++t) {
         const at::Tensor pos = at::full({B}, t, at::kLong);
-        decode.add(eng->decode(tokens.select(1, t), pos, checked), want.select(1, t));
+        decode.add(eng->decode_logits(tokens.select(1, t), pos, checked), want.select(1, t));
       }
       const bool ok = prefill.diff.within(tol) && decode.diff.within(tol);
       // The scale of the comparison, from transformers alone: for the dense

@@ -163,7 +163,7 @@ std::pair<at::Tensor, at::Tensor> generate(demo::LlmEngine& eng, const at::Tenso
   std::vector<at::Tensor> toks, logits;
   for (std::int64_t t = 0; t < tokens; ++t) {
     const at::Tensor pos = at::full({B}, P + t, at::kLong);
-    const at::Tensor l = graphs ? eng.decode(next, pos, checked) : eng.decode_eager(next, pos);
+    const at::Tensor l = graphs ? eng.decode_logits(next, pos, checked) : eng.decode_eager(next, pos);
     toks.push_back(next);
     logits.push_back(l);
     next = l.argmax(-1);
@@ -199,11 +199,11 @@ OnlineStep stage_while_serving(demo::LlmEngine& eng, const std::string& dir, std
                                std::int64_t position, const gk::Patch* patch = nullptr) {
   const at::Tensor tokens = at::arange(batch, at::kLong).remainder(eng.config().vocab_size);
   const at::Tensor pos = at::full({batch}, position, at::kLong);
-  const at::Tensor before = eng.decode(tokens, pos);
+  const at::Tensor before = eng.decode_logits(tokens, pos);
   OnlineStep o;
   {
     const gk::Stopwatch idle;
-    for (int i = 0; i < 16; ++i) (void)eng.decode(tokens, pos);
+    for (int i = 0; i < 16; ++i) (void)eng.decode_logits(tokens, pos);
     o.idle_per_s = 16 / std::max(idle.elapsed_ms(), 1e-6) * 1e3;
   }
   std::atomic<bool> done{false};
@@ -220,7 +220,7 @@ OnlineStep stage_while_serving(demo::LlmEngine& eng, const std::string& dir, std
   });
   const gk::Stopwatch serving;
   while (!done.load()) {
-    const at::Tensor l = eng.decode(tokens, pos);
+    const at::Tensor l = eng.decode_logits(tokens, pos);
     ++o.served;
     if (!demo::bitwise_equal(l, before)) ++o.mixed;
   }

@@ -126,7 +126,7 @@ demo::LlmEngineOptions small_engine(bool fast) {
 }
 
 // Prefill of each row's first 4 tokens, then decode steps through the
-// graphs: every logits tensor, and the greedy tokens decode_tokens() chose
+// graphs: every logits tensor, and the greedy tokens decode() chose
 // at each decode step (replaying the same step again, which rewrites the same
 // cache rows with the same values).
 struct Served {
@@ -139,8 +139,8 @@ Served serve(demo::LlmEngine& eng, const at::Tensor& prompt) {
   for (std::int64_t b = 0; b < B; ++b) s.logits.push_back(eng.prefill(b, prompt[b].narrow(0, 0, P)));
   for (std::int64_t t = P; t < T; ++t) {
     const at::Tensor pos = at::full({B}, t, at::kLong);
-    s.logits.push_back(eng.decode(prompt.select(1, t), pos));
-    s.greedy.push_back(eng.decode_tokens(prompt.select(1, t), pos));
+    s.logits.push_back(eng.decode_logits(prompt.select(1, t), pos));
+    s.greedy.push_back(eng.decode(prompt.select(1, t), pos));
   }
   return s;
 }
@@ -261,7 +261,7 @@ TEST_CASE("sampling parameters outside their ranges are refused by name") {
   CHECK(refusal({.top_p = 1.5}).find("top_p is 1.5") != std::string::npos);
 }
 
-TEST_CASE("decode_tokens through the graphs (CPU replay): greedy is decode()'s argmax, sampling the sampler's draw") {
+TEST_CASE("decode through the graphs (CPU replay): greedy is decode_logits()'s argmax, sampling the sampler's draw") {
   at::NoGradGuard no_grad;
   const demo::HfConfig c = demo::builtin_tiny_config();
   const std::vector<gk::NamedTensor> weights = demo::random_weights(c, 21);
@@ -274,24 +274,24 @@ TEST_CASE("decode_tokens through the graphs (CPU replay): greedy is decode()'s a
     CAPTURE(n);
     const at::Tensor tokens = at::arange(n, at::kLong).mul(37).remainder(c.vocab_size);
     const at::Tensor pos = at::arange(n, at::kLong).remainder(5).add(2);
-    const at::Tensor logits = eng.decode(tokens, pos);
-    const at::Tensor greedy = eng.decode_tokens(tokens, pos);
+    const at::Tensor logits = eng.decode_logits(tokens, pos);
+    const at::Tensor greedy = eng.decode(tokens, pos);
     CHECK((greedy.scalar_type() == at::kInt));
     CHECK(at::equal(greedy.to(at::kLong), logits.argmax(-1)));
-    const at::Tensor sampled = eng.decode_tokens(tokens, pos, p);
+    const at::Tensor sampled = eng.decode(tokens, pos, p);
     CHECK(at::equal(sampled, demo::sample_tokens(logits, pos, rows_of(n, p, c10::kCPU))));
-    CHECK(at::equal(sampled, eng.decode_tokens(tokens, pos, p)));  // the same step draws the same tokens
+    CHECK(at::equal(sampled, eng.decode(tokens, pos, p)));  // the same step draws the same tokens
     if (n == 8) CHECK(!at::equal(sampled, greedy));  // 8 rows at T 0.9 over 40 tokens: not all the argmax
   }
   // After a reload the greedy tokens inside the graphs follow the new weights.
   gk::InMemorySource next(demo::random_weights(c, 22));
   eng.reload(next);
   const at::Tensor tokens = at::arange(8, at::kLong), pos = at::full({8}, 3, at::kLong);
-  CHECK(at::equal(eng.decode_tokens(tokens, pos).to(at::kLong), eng.decode(tokens, pos).argmax(-1)));
+  CHECK(at::equal(eng.decode(tokens, pos).to(at::kLong), eng.decode_logits(tokens, pos).argmax(-1)));
   // Refusals: ids outside the vocabulary, positions past max_len, sampling without its graphs.
   auto refusal = [&](demo::LlmEngine& e, const at::Tensor& t, const at::Tensor& q, const demo::SamplingParams& sp) {
     try {
-      (void)e.decode_tokens(t, q, sp);
+      (void)e.decode(t, q, sp);
     } catch (const gk::StateError& err) {
       return std::string(err.message());
     }
@@ -455,14 +455,14 @@ TEST_CASE("gpu: the CUDA sampler draws what the CPU draws from the same logits")
   d.add(demo::fused::gumbel_noise(ids.to(cuda), keys.to(cuda)).cpu(), demo::detail::gumbel_noise_reference(ids, keys));
   CAPTURE(d.max_abs());
   CHECK(d.within(1e-5));
-  // Through the engine: the sampling graph draws what the eager sampler draws from decode()'s logits.
+  // Through the engine: the sampling graph draws what the eager sampler draws from decode_logits()'s logits.
   const demo::HfConfig c = demo::builtin_tiny_config();
   gk::InMemorySource src(demo::random_weights(c, 41));
   demo::LlmEngine eng(c, cuda, demo::WeightFormat::dense, src, small_engine(true));
   CHECK(eng.sampling_in_graphs());  // every sampling graph captured: sort, cumsum, the noise kernel
   const at::Tensor tokens = at::arange(8, at::kLong).mul(3), p8 = at::full({8}, 4, at::kLong);
-  const at::Tensor l = eng.decode(tokens, p8);
-  CHECK(at::equal(eng.decode_tokens(tokens, p8, p), demo::sample_tokens(l.to(cuda), p8.to(cuda), rows_of(8, p, cuda)).cpu()));
+  const at::Tensor l = eng.decode_logits(tokens, p8);
+  CHECK(at::equal(eng.decode(tokens, p8, p), demo::sample_tokens(l.to(cuda), p8.to(cuda), rows_of(8, p, cuda)).cpu()));
 }
 
 TEST_CASE("gpu: FP8 quantization in chunks peaks at a fraction of the one-shot version's memory, same bits") {

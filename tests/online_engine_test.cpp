@@ -49,16 +49,16 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   const at::Tensor tokens = at::arange(8, at::kLong).mul(7).remainder(c.vocab_size);
   const at::Tensor pos = at::full({8}, 3, at::kLong);
   at::Tensor expected[2];
-  expected[0] = eng.decode(tokens, pos);
+  expected[0] = eng.decode_logits(tokens, pos);
   {
     gk::InMemorySource b(weights[1]);
     eng.reload(b);
-    expected[1] = eng.decode(tokens, pos);
+    expected[1] = eng.decode_logits(tokens, pos);
     gk::InMemorySource a(weights[0]);
     eng.reload(a);
   }
   REQUIRE_FALSE(demo::bitwise_equal(expected[0], expected[1]));
-  REQUIRE(demo::bitwise_equal(eng.decode(tokens, pos), expected[0]));
+  REQUIRE(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[0]));
   {
     // A trainer that keeps the engine's layout hands over whole parameters
     // (fused q/k/v and gate/up) by parameter name: the parameters of a second
@@ -78,10 +78,10 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     gk::InMemorySource src(whole);
     const gk::ReloadReport r = eng.reload(src);
     CHECK(r.tensors_adopted == whole.size());
-    CHECK(demo::bitwise_equal(eng.decode(tokens, pos), expected[1]));
+    CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[1]));
     gk::InMemorySource a(weights[0]);
     eng.reload(a);
-    REQUIRE(demo::bitwise_equal(eng.decode(tokens, pos), expected[0]));
+    REQUIRE(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[0]));
   }
   const std::uint64_t version0 = eng.reload_engine().weight_version();
   // Every other round stages a weight patch instead of the other weights:
@@ -131,7 +131,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     // Overlapped: stage() was running when the step began, or began during it.
     const int begun = stages_begun.load();
     const bool staging_at_start = staging.load();
-    const at::Tensor out = eng.decode(tokens, pos);
+    const at::Tensor out = eng.decode_logits(tokens, pos);
     ++steps;
     during_stage += staging_at_start || stages_begun.load() != begun ? 1 : 0;
     if (!demo::bitwise_equal(out, expected[current.load()])) ++wrong;
@@ -181,7 +181,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   CHECK(during_stage > 0);
   CHECK(eng.reload_engine().weight_version() == version0 + static_cast<std::uint64_t>(commits));
   CHECK(eng.reload_engine().state() == gk::EngineState::ready);
-  CHECK(demo::bitwise_equal(eng.decode(tokens, pos), expected[current.load()]));
+  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[current.load()]));
 }
 
 
@@ -207,7 +207,7 @@ std::vector<at::Tensor> serve_request(demo::LlmEngine& eng, const at::Tensor& pr
   for (std::int64_t b = 0; b < B; ++b) out.push_back(eng.prefill(b, prompt[b].narrow(0, 0, p)));
   for (std::int64_t t = p; t < T; ++t) {
     const at::Tensor pos = at::full({B}, t, at::kLong);
-    out.push_back(t < (p + T) / 2 ? eng.decode(prompt.select(1, t), pos) : eng.decode_eager(prompt.select(1, t), pos));
+    out.push_back(t < (p + T) / 2 ? eng.decode_logits(prompt.select(1, t), pos) : eng.decode_eager(prompt.select(1, t), pos));
   }
   return out;
 }

@@ -209,7 +209,7 @@ void LlmEngine::capture_graphs() {
       try {
         g.sampler->capture([&] { g.sampled = sample_tokens(g.logits, batch.positions, sampling_.narrow(b)); });
       } catch (const std::exception& e) {
-        // Sampling then runs eagerly on the device (decode_tokens); greedy
+        // Sampling then runs eagerly on the device (decode); greedy
         // decoding, inside the decode graphs, is unaffected.
         const std::string what = e.what();
         std::fprintf(stderr, "LlmEngine: the sampling graph of batch %lld could not be captured (%s); sampling runs "
@@ -220,7 +220,7 @@ void LlmEngine::capture_graphs() {
     }
     graphs_.push_back(std::move(g));
   }
-  std::reverse(graphs_.begin(), graphs_.end());  // smallest first, for decode()'s search
+  std::reverse(graphs_.begin(), graphs_.end());  // smallest first, for decode_logits()'s search
   gk::runtime::synchronize(device);
   capture_ms_ = watch.elapsed_ms();
 }
@@ -278,7 +278,7 @@ LlmEngine::Graph& LlmEngine::prepare_step(const at::Tensor& tokens, const at::Te
   return *it;
 }
 
-at::Tensor LlmEngine::decode(const at::Tensor& tokens, const at::Tensor& positions, bool checked) {
+at::Tensor LlmEngine::decode_logits(const at::Tensor& tokens, const at::Tensor& positions, bool checked) {
   const auto guard = serving();
   Graph& g = prepare_step(tokens, positions, checked);
   g.graph->replay();
@@ -286,11 +286,11 @@ at::Tensor LlmEngine::decode(const at::Tensor& tokens, const at::Tensor& positio
   return g.logits.narrow(0, 0, tokens.size(0)).to(at::kCPU).clone();
 }
 
-at::Tensor LlmEngine::decode_tokens(const at::Tensor& tokens, const at::Tensor& positions, const SamplingParams& params,
+at::Tensor LlmEngine::decode(const at::Tensor& tokens, const at::Tensor& positions, const SamplingParams& params,
                                     bool checked) {
   params.check();
   GK_CHECK(gk::StateError, params.greedy() || options_.sampling_graphs,
-           "decode_tokens: sampling (temperature ", params.temperature,
+           "decode: sampling (temperature ", params.temperature,
            ") needs the sampling graphs (LlmEngineOptions::sampling_graphs)");
   const std::int64_t n = tokens.size(0);
   const auto guard = serving();

@@ -9,17 +9,17 @@
 //
 //   demo::LlmEngine eng("ckpt/step0", device, demo::WeightFormat::fp8);
 //   at::Tensor l0 = eng.prefill(/*seq=*/0, prompt);       // [T, vocab], eager
-//   at::Tensor t1 = eng.decode_tokens(next, positions);   // [B] int32: greedy, only the ids leave the GPU
-//   at::Tensor t2 = eng.decode_tokens(t1, positions + 1, {.temperature = 0.7, .top_p = 0.9, .seed = 1});
-//   at::Tensor l1 = eng.decode(next_tokens, positions);   // [B, vocab] logits, a graph replay
+//   at::Tensor t1 = eng.decode(next, positions);   // [B] int32: greedy, only the ids leave the GPU
+//   at::Tensor t2 = eng.decode(t1, positions + 1, {.temperature = 0.7, .top_p = 0.9, .seed = 1});
+//   at::Tensor l1 = eng.decode_logits(next_tokens, positions);   // [B, vocab] logits, a graph replay
 //   gk::ReloadReport r = eng.reload("ckpt/step1");        // no recapture
 //
 // On CUDA the decoder runs its fast path (fused kernels, cuBLAS GEMMs,
 // attention over each sequence's own positions, grouped MoE GEMMs: Note
-// [The fast CUDA path] in llm.cpp); decode_tokens() chooses the next tokens
+// [The fast CUDA path] in llm.cpp); decode() chooses the next tokens
 // on the device (Note [Sampling on the device] in sampler.cpp).
 //
-// Sequences are rows 0..max_seqs-1 of the KV cache; decode(tokens, positions)
+// Sequences are rows 0..max_seqs-1 of the KV cache; decode_logits(tokens, positions)
 // advances sequences 0..B-1 by one token each. A graph captured for more rows
 // than B also writes the cache of sequences B..graph size-1 (at position 0):
 // keep the sequences in use at the low rows, as here.
@@ -64,10 +64,10 @@ struct LlmEngineOptions {
   // CUDA: the decoder's fast path (CausalLM::set_fast_cuda); false: the
   // reference ops the CPU runs. No effect on the CPU.
   bool fast_cuda = true;
-  // A sampling graph per decode graph (decode_tokens() with a temperature
+  // A sampling graph per decode graph (decode() with a temperature
   // replays it after the decode graph; one that cannot be captured is
   // reported on stderr, and sampling then runs eagerly on the device);
-  // false: decode_tokens() is greedy only.
+  // false: decode() is greedy only.
   bool sampling_graphs = true;
 
   // 1, 2, 4, then 8 to 256 in steps of 8 (35 sizes).
@@ -87,13 +87,13 @@ class LlmEngine {
   ~LlmEngine();
 
   // Eager prefill of sequence `seq` with `tokens` [T] at positions 0..T-1:
-  // logits [T, vocab] float32 on the CPU. `checked`: as for decode().
+  // logits [T, vocab] float32 on the CPU. `checked`: as for decode_logits().
   at::Tensor prefill(std::int64_t seq, const at::Tensor& tokens, bool checked = true);
   // One decode step of sequences 0..B-1: tokens [B] at positions [B] (each
   // below max_len). Replays the smallest graph of at least B rows; `checked`
   // asks the reload engine first (false replays as an engine without
   // graphkeep would). logits [B, vocab] float32 on the CPU.
-  at::Tensor decode(const at::Tensor& tokens, const at::Tensor& positions, bool checked = true);
+  at::Tensor decode_logits(const at::Tensor& tokens, const at::Tensor& positions, bool checked = true);
   // The same step without graphs.
   at::Tensor decode_eager(const at::Tensor& tokens, const at::Tensor& positions);
   // The same step, returning the next token of each row instead of logits:
@@ -102,7 +102,7 @@ class LlmEngine {
   // after it, over the logits it left on the device. Only the ids are
   // copied back (into pinned memory on CUDA). Row b samples from the stream
   // of params.seed + b at its position: the same inputs draw the same tokens.
-  at::Tensor decode_tokens(const at::Tensor& tokens, const at::Tensor& positions, const SamplingParams& params = {},
+  at::Tensor decode(const at::Tensor& tokens, const at::Tensor& positions, const SamplingParams& params = {},
                            bool checked = true);
   // For benchmarks: replays the decode graph of exactly `batch` rows on the
   // inputs the last decode step left (no host work besides the launch) and
@@ -123,8 +123,8 @@ class LlmEngine {
   // `dir` as reload() does, then loads, processes and checks its weights into
   // new storage, on the calling thread (on CUDA on a stream of its own, which
   // it synchronizes before returning), while another thread goes on calling
-  // decode() on the old weights; prefill() must wait. commit() is called by
-  // the decoding thread between two decode() calls; the pause is the commit.
+  // decode_logits() on the old weights; prefill() must wait. commit() is called by
+  // the decoding thread between two decode_logits() calls; the pause is the commit.
   gk::StagedReload stage(const std::string& dir);
   gk::StagedReload stage(gk::WeightSource& weights);
   // A weight patch (graphkeep/delta, docs/delta.md), checked against the
@@ -158,7 +158,7 @@ class LlmEngine {
   at::Tensor run_eager(const at::Tensor& ids, const TokenBatch& batch);
   struct Graph;
   // The smallest graph of at least n rows, with the step's inputs copied in
-  // (rows n.. zero) and the checks of decode() done.
+  // (rows n.. zero) and the checks of decode_logits() done.
   Graph& prepare_step(const at::Tensor& tokens, const at::Tensor& positions, bool checked);
   // After the first load: KV cache, static inputs, prepare(first_load), capture.
   void start(const gk::ReloadReport& first_load);
@@ -178,10 +178,10 @@ class LlmEngine {
   at::Tensor inputs_;                  // [2, max batch] int64: the tokens, then the positions
   at::Tensor ids_, positions_, seqs_;  // the graphs' static inputs, [max batch] (ids_, positions_: rows of inputs_)
   at::Tensor host_inputs_;             // inputs_' staging copy (pinned on CUDA)
-  at::Tensor host_tokens_;             // [max batch] int32: decode_tokens()' result (pinned on CUDA)
+  at::Tensor host_tokens_;             // [max batch] int32: decode()' result (pinned on CUDA)
   SamplingRows sampling_;              // the sampling graphs' static inputs, [max batch]
   std::optional<std::pair<SamplingParams, std::int64_t>> sampling_set_;  // what sampling_ holds, for how many rows
-  bool sampling_eager_ = false;  // a sampling graph could not be captured: decode_tokens samples eagerly
+  bool sampling_eager_ = false;  // a sampling graph could not be captured: decode samples eagerly
   struct Graph {
     std::int64_t batch;
     std::unique_ptr<gk::ReplayBackend> graph;

@@ -15,7 +15,7 @@ namespace demo {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A serving step returns token ids, not logits: greedy decoding is an argmax
 // inside each decode graph, and sampling is a second, small graph per batch
-// size (LlmEngine::decode_tokens) over the decode graph's logits, so the
+// size (LlmEngine::decode) over the decode graph's logits, so the
 // 31 MiB of float32 logits of an 8B model at batch 64 never cross to the
 // host; 256 bytes of int32 do, into pinned memory.
 //

@@ -3,7 +3,7 @@
 // Choosing the next tokens on the device: greedy, or seeded sampling with
 // temperature, top-k and top-p, as ops over the logits that a graph (CUDA
 // or the CPU replay backend) captures like the decoder's; only the token
-// ids leave the device. LlmEngine::decode_tokens() serves it
+// ids leave the device. LlmEngine::decode() serves it
 // (Note [Sampling on the device] in sampler.cpp).
 //
 //   demo::SamplingRows rows = demo::SamplingRows::make(64, device);   // static I/O of the graphs

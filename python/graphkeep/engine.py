@@ -122,7 +122,7 @@ class LlmEngine:
         captured addresses are no longer covered), else run eagerly."""
         t = torch.as_tensor(tokens, dtype=torch.long)
         p = torch.as_tensor(positions, dtype=torch.long)
-        return self._e.decode(t, p, True) if graphs else self._e.decode_eager(t, p)
+        return self._e.decode_logits(t, p, True) if graphs else self._e.decode_eager(t, p)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, *, graphs: bool = True,
                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> torch.Tensor:
@@ -138,7 +138,7 @@ class LlmEngine:
             return self.decode_logits(tokens, positions, graphs=False).argmax(-1)
         t = torch.as_tensor(tokens, dtype=torch.long)
         p = torch.as_tensor(positions, dtype=torch.long)
-        return self._e.decode_tokens(t, p, float(temperature), int(top_k), float(top_p), int(seed), True).long()
+        return self._e.decode(t, p, float(temperature), int(top_k), float(top_p), int(seed), True).long()
 
     def generate(self, prompts: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, *,
                  graphs: bool = True) -> torch.Tensor:

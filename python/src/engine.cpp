@@ -11,7 +11,7 @@
 // A trainer thread may then stage() while a serving thread decodes, as the
 // engine allows (Note [Online reload threading] in
 // reload/staged_reload.cpp); commit() belongs to the serving thread, between
-// two decode() calls. The engine is not for two decoding threads at once.
+// two decode_logits() calls. The engine is not for two decoding threads at once.
 #include "bindings.h"
 
 #include "engine/llm_engine.h"
@@ -169,18 +169,18 @@ void bind_engine(py::module_& m) {
              return e.get().prefill(seq, tokens);
            },
            py::arg("seq"), py::arg("tokens"))
-      .def("decode",
+      .def("decode_logits",
            [](Engine& e, const at::Tensor& tokens, const at::Tensor& positions, bool checked) {
              py::gil_scoped_release nogil;
-             return e.get().decode(tokens, positions, checked);
+             return e.get().decode_logits(tokens, positions, checked);
            },
            py::arg("tokens"), py::arg("positions"), py::arg("checked") = true)
-      .def("decode_tokens",
+      .def("decode",
            [](Engine& e, const at::Tensor& tokens, const at::Tensor& positions, double temperature, std::int64_t top_k,
               double top_p, std::uint64_t seed, bool checked) {
              const demo::SamplingParams params{temperature, top_k, top_p, seed};
              py::gil_scoped_release nogil;
-             return e.get().decode_tokens(tokens, positions, params, checked);
+             return e.get().decode(tokens, positions, params, checked);
            },
            py::arg("tokens"), py::arg("positions"), py::arg("temperature") = 0.0, py::arg("top_k") = 0,
            py::arg("top_p") = 1.0, py::arg("seed") = 0, py::arg("checked") = true)
