@@ -199,8 +199,9 @@ void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>&
                  outs[j].sizes(), " for ", ids.numel(), " blocks of output ", member_of(slot), ", which is ",
                  slot.dtype, " with ", per, " element(s) per block; ", after);
         const at::Tensor got = as_bits(outs[j].contiguous());
-        predicted[j].index_copy_(0, ids, per == 1 ? got.reshape({-1})
-                                                  : got.reshape({ids.numel(), d.block_rows, d.block_cols}));
+        const bool elements = d.outputs[j].layout == BlockLayout::same_as_source;  // (1x1 blocks: per is 1 too)
+        predicted[j].index_copy_(0, ids, elements ? got.reshape({ids.numel(), d.block_rows, d.block_cols})
+                                                  : got.reshape({-1}));
       }
     }
     for (std::size_t j = 0; j < d.outputs.size(); ++j) {

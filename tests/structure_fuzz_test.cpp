@@ -45,7 +45,13 @@
 //     the graphs never read the new part), or throw early / after building
 //     part of the state / after in-place writes.
 //   - per structure, maybe a second graph that reads no slot: refused at
-//     capture, and replay stays refused until it is untracked.
+//     capture, and replay stays refused until it is untracked;
+//   - per structure, 0-2 block layers: int8 values and scales derived per
+//     block (1, 2, D or 2D rows by 1, 2 or D columns; scales row- or
+//     group-major) from a checkpoint parameter, declared by_blocks, so that
+//     patches land without PWAL; per operation, maybe a lying PWAL (one
+//     scale for the tensor), which a full reload must refuse wherever it
+//     changes a value.
 // Every forward launches through gk::hostrt and folds EVERY declared tensor
 // into the output with its own coefficient (the first test case checks that a
 // stale value in any captured slot changes the output).
@@ -134,6 +140,7 @@ float element(const Geometry& g, int64_t i, int64_t j) {
     case at::kFloat: return static_cast<const float*>(g.p)[off];
     case at::kLong: return static_cast<float>(static_cast<const int64_t*>(g.p)[off]);
     case at::kInt: return static_cast<float>(static_cast<const int32_t*>(g.p)[off]);
+    case at::kChar: return static_cast<float>(static_cast<const int8_t*>(g.p)[off]);
     default: return std::numeric_limits<float>::quiet_NaN();
   }
 }
@@ -606,14 +613,81 @@ class PlainGain : public torch::nn::Module {
   at::Tensor gamma, shift;
 };
 
+// Block-derived members (Note [Declared derivations]): int8 values and a
+// float scale per block of a checkpoint parameter w = [a; b], [2D, D],
+// declared by_blocks with the seed's block shape and scale layout. A patch
+// touching the layer recomputes the touched blocks instead of running PWAL.
+// A lying PWAL (g_block_lie, per operation) uses one scale for the whole
+// tensor: a full reload must refuse it wherever that changes a value (the
+// declared function stays honest, so what a patch computes is a fresh
+// model's).
+struct BlockSpec {
+  int64_t index = 0;
+  int64_t bh = 1, bw = D;   // divide 2D and D
+  bool transposed = false;  // the scales stored [D / bw, 2D / bh]
+  friend bool operator==(const BlockSpec&, const BlockSpec&) = default;
+};
+std::ostream& operator<<(std::ostream& os, const BlockSpec& s) {
+  return os << "b" << s.index << "{blocks " << s.bh << "x" << s.bw << (s.transposed ? " scales transposed" : "") << "}";
+}
+bool g_block_lie = false;
+
+struct BlockQuant {
+  at::Tensor q, s;
+};
+GRAPHKEEP_AGGREGATE(BlockQuant, (q, gk::derived_weight.by_blocks()), (s, gk::scale.by_blocks()));
+
+// blocks [B, bh, bw] -> {int8 [B, bh, bw], float [B]}; `whole`: one scale for all.
+std::vector<at::Tensor> quantize_blocks(const at::Tensor& blocks, bool whole) {
+  at::Tensor amax = blocks.abs().amax({1, 2});
+  if (whole) amax = amax.max().expand_as(amax);
+  const at::Tensor scale = (amax / 127.0).clamp_min(1e-12).contiguous();
+  return {at::round(blocks / scale.view({-1, 1, 1})).clamp(-127, 127).to(at::kChar), scale};
+}
+
+class BlockLayer : public torch::nn::Module, public gk::DescribedLayer<BlockLayer> {
+ public:
+  explicit BlockLayer(const BlockSpec& s) : spec_(s) {
+    w_ = checkpoint_param("w", {{"a.weight", {D, D}, at::kFloat}, {"b.weight", {D, D}, at::kFloat}}, at::kCPU);
+  }
+  void process_weights_after_loading() override {
+    const int64_t bh = spec_.bh, bw = spec_.bw, n = 2 * D;
+    const at::Tensor blocks = w_.reshape({n / bh, bh, D / bw, bw}).permute({0, 2, 1, 3}).reshape({-1, bh, bw});
+    const std::vector<at::Tensor> qs = quantize_blocks(blocks, g_block_lie);
+    m_.q = qs[0].reshape({n / bh, D / bw, bh, bw}).permute({0, 2, 1, 3}).reshape({n, D}).contiguous();
+    m_.s = spec_.transposed ? qs[1].reshape({n / bh, D / bw}).t().contiguous() : qs[1];
+    if (g_block_lie) g_notes.push_back("b" + std::to_string(spec_.index) + " PWAL: one scale for the tensor (a lie)");
+  }
+  void declare_derivations(gk::Derivations& d) const override {
+    d.blocks("fuzz int8 per block", w_, {spec_.bh, spec_.bw},
+             {{m_.q, gk::BlockLayout::same_as_source},
+              {m_.s, spec_.transposed ? gk::BlockLayout::one_per_block_transposed : gk::BlockLayout::one_per_block}},
+             [](const at::Tensor& blocks) { return quantize_blocks(blocks, false); });
+  }
+  void contribute(Acc& acc) const {
+    fold(acc, w_);
+    fold(acc, m_.q);
+    fold(acc, m_.s);
+  }
+
+ private:
+  at::Tensor w_;
+  BlockQuant m_;
+  BlockSpec spec_;
+  GRAPHKEEP_DESCRIBE_DERIVED(BlockLayer, (torch::nn::Module, gk::DescribedLayer<BlockLayer>), (w_, gk::parameter), m_,
+                             spec_)
+};
+
 struct ModelSpec {
   std::vector<LayerSpec> layers;
   int64_t norm_after = -1;  // a plain module after this layer
+  std::vector<BlockSpec> blocks;  // block layers after the others
 };
 std::string describe(const ModelSpec& s) {
   std::ostringstream os;
   for (const auto& l : s.layers) os << l << " ";
   if (s.norm_after >= 0) os << "norm(plain module) after l" << s.norm_after;
+  for (const auto& b : s.blocks) os << " " << b;
   return os.str();
 }
 
@@ -623,19 +697,30 @@ class FuzzModel : public torch::nn::Module {
     for (const auto& l : s.layers)
       layers_.push_back(register_module("l" + std::to_string(l.index), std::make_shared<FuzzLayer>(l)));
     if (s.norm_after >= 0) norm_ = register_module("norm", std::make_shared<PlainGain>());
+    for (const auto& b : s.blocks)
+      blocks_.push_back(register_module("b" + std::to_string(b.index), std::make_shared<BlockLayer>(b)));
   }
   at::Tensor forward(at::Tensor x) const {
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       x = layers_[i]->forward(x);
       if (static_cast<int64_t>(i) == spec_.norm_after) x = norm_->forward(x);
     }
-    return x;
+    if (blocks_.empty()) return x;
+    Acc acc{x, gk::hostrt::empty({M, D}, x.options())};
+    const float* xp = x.data_ptr<float>();
+    float* yp = acc.y.data_ptr<float>();
+    gk::hostrt::launch("block_input", {gk::hostrt::reads(x), gk::hostrt::writes(acc.y)}, [=] {
+      for (int64_t i = 0; i < M * D; ++i) yp[i] = xp[i];
+    });
+    for (const auto& b : blocks_) b->contribute(acc);
+    return acc.y;
   }
 
  private:
   ModelSpec spec_;
   std::vector<std::shared_ptr<FuzzLayer>> layers_;
   std::shared_ptr<PlainGain> norm_;
+  std::vector<std::shared_ptr<BlockLayer>> blocks_;
 };
 
 // ---------------------------------------------------------------------------
@@ -660,6 +745,11 @@ ModelSpec random_structure(Rng& rng) {
     s.layers.push_back(l);
   }
   s.norm_after = pick(rng, 2) ? pick(rng, n) : -1;
+  const int64_t nb = pick(rng, 3);
+  for (int64_t i = 0; i < nb; ++i) {
+    const int64_t rows[] = {1, 2, D, 2 * D}, cols[] = {1, 2, D};
+    s.blocks.push_back({i, rows[pick(rng, 4)], cols[pick(rng, 3)], pick(rng, 2) == 1});
+  }
   return s;
 }
 
@@ -684,6 +774,11 @@ std::vector<gk::NamedTensor> random_weights(const ModelSpec& s, Rng& rng) {
     if (l.bias) out.push_back({p + "bias", random_tensor(rng, {D}), 0});
   }
   if (s.norm_after >= 0) out.push_back({"norm.gamma", random_tensor(rng, {D}) * 0.5f + 1.f, 0});  // never 0: no column is lost
+  for (const auto& b : s.blocks) {
+    const std::string p = "b" + std::to_string(b.index) + ".";
+    out.push_back({p + "a.weight", random_tensor(rng, {D, D}), 0});
+    out.push_back({p + "b.weight", random_tensor(rng, {D, D}), 0});
+  }
   return out;
 }
 
@@ -716,6 +811,7 @@ struct Op {
   // weight is written through its raw pointer between stage() and commit()
   // (what a trainer's kernel does: no version counter moves).
   bool poke = false;
+  bool block_lie = false;  // the block layers' PWAL lies (g_block_lie)
 };
 
 Op random_op(const ModelSpec& s, Rng& rng, bool recovery) {
@@ -735,9 +831,13 @@ Op random_op(const ModelSpec& s, Rng& rng, bool recovery) {
   if (r == 7 || r == 9) {  // a fault at a stage
     const char* stages[] = {"detach", "load", "pwal", "check", "copy", "commit"};
     op.fault_stage = stages[pick(rng, 6)];
-    const int64_t layer = pick(rng, static_cast<int64_t>(s.layers.size()) + (s.norm_after >= 0 ? 1 : 0));
-    op.fault_layer = layer < static_cast<int64_t>(s.layers.size()) ? "l" + std::to_string(layer) : "norm";
+    const int64_t n = static_cast<int64_t>(s.layers.size()), nb = static_cast<int64_t>(s.blocks.size());
+    const int64_t layer = pick(rng, n + (s.norm_after >= 0 ? 1 : 0) + nb);
+    op.fault_layer = layer < n ? "l" + std::to_string(layer)
+                     : layer < n + nb ? "b" + std::to_string(layer - n)
+                                      : "norm";
   }
+  if (!s.blocks.empty() && pick(rng, 5) == 0) op.block_lie = true;
   if (r == 8 || (r == 9 && pick(rng, 2))) op.bad = static_cast<BadSet>(1 + pick(rng, 7));
   // One op in four is staged (no fault: stage() and commit() have their own
   // tests of faults), and half of those write a weight between the two.
@@ -796,6 +896,7 @@ std::string describe(const Op& op, const std::string& bad_what) {
          << (op.pwal[i].kind >= Pwal::mixed ? "/" + std::to_string(op.pwal[i].arg & 511) : "");
     os << "]";
     if (!op.fault_stage.empty()) os << " fault=" << op.fault_stage << "@" << op.fault_layer;
+    if (op.block_lie) os << " block-lie";
     return os.str();
   }
   os << (op.recovery ? "RECOVERY " : "") << (op.mode == gk::ReloadMode::streaming ? "streaming" : "transactional")
@@ -807,6 +908,7 @@ std::string describe(const Op& op, const std::string& bad_what) {
   os << "]";
   if (!op.fault_stage.empty()) os << " fault=" << op.fault_stage << "@" << op.fault_layer;
   if (op.staged && !op.patch) os << (op.poke ? " staged+poke" : " staged");
+  if (op.block_lie) os << " block-lie";
   return os.str();
 }
 
@@ -906,6 +1008,7 @@ Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::Name
     };
   const gk::testing::ScopedHooks scoped(&engine, std::move(hooks));
   g_pwal = op.pwal;
+  g_block_lie = op.block_lie;
   g_notes.clear();
   g_must_fail = false;
   for (const auto& b : op.pwal) g_counts[std::string("pwal: ") + to_string(b.kind)] += 1;
@@ -940,7 +1043,9 @@ Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::Name
     r.message = r.label + ": " + e.what();
   }
   g_pwal.clear();
+  g_block_lie = false;
   g_counts["reload: " + r.label] += 1;
+  if (op.block_lie) g_counts["reload with a lying block PWAL: " + r.label] += 1;
   return r;
 }
 
@@ -1048,6 +1153,7 @@ Outcome patch_once(gk::ReloadEngine& engine, const Op& op, const gk::Patch& patc
     };
   const gk::testing::ScopedHooks scoped(&engine, std::move(hooks));
   g_pwal = op.pwal;
+  g_block_lie = op.block_lie;
   g_notes.clear();
   g_must_fail = false;
   Outcome r{"ok", "ok"};
@@ -1059,6 +1165,7 @@ Outcome patch_once(gk::ReloadEngine& engine, const Op& op, const gk::Patch& patc
     g_counts["patch: layers scattered"] += static_cast<int64_t>(rep.patch.layers_scattered);
     g_counts["patch: layers re-run"] += static_cast<int64_t>(rep.patch.layers_rerun);
     g_counts["patch: sectors written"] += static_cast<int64_t>(rep.patch.sectors_written);
+    g_counts["patch: derived blocks recomputed"] += static_cast<int64_t>(rep.patch.blocks_recomputed);
   } catch (const gk::Error& e) {
     const char* kinds[] = {"DeclarationError", "WeightError", "MismatchError", "DriftError", "StateError", "InternalError"};
     r.label = kinds[static_cast<int>(e.kind())];
@@ -1068,6 +1175,7 @@ Outcome patch_once(gk::ReloadEngine& engine, const Op& op, const gk::Patch& patc
     r.message = r.label + ": " + e.what();
   }
   g_pwal.clear();
+  g_block_lie = false;
   g_counts["patch: " + r.label + (op.bad_patch != BadPatch::none ? " (bad patch)" : "")] += 1;
   return r;
 }

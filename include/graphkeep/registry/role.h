@@ -73,8 +73,10 @@
 // cannot lie silently: every full reload, and every patch that re-runs the
 // layer, compares what PWAL built with what the declaration predicts, bit
 // for bit (from_shapes: the value already captured; by_blocks: the
-// function over the parameter's blocks, in two interleaved halves so that
-// a function reading beyond its block is caught), before anything
+// function over the parameter's blocks, in two interleaved halves, so that
+// a function reading beyond its block differs wherever a half's blocks
+// alone give another value than all of them; prepare() checks the same, and
+// a recovering reload too), before anything
 // reaches captured storage, and refuses a mismatch with a
 // gk::DeclarationError naming the class, the member and the first differing
 // element (reload/derivations.cpp). Only derived roles take a derivation;
