@@ -42,7 +42,8 @@
 // model, format, density, patch_bytes, model_bytes, make_patch_ms, stage_ms,
 // pause_ms, update_ms (stage + pause), full_update_ms (the full update from
 // the same tensors: stage + pause, or a streaming reload), full_pause_ms,
-// full_reload_ms, hash_ms, layers_rerun, host_us_per_tensor (the staging
+// full_reload_ms, hash_ms, layers_rerun, blocks_recomputed (rows of FP8
+// weights requantized without PWAL), host_us_per_tensor (the staging
 // thread's CPU time per patched tensor), exact, and more keys.
 #include "bench_args.h"
 #include "engine/checkpoint_writer.h"
@@ -482,6 +483,7 @@ int main(int argc, char** argv) {
           {"d2d_copy_ms", d2d_ms},
           {"layers_scattered", staged.patch.layers_scattered},
           {"layers_rerun", staged.patch.layers_rerun},
+          {"blocks_recomputed", staged.patch.blocks_recomputed},
           {"bytes_scattered", staged.patch.bytes_scattered},
           {"exact", exact},
           {"device", device.str()},
