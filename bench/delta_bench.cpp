@@ -20,7 +20,7 @@
 //      reload instead, whose whole time is then full_pause_ms; for a model
 //      whose staged copy does not fit beside it);
 //   6. reloads T in full (full_reload_ms), and stages T in full with
-//      ReloadOptions::hash_served off (full_stage_nohash_ms: what hashing
+//      gk::testing::EngineHooks::skip_served_hashes (full_stage_nohash_ms: what hashing
 //      adds to a stage; full_stage_hash_ms is the hashing's own time);
 // The full stages and reloads read tensors made on the device as they go;
 // the time making them is subtracted (a trainer's device tensors, handed
@@ -48,6 +48,8 @@
 #include "bench_args.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
+
+#include <graphkeep/reload/testing.h>
 
 #include <graphkeep/core/stopwatch.h>
 #include <graphkeep/delta/make_patch.h>
@@ -391,9 +393,10 @@ int main(int argc, char** argv) {
       {
         Weights::Source b(weights, c, false);
         eng.reload(b);
-        gk::ReloadOptions o = eng.reload_engine().options().defaults;
-        o.verify_served = true;
-        gk::StagedReload sv = eng.reload_engine().stage(patch, o);
+        gk::testing::EngineHooks h;
+        h.verify_served = true;
+        const gk::testing::ScopedHooks verifying(&eng.reload_engine(), std::move(h));
+        gk::StagedReload sv = eng.reload_engine().stage(patch);
         verify_pause_ms = timed_commit([&] { return eng.reload_engine().commit(std::move(sv)); }, device).times.commit_ms;
         exact = same_bits(eng.decode_logits(tokens, pos), by_patch);
       }
@@ -404,7 +407,7 @@ int main(int argc, char** argv) {
       {
         Weights::Source b(weights, c, false);
         eng.reload(b);
-        gk::ReloadOptions o = eng.reload_engine().options().defaults;
+        gk::PatchOptions o = eng.reload_engine().options().patch;
         o.patch_writes = gk::PatchWrites::elements;
         gk::StagedReload se = eng.reload_engine().stage(patch, o);
         elements_stage_gib = static_cast<double>(se.staged_bytes()) / (1 << 30);
@@ -440,9 +443,10 @@ int main(int argc, char** argv) {
       }
       if (!streaming_full) {
         Weights::Source t(weights, c, true);
-        gk::ReloadOptions o = eng.reload_engine().options().defaults;
-        o.hash_served = false;
-        gk::StagedReload s = eng.reload_engine().stage(t, o);
+        gk::testing::EngineHooks h;
+        h.skip_served_hashes = true;
+        const gk::testing::ScopedHooks unhashed(&eng.reload_engine(), std::move(h));
+        gk::StagedReload s = eng.reload_engine().stage(t);
         nohash_stage_ms = s.report().times.stage_ms - t.made_ms;
         s.abort();
       }

@@ -24,7 +24,7 @@
 //                              stages repeated over --stage-window-ms and
 //                              until --min-stage-steps decode steps were
 //                              served meanwhile), then commit() (the pause)
-//   pause_no_content_check_ms  the pause with ReloadOptions::check_adopted_content
+//   pause_no_content_check_ms  the pause with gk::testing::EngineHooks::skip_adopted_content_check
 //                              off (no hashing of the adopted tensors)
 //   content_hash_ms            that hashing: at adoption in the stage, and in
 //                              the pause
@@ -51,6 +51,8 @@
 #include "bench_models.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
+
+#include <graphkeep/reload/testing.h>
 
 #include <graphkeep/core/stopwatch.h>
 #include <graphkeep/runtime/device.h>
@@ -436,10 +438,11 @@ int main(int argc, char** argv) {
         content_hash_ms = r.times.hash_ms;  // the stage's hashes at adoption and the commit's in the pause
         // The same stage and commit with the adopted-content check off: the
         // pause without the commit's hashing (Note [Adopted tensors are hashed]).
-        gk::ReloadOptions o = eng.reload_engine().options().defaults;
-        o.check_adopted_content = false;
+        gk::testing::EngineHooks h;
+        h.skip_adopted_content_check = true;
+        const gk::testing::ScopedHooks no_check(&eng.reload_engine(), std::move(h));
         gk::InMemorySource src(w);
-        gk::StagedReload unhashed = eng.reload_engine().stage(src, o);
+        gk::StagedReload unhashed = eng.reload_engine().stage(src);
         const gk::Stopwatch t2;
         drift += eng.commit(std::move(unhashed)).drift;
         pause_unhashed_ms = t2.elapsed_ms();

@@ -66,7 +66,7 @@ struct StagedState {
   ReloadEngine* engine = nullptr;  // null once the engine is destroyed
   std::vector<LayerRun> runs;      // per layer: the staged (post-PWAL) tensors and configuration values
   ReloadReport rep;
-  ReloadOptions options;
+  RunOptions options;
   std::uint64_t base_version = 0, plan_generation = 0, graphs_generation = 0;
   std::string dropped;  // why the engine dropped it (prepare(), the engine destroyed); empty otherwise
   std::size_t bytes = 0;
@@ -126,26 +126,32 @@ struct ReloadEngine::Impl {
   Impl(torch::nn::Module& m, EngineOptions o) : model(m), options(std::move(o)) {}
 
   // --- reload_engine.cpp ------------------------------------------------------
-  // Calls the testing hook (testing.h) of `stage`, if any.
-  void fault(testing::Stage stage, const std::string& layer) const {
-    if (hooks.fault) hooks.fault(stage, layer);
+  // Calls the testing hook (testing.h) at `point`, if any.
+  void fault(testing::FaultPoint point, const std::string& layer) const {
+    if (hooks.fault) hooks.fault(point, layer);
   }
   // The testing hook: slot s is left out of copy-back.
   bool unprotected(const PlannedSlot& s) const;
   // Hooks that name slots must name real ones (a misspelt name would
   // silently protect nothing less, or nothing more, than the caller meant).
   void validate_hooks() const;
-  ReloadReport new_report(const ReloadOptions& o) const;
-  ReloadReport run_reload(WeightSource& source, const ReloadOptions& o, PwalGuard& guard);
+  ReloadReport new_report(const detail::RunOptions& o) const;
+  ReloadReport run_reload(WeightSource& source, const detail::RunOptions& o, PwalGuard& guard);
   // Rolls back every layer a failed reload (or stage) touched; false when
   // something could not be restored.
-  bool rollback_all(std::vector<LayerRun>& runs, const ReloadOptions& o);
+  bool rollback_all(std::vector<LayerRun>& runs, const detail::RunOptions& o);
   // After the weights were written: the new state, the weight version, the
   // verification of the tracked graphs and their capture verdicts.
-  ReloadReport finish(ReloadReport& rep, const ReloadOptions& o, const Stopwatch& total, const PwalGuard& guard);
+  ReloadReport finish(ReloadReport& rep, const detail::RunOptions& o, const Stopwatch& total, const PwalGuard& guard);
   // Sets the state to inconsistent with `why` (under reason_mu: a stage()
   // calls it while the serving thread may read the reason).
   void refuse_replay(std::string why);
+  // A failure after captured storage was written: the model mixes old and
+  // new weights. Replay is refused until a reload succeeds (`why`), the
+  // served content is unknown, and, when the weights the graphs read
+  // changed, weight_version() moves. The one way into that state after a
+  // write, for reload() and commit() alike.
+  void mark_inconsistent(std::string why, bool weights_changed);
 
   // --- weight_stream.cpp ------------------------------------------------------
   void index_expected();
@@ -154,7 +160,7 @@ struct ReloadEngine::Impl {
   // (and in streaming mode its commit), the completion gate, and in
   // transactional mode the "commit" faults and before_commit: the
   // stage/commit boundary.
-  void run_until_commit(WeightSource& source, const ReloadOptions& o, PwalGuard& guard, std::vector<LayerRun>& runs,
+  void run_until_commit(WeightSource& source, const detail::RunOptions& o, PwalGuard& guard, std::vector<LayerRun>& runs,
                         ReloadReport& rep, bool& any_committed);
 
   // --- layer_pipeline.cpp -----------------------------------------------------
@@ -163,12 +169,14 @@ struct ReloadEngine::Impl {
   // and their scans (non-finite values, content hashes) launched, before
   // their answers are awaited; the caller then owes the layer a
   // finish_record_after_pwal() (served_state.h).
-  void process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, const WeightSource& source,
+  void process(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep, const WeightSource& source,
                PwalGuard& guard, const std::function<void()>& meanwhile = {});
+  // One layer's copy of its new values into the captured storage (a
+  // reload's or a staged commit's; "commit" is the whole of commit()).
   // `staged`: the commit of a StagedReload, whose caller ran the "copy"
   // faults first and keeps no undo (Note [Online reload threading]).
-  void commit(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, const PwalGuard& guard,
-              bool staged = false);
+  void copy_back(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep, const PwalGuard& guard,
+                 bool staged = false);
   // Points the layer's fields back at their captured storage and restores
   // its values and configuration. Returns false when something could not be
   // restored (the model is then inconsistent).
@@ -179,7 +187,7 @@ struct ReloadEngine::Impl {
   // is then refused with `why`. The caller holds op_mu.
   void drop_outstanding(std::string why, bool engine_gone);
   // The checks every stage() runs first, and a new staged state for it.
-  std::unique_ptr<detail::StagedState> begin_stage(ReloadEngine* self, const ReloadOptions& options);
+  std::unique_ptr<detail::StagedState> begin_stage(ReloadEngine* self, const detail::RunOptions& options);
   // After the staged layers (mask: those, empty: all) passed their checks:
   // copies PWAL left alone commit in place, every field points at its
   // captured tensor again, the configuration values PWAL left are kept, and
@@ -194,7 +202,7 @@ struct ReloadEngine::Impl {
   // Serves `s` (null: unknown), recording its label.
   void publish_served(std::shared_ptr<const ServedWeights> s);
   std::shared_ptr<const ServedWeights> served_now() const;
-  // ReloadOptions::verify_served after a full reload: hashes the captured
+  // gk::testing::EngineHooks::verify_served after a full reload: hashes the captured
   // storage of every passthrough checkpoint tensor against rep.served; a
   // difference leaves the model inconsistent and throws gk::WeightError.
   void verify_served_content(ReloadReport& rep);
@@ -205,7 +213,7 @@ struct ReloadEngine::Impl {
   // --- patch_stage.cpp --------------------------------------------------------
   // Everything stage(const Patch&) does between begin_stage and the return,
   // in named steps over the state they share (Note [Applying a patch]).
-  void stage_patch(const Patch& patch, const ReloadOptions& o, detail::StagedState& st);
+  void stage_patch(const Patch& patch, const detail::RunOptions& o, detail::StagedState& st);
   struct PatchStaging;
   void check_patch_against_served(PatchStaging& ps);
   void choose_patch_landings(PatchStaging& ps);

@@ -117,7 +117,7 @@ bool try_adopt(const SlotPlan& plan, const LayerPlan& lp, LayerRun& run, const L
 }
 
 
-void check(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, bool recovering) {
+void check(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep, bool recovering) {
   std::vector<std::string> problems, paths;
   run.current.assign(lp.slots.size(), at::Tensor());
   run.mismatched.assign(lp.slots.size(), 0);
@@ -215,7 +215,7 @@ void repoint(LayerPlan& lp, const PlannedSlot& s) {
 }  // namespace detail
 
 void ReloadEngine::Impl::snapshot_and_detach(LayerPlan& lp, LayerRun& run, const PwalGuard& guard) {
-  fault(testing::Stage::detach, lp.prefix);
+  fault(testing::FaultPoint::detach, lp.prefix);
   // The slots must still point at their captured storage: anything else is
   // drift that happened outside a reload.
   // After a failed reload left the model inconsistent, a path may not
@@ -262,7 +262,7 @@ void ReloadEngine::Impl::snapshot_and_detach(LayerPlan& lp, LayerRun& run, const
 }
 
 
-void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep,
+void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep,
                                  const WeightSource& source, PwalGuard& guard,
                                  const std::function<void()>& meanwhile) {
   const std::size_t n = lp.params.size();
@@ -270,7 +270,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
   std::vector<char> custom(n, 0);  // a load_weight() took some tensor of the parameter
   {
     ScopedMsTimer t(rep.times.load_ms);
-    fault(testing::Stage::load, lp.prefix);
+    fault(testing::FaultPoint::load, lp.prefix);
     // Materialize fresh checkpoint-format parameters (each right before
     // its first load, so an adopted one holds no new storage) and replay
     // the loads, adopting what can be adopted (Note [Adopting source tensors]).
@@ -334,7 +334,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
   guard.before_pwal(lp, run, o);
   {
     ScopedMsTimer t(rep.times.pwal_ms);
-    fault(testing::Stage::pwal, lp.prefix);
+    fault(testing::FaultPoint::pwal, lp.prefix);
     if (lp.layer != nullptr) lp.layer->process_weights_after_loading();
     for (const LayerRun::Adopted& a : run.adopted)
       GK_CHECK(WeightError, a.value._version() == a.value_version && a.param._version() == a.param_version,
@@ -346,7 +346,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
   }
   if (guard.captured()) {
     ScopedMsTimer t(rep.times.check_ms);
-    fault(testing::Stage::check, lp.prefix);
+    fault(testing::FaultPoint::check, lp.prefix);
     check(lp, run, o, rep, state == EngineState::inconsistent || fields_unrestored);
     guard.after_check(lp, run);
   }
@@ -357,14 +357,14 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const ReloadOptio
   if (guard.captured() && o.after_layer) o.after_layer(lp.prefix);
 }
 
-void ReloadEngine::Impl::commit(LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep,
+void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep,
                                 const PwalGuard& guard, bool staged) {
   if (!guard.captured()) {
     run.phase = LayerRun::Phase::committed;
     return;
   }
   ScopedMsTimer t(rep.times.copy_ms);
-  if (!staged) fault(testing::Stage::copy, lp.prefix);
+  if (!staged) fault(testing::FaultPoint::copy, lp.prefix);
   // Transactional: every captured storage this commit writes is saved
   // first, so a later failure can undo it (Note [Undo by storage]).
   const bool undoable = !staged && o.mode == ReloadMode::transactional;

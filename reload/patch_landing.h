@@ -27,7 +27,7 @@ struct PatchLanding {
 // Adds the landings' writes and their undo (the elements they overwrite) to
 // `sp`, one item per destination storage where the entries can share one;
 // with `verify`, each destination with its name and target hash for
-// ReloadOptions::verify_served. With `results`, returns per landing its
+// gk::testing::EngineHooks::verify_served. With `results`, returns per landing its
 // tensor as the patch leaves it (a new tensor, flat, as integers of the
 // element size), for its target hash; else an empty vector. No host
 // synchronization; a few launches per storage, not per entry.

@@ -60,9 +60,9 @@
 //      here, so the commit only swaps a pointer.
 // commit(), between two replays: the stale checks of any staged reload,
 // then the scatter (one launch per device for every tensor, whole 32-byte
-// sectors by default on a GPU: ReloadOptions::patch_writes; CPU: a host
+// sectors by default on a GPU: PatchOptions::patch_writes; CPU: a host
 // loop), the re-run layers' copies and configuration values, and, with
-// ReloadOptions::verify_served, the touched captured tensors hashed again.
+// gk::testing::EngineHooks::verify_served, the touched captured tensors hashed again.
 // A failure after the scatter (an injected fault at Stage::scatter, a
 // verification mismatch) writes the undo back before any re-run layer was
 // copied: the old weights are served bit for bit and replay stays allowed.
@@ -146,11 +146,11 @@ PatchBase kept_where(const ServedWeights::State& s, const LayerPlan& lp, PatchBa
 
 }  // namespace
 
-StagedReload ReloadEngine::stage(const Patch& patch) { return stage(patch, impl_->options.defaults); }
-StagedReload ReloadEngine::stage(const Patch& patch, const ReloadOptions& options) {
+StagedReload ReloadEngine::stage(const Patch& patch) { return stage(patch, impl_->options.patch); }
+StagedReload ReloadEngine::stage(const Patch& patch, const PatchOptions& options) {
   Impl& I = *impl_;
   Impl::Busy busy(I, "stage(patch)", /*refuse_outstanding=*/true);
-  std::unique_ptr<detail::StagedState> st = I.begin_stage(this, options);
+  std::unique_ptr<detail::StagedState> st = I.begin_stage(this, detail::run_options(options, I.options.defaults, I.hooks));
   at::NoGradGuard no_grad;
   const Stopwatch total;
   I.stage_patch(patch, st->options, *st);
@@ -162,9 +162,9 @@ StagedReload ReloadEngine::stage(const Patch& patch, const ReloadOptions& option
 
 // The state the steps of stage(patch) share (Note [Applying a patch]).
 struct ReloadEngine::Impl::PatchStaging {
-  PatchStaging(const Patch& p, const ReloadOptions& options, ReloadReport r) : patch(p), o(options), rep(std::move(r)) {}
+  PatchStaging(const Patch& p, const detail::RunOptions& options, ReloadReport r) : patch(p), o(options), rep(std::move(r)) {}
   const Patch& patch;
-  const ReloadOptions& o;
+  const detail::RunOptions& o;
   ReloadReport rep;
   std::string_view label = label_of(patch);
   std::shared_ptr<const ServedWeights> served0;
@@ -187,7 +187,7 @@ struct ReloadEngine::Impl::PatchStaging {
   }
 };
 
-void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o, detail::StagedState& st) {
+void ReloadEngine::Impl::stage_patch(const Patch& patch, const detail::RunOptions& o, detail::StagedState& st) {
   ReloadReport rep = new_report(o);
   rep.staged = true;
   rep.patch.applied = true;
@@ -195,7 +195,7 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const ReloadOptions& o,
   ps.served0 = served_now();
   GK_CHECK(StateError, ps.served0 != nullptr, "stage(patch) refused for ", ps.label,
            ": the engine does not know the content it serves (no prepare(first_load) with the report of "
-           "gk::load_weights, or the last reload ran without ReloadOptions::hash_served, or a failure left the model "
+           "gk::load_weights, or the last reload ran with gk::testing::EngineHooks::skip_served_hashes, or a failure left the model "
            "inconsistent); reload the weights in full first");
   ps.S = &ps.served0->state();
   check_patch_against_served(ps);  // 1. every check before anything is staged
@@ -272,7 +272,7 @@ void ReloadEngine::Impl::check_patch_against_served(PatchStaging& ps) {
       GK_THROW(WeightError, label, ": tensor '", pe.name, "': the patch writes a non-finite value (",
                pe.values.reshape({-1})[first[k]].item<double>(), " at element ", element, " of ",
                at::IntArrayRef(pe.shape), "): refused, nothing was changed. A diverged trainer writes such "
-               "updates; to serve them anyway, set ReloadOptions::allow_non_finite");
+               "updates; to serve them anyway, set PatchOptions::allow_non_finite");
     }
   }
 }
@@ -345,7 +345,7 @@ void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
     std::vector<at::Tensor> results;
     {
       ScopedMsTimer t(rep.times.load_ms);
-      fault(testing::Stage::load, lp.prefix);
+      fault(testing::FaultPoint::load, lp.prefix);
       std::vector<PatchLanding> ls;
       ls.reserve(ps.by_layer[li].size());
       for (std::size_t k : ps.by_layer[li])
@@ -354,7 +354,7 @@ void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
       rep.patch.blocks_recomputed += land_derived_blocks(lp, ls, *ps.sp);
     }
     ScopedMsTimer t(rep.times.hash_ms);
-    fault(testing::Stage::check, lp.prefix);
+    fault(testing::FaultPoint::check, lp.prefix);
     const std::vector<std::uint64_t> got = content_hashes(results);
     for (std::size_t j = 0; j < got.size(); ++j) {
       const PatchEntry& pe = ps.patch.entries[ps.by_layer[li][j]];
@@ -413,7 +413,7 @@ void ReloadEngine::Impl::rerun_patched_layer(PatchStaging& ps, std::size_t li, c
     run.loaded = run.expected;
   }
   snapshot_and_detach(lp, run, guard);
-  ReloadOptions ro = ps.o;
+  detail::RunOptions ro = ps.o;
   ro.hash_served = true;
   ro.patch_base = kept_where(*ps.S, lp, ps.o.patch_base);
   process(lp, run, ro, ps.rep, described, guard);
@@ -483,7 +483,7 @@ void ReloadEngine::Impl::land_rerun_passthrough(PatchStaging& ps, LayerPlan& lp,
 // left: at a real AdamW step's density a 30B MoE's images come near the
 // model's own size.
 void ReloadEngine::Impl::choose_patch_writes(PatchStaging& ps) {
-  const ReloadOptions& o = ps.o;
+  const detail::RunOptions& o = ps.o;
   std::vector<ScatterItem>& writes = ps.sp->writes;
   const auto wants_sectors = [&](const ScatterItem& w) {
     return o.patch_writes == PatchWrites::sectors || (o.patch_writes == PatchWrites::automatic && w.dst.is_cuda());
@@ -516,12 +516,12 @@ void ReloadEngine::Impl::commit_patch(detail::StagedState& st, ReloadReport& rep
   }
   try {
     for (std::size_t li = 0; li < p.touched.size(); ++li)
-      if (p.touched[li]) fault(testing::Stage::scatter, plan.layers()[li].prefix);
+      if (p.touched[li]) fault(testing::FaultPoint::scatter, plan.layers()[li].prefix);
     if (!p.verify.empty()) {
       ScopedMsTimer t(rep.times.hash_ms);
       const std::vector<std::uint64_t> got = content_hashes(p.verify);
       for (std::size_t i = 0; i < got.size(); ++i)
-        GK_CHECK(WeightError, got[i] == p.verify_hashes[i], "ReloadOptions::verify_served: after the commit's "
+        GK_CHECK(WeightError, got[i] == p.verify_hashes[i], "gk::testing::EngineHooks::verify_served: after the commit's "
                  "scatter, checkpoint tensor '", p.verify_names[i], "' in captured storage hashes ",
                  format_content_hash(got[i]), " instead of the patch's target ", format_content_hash(p.verify_hashes[i]),
                  " (something else wrote it); the patch was rolled back");

@@ -20,7 +20,7 @@ struct StagedPatch {
   // The changed elements of the tensors that land unchanged in captured
   // storage, and the elements they overwrite (the commit's undo).
   std::vector<ScatterItem> writes, undo;
-  // ReloadOptions::verify_served: the captured tensors the commit writes,
+  // gk::testing::EngineHooks::verify_served: the captured tensors the commit writes,
   // with their names and target hashes.
   std::vector<at::Tensor> verify;
   std::vector<std::string> verify_names;

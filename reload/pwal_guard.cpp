@@ -22,7 +22,7 @@ bool pwal_can_write(const LayerPlan& lp, const PlannedSlot& s) {
   return false;
 }
 
-void ReloadGuard::before_pwal(LayerPlan& lp, LayerRun& run, const ReloadOptions& o) {
+void ReloadGuard::before_pwal(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o) {
   if (o.restore_in_place_writes) {
     for (const PlannedSlot& sl : lp.slots)
       if (pwal_can_write(lp, sl)) run.backups.take(sl.captured);
@@ -31,7 +31,7 @@ void ReloadGuard::before_pwal(LayerPlan& lp, LayerRun& run, const ReloadOptions&
   }
 }
 
-void StageGuard::after_load(LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+void StageGuard::after_load(LayerRun& run, const detail::RunOptions& o, ReloadReport& rep) {
   if (!o.check_adopted_content || run.adopted.empty()) return;
   ScopedMsTimer t(rep.times.hash_ms);
   std::vector<at::Tensor> values;
@@ -43,7 +43,7 @@ void StageGuard::after_load(LayerRun& run, const ReloadOptions& o, ReloadReport&
 
 // Note [Staging copies]: PWAL gets copies of the captured storages. Plain
 // modules have no PWAL: nothing of theirs is redirected.
-void StageGuard::before_pwal(LayerPlan& lp, LayerRun& /*run*/, const ReloadOptions& /*o*/) {
+void StageGuard::before_pwal(LayerPlan& lp, LayerRun& /*run*/, const detail::RunOptions& /*o*/) {
   if (lp.layer == nullptr) return;
   for (const PlannedSlot& sl : lp.slots) {
     if (!sl.defined()) continue;

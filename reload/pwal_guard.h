@@ -5,6 +5,8 @@
 #include "layer_run.h"
 #include "staging_copies.h"
 
+#include "run_options.h"
+
 #include <graphkeep/reload/reload_options.h>
 #include <graphkeep/reload/slot_plan.h>
 
@@ -37,9 +39,9 @@ class PwalGuard {
   // checks no slot, adopts nothing and commits nothing.
   virtual bool captured() const noexcept { return true; }
   // After the layer's weights are loaded, before the non-finite check and PWAL.
-  virtual void after_load(LayerRun& /*run*/, const ReloadOptions& /*o*/, ReloadReport& /*rep*/) {}
+  virtual void after_load(LayerRun& /*run*/, const detail::RunOptions& /*o*/, ReloadReport& /*rep*/) {}
   // Right before the layer's PWAL.
-  virtual void before_pwal(LayerPlan& lp, LayerRun& run, const ReloadOptions& o) = 0;
+  virtual void before_pwal(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o) = 0;
   // After the layer's checks (run.current holds the post-PWAL tensors).
   virtual void after_check(LayerPlan& /*lp*/, LayerRun& /*run*/) {}
 };
@@ -47,12 +49,12 @@ class PwalGuard {
 class FirstLoadGuard final : public PwalGuard {
  public:
   bool captured() const noexcept override { return false; }
-  void before_pwal(LayerPlan&, LayerRun&, const ReloadOptions&) override {}
+  void before_pwal(LayerPlan&, LayerRun&, const detail::RunOptions&) override {}
 };
 
 class ReloadGuard final : public PwalGuard {
  public:
-  void before_pwal(LayerPlan& lp, LayerRun& run, const ReloadOptions& o) override;
+  void before_pwal(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o) override;
 };
 
 class StageGuard final : public PwalGuard {
@@ -61,8 +63,8 @@ class StageGuard final : public PwalGuard {
   // graphs read and its values could not be written back.
   StageGuard(const SlotPlan& plan, std::function<void(std::string)> refuse_replay)
       : copies_(plan), refuse_replay_(std::move(refuse_replay)) {}
-  void after_load(LayerRun& run, const ReloadOptions& o, ReloadReport& rep) override;
-  void before_pwal(LayerPlan& lp, LayerRun& run, const ReloadOptions& o) override;
+  void after_load(LayerRun& run, const detail::RunOptions& o, ReloadReport& rep) override;
+  void before_pwal(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o) override;
   void after_check(LayerPlan& lp, LayerRun& run) override;
   StagingCopies& copies() noexcept { return copies_; }
 

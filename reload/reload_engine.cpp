@@ -46,6 +46,12 @@ void ReloadEngine::Impl::refuse_replay(std::string why) {
   reason = std::move(why);
 }
 
+void ReloadEngine::Impl::mark_inconsistent(std::string why, bool weights_changed) {
+  refuse_replay(std::move(why));
+  if (weights_changed) version.fetch_add(1, std::memory_order_acq_rel);
+  publish_served(nullptr);
+}
+
 ReloadEngine::Impl::Busy::Busy(Impl& impl, const char* what, bool refuse_outstanding) : impl_(impl) {
   std::lock_guard<std::mutex> lock(impl.op_mu);
   GK_CHECK(StateError, impl.busy == nullptr, what, " while ", impl.busy,
@@ -62,7 +68,7 @@ ReloadEngine::Impl::Busy::~Busy() {
   std::lock_guard<std::mutex> lock(impl_.op_mu);
   impl_.busy = nullptr;
 }
-ReloadReport ReloadEngine::Impl::new_report(const ReloadOptions& o) const {
+ReloadReport ReloadEngine::Impl::new_report(const detail::RunOptions& o) const {
   ReloadReport rep;
   rep.mode = o.mode;
   rep.layers = plan.layers().size();
@@ -70,7 +76,7 @@ ReloadReport ReloadEngine::Impl::new_report(const ReloadOptions& o) const {
   rep.declared_slots = plan.num_declared_slots();
   return rep;
 }
-bool ReloadEngine::Impl::rollback_all(std::vector<LayerRun>& runs, const ReloadOptions& o) {
+bool ReloadEngine::Impl::rollback_all(std::vector<LayerRun>& runs, const detail::RunOptions& o) {
   // Roll back every layer that has not committed; in transactional mode
   // also undo the commits of this reload (the swap log).
   // Newest first: where layers share a storage (tied weights), the oldest
@@ -85,7 +91,7 @@ bool ReloadEngine::Impl::rollback_all(std::vector<LayerRun>& runs, const ReloadO
   return restored;
 }
 
-ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOptions& o, PwalGuard& guard) {
+ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const detail::RunOptions& o, PwalGuard& guard) {
   GK_CHECK(StateError, state != EngineState::unprepared,
            "ReloadEngine::reload() before prepare(): call prepare() after the first load and PWAL, "
            "before capturing graphs");
@@ -98,17 +104,15 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
   try {
     run_until_commit(source, o, guard, runs, rep, any_committed);
     if (o.mode == ReloadMode::transactional)
-      for (std::size_t li = 0; li < runs.size(); ++li) commit(plan.layers()[li], runs[li], o, rep, guard);
+      for (std::size_t li = 0; li < runs.size(); ++li) copy_back(plan.layers()[li], runs[li], o, rep, guard);
   } catch (...) {
     const bool restored = rollback_all(runs, o);
     if (!restored || (o.mode == ReloadMode::streaming && any_committed)) {
-      state = EngineState::inconsistent;
-      reason = !restored ? "a failed reload could not restore every slot (PWAL changed the object tree, or wrote "
-                           "captured tensors with ReloadOptions::restore_in_place_writes off)"
-                         : "a streaming reload failed after some layers were committed: the model mixes old and "
-                           "new weights";
-      if (guard.captured()) version.fetch_add(1, std::memory_order_acq_rel);  // the weights the graphs read changed
-      publish_served(nullptr);
+      mark_inconsistent(!restored ? "a failed reload could not restore every slot (PWAL changed the object tree, or "
+                                    "wrote captured tensors with gk::testing::EngineHooks::skip_in_place_backups)"
+                                  : "a streaming reload failed after some layers were committed: the model mixes old "
+                                    "and new weights",
+                        /*weights_changed=*/guard.captured());
     }
     throw;
   }
@@ -121,7 +125,7 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const ReloadOp
   return finish(rep, o, total, guard);
 }
 
-ReloadReport ReloadEngine::Impl::finish(ReloadReport& rep, const ReloadOptions& o, const Stopwatch& total,
+ReloadReport ReloadEngine::Impl::finish(ReloadReport& rep, const detail::RunOptions& o, const Stopwatch& total,
                                         const PwalGuard& guard) {
   rep.times.total_ms = total.elapsed_ms();
   if (guard.captured()) rep.weight_version = version.fetch_add(1, std::memory_order_acq_rel) + 1;
@@ -161,13 +165,13 @@ ReloadReport ReloadEngine::Impl::finish(ReloadReport& rep, const ReloadOptions& 
 
 // ---------------------------------------------------------------------------
 ReloadReport load_weights(torch::nn::Module& model, WeightSource& source) { return load_weights(model, source, {}); }
-ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const ReloadOptions& options) {
-  ReloadOptions o;
-  o.allow_non_finite = options.allow_non_finite;
-  o.hash_served = options.hash_served;
-  o.version_label = options.version_label;
-  o.patch_base = options.patch_base;
-  ReloadEngine::Impl impl(model, {o});
+ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const LoadOptions& options) {
+  return testing::load_weights(model, source, options, {});
+}
+ReloadReport testing::load_weights(torch::nn::Module& model, WeightSource& source, const LoadOptions& options,
+                                   const EngineHooks& hooks) {
+  const detail::RunOptions o = detail::run_options(options, hooks);
+  ReloadEngine::Impl impl(model, {});
   impl.plan = build_slot_plan(model);
   impl.index_expected();
   impl.state = EngineState::ready;
@@ -212,7 +216,7 @@ void ReloadEngine::prepare() {
 
 void ReloadEngine::prepare(const ReloadReport& first_load) {
   GK_CHECK(StateError, first_load.served != nullptr, "ReloadEngine::prepare(first_load): the report holds no served "
-           "content (the load ran with ReloadOptions::hash_served off); load with hashing, or call prepare() and "
+           "content (the load ran with gk::testing::EngineHooks::skip_served_hashes); load with hashing, or call prepare() and "
            "reload before the first patch");
   prepare();
   const ServedWeights& s = *first_load.served;
@@ -233,8 +237,8 @@ void ReloadEngine::prepare(const ReloadReport& first_load) {
 
 std::shared_ptr<const ServedWeights> ReloadEngine::served() const { return impl_->served_now(); }
 
-ReloadReport ReloadEngine::reload(const Patch& patch) { return reload(patch, impl_->options.defaults); }
-ReloadReport ReloadEngine::reload(const Patch& patch, const ReloadOptions& options) {
+ReloadReport ReloadEngine::reload(const Patch& patch) { return reload(patch, impl_->options.patch); }
+ReloadReport ReloadEngine::reload(const Patch& patch, const PatchOptions& options) {
   StagedReload staged = stage(patch, options);
   ReloadReport rep = commit(std::move(staged));
   rep.staged = false;
@@ -245,7 +249,7 @@ ReloadReport ReloadEngine::reload(WeightSource& source) { return reload(source, 
 ReloadReport ReloadEngine::reload(WeightSource& source, const ReloadOptions& options) {
   Impl::Busy busy(*impl_, "reload()", /*refuse_outstanding=*/true);
   ReloadGuard guard;
-  return impl_->run_reload(source, options, guard);
+  return impl_->run_reload(source, detail::run_options(options, impl_->hooks), guard);
 }
 
 std::uint64_t ReloadEngine::weight_version() const noexcept {
@@ -274,15 +278,15 @@ torch::nn::Module& ReloadEngine::model() noexcept { return impl_->model; }
 
 namespace testing {
 
-std::string_view to_string(Stage s) noexcept {
+std::string_view to_string(FaultPoint s) noexcept {
   switch (s) {
-    case Stage::detach: return "detach";
-    case Stage::load: return "load";
-    case Stage::pwal: return "pwal";
-    case Stage::check: return "check";
-    case Stage::copy: return "copy";
-    case Stage::commit: return "commit";
-    case Stage::scatter: return "scatter";
+    case FaultPoint::detach: return "detach";
+    case FaultPoint::load: return "load";
+    case FaultPoint::pwal: return "pwal";
+    case FaultPoint::check: return "check";
+    case FaultPoint::copy: return "copy";
+    case FaultPoint::commit: return "commit";
+    case FaultPoint::scatter: return "scatter";
   }
   return "?";
 }

@@ -165,7 +165,7 @@ at::Tensor keep(const at::Tensor& t, c10::Device device, PatchBase where, bool o
 }  // namespace
 
 void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Tensor>& targets,
-                   const std::vector<char>& custom, const ReloadOptions& o, ReloadReport& rep) {
+                   const std::vector<char>& custom, const detail::RunOptions& o, ReloadReport& rep) {
   LayerRecord& r = run.record;
   r = LayerRecord{};
   if (!o.hash_served) return;
@@ -225,7 +225,7 @@ void hash_positions(const LayerPlan& lp, const std::vector<char>& rehash, std::v
 
 // The first half of record_after_pwal: which parameters may be
 // passthrough, and the launch of the hashes of what PWAL left.
-void launch_after_pwal_hashes(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o) {
+void launch_after_pwal_hashes(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o) {
   LayerRecord& r = run.record;
   const std::size_t n = lp.params.size();
   // Per parameter: still the module's tensor, in checkpoint format, with a
@@ -253,7 +253,7 @@ void launch_after_pwal_hashes(const LayerPlan& lp, LayerRun& run, const ReloadOp
 
 }  // namespace
 
-void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep, bool defer) {
+void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep, bool defer) {
   if (!run.record.recorded) return;
   GK_INTERNAL_ASSERT(run.record.loaded_hashes == nullptr,
                      "record_after_pwal before record_loaded_hashes: PWAL ran before the loaded bytes were hashed");
@@ -264,7 +264,7 @@ void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& 
   if (!defer) finish_record_after_pwal(lp, run, o, rep);
 }
 
-void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep) {
+void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep) {
   LayerRecord& r = run.record;
   if (r.after_hashes == nullptr) return;
   ScopedMsTimer timer(rep.times.hash_ms);
@@ -291,7 +291,7 @@ void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOp
                           r.custom[pi] ? "the layer's load_weight() places it"
                           : !intact    ? "PWAL writes it in place"
                                        : "PWAL transforms it",
-                          ") and no checkpoint-format base is kept: load with ReloadOptions::patch_base = device or "
+                          ") and no checkpoint-format base is kept: load with LoadOptions/ReloadOptions::patch_base = device or "
                           "pinned_host to patch it");
     } else if (r.custom[pi]) {
       for (const at::Tensor& d : r.delivered[pi]) sp.base.push_back(keep(d, device, o.patch_base, /*own=*/false));
@@ -361,10 +361,10 @@ void ReloadEngine::Impl::verify_served_content(ReloadReport& rep) {
   for (std::size_t i = 0; i < got.size(); ++i) {
     const std::uint64_t want = *s.find(names[i]);
     if (got[i] == want) continue;
-    refuse_replay(concat("ReloadOptions::verify_served found checkpoint tensor '", names[i],
+    refuse_replay(concat("gk::testing::EngineHooks::verify_served found checkpoint tensor '", names[i],
                          "' differing from what the reload loaded; reload() to recover"));
     publish_served(nullptr);
-    GK_THROW(WeightError, "ReloadOptions::verify_served: checkpoint tensor '", names[i], "' in captured storage hashes ",
+    GK_THROW(WeightError, "gk::testing::EngineHooks::verify_served: checkpoint tensor '", names[i], "' in captured storage hashes ",
              format_content_hash(got[i]), " but the reload loaded ", format_content_hash(want),
              " (something wrote the captured storage while the reload ran, or a slot failed to copy back); replay "
              "refused until a reload succeeds");

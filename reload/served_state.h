@@ -5,6 +5,8 @@
 
 #include "layer_run.h"
 
+#include "run_options.h"
+
 #include <graphkeep/reload/reload_options.h>
 #include <graphkeep/reload/served_weights.h>
 #include <graphkeep/reload/slot_plan.h>
@@ -41,16 +43,16 @@ struct ServedWeights::State {
 // took some tensor of parameter pi. Reads run.pending (the delivered
 // tensors), so call it before they are dropped.
 void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Tensor>& targets,
-                   const std::vector<char>& custom, const ReloadOptions& o, ReloadReport& rep);
+                   const std::vector<char>& custom, const detail::RunOptions& o, ReloadReport& rep);
 void record_loaded_hashes(LayerRun& run, ReloadReport& rep);
 // After the layer's PWAL: which parameters are passthrough, and the bases
 // kept for the others (Note [Patch landings]). In two halves: the first
 // launches the hashes of the bytes PWAL left; finish_record_after_pwal()
 // waits for them and decides (a streaming reload calls it a layer late:
 // Note [Commit one layer late]). `defer` false: both at once.
-void record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep,
+void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep,
                        bool defer = false);
-void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const ReloadOptions& o, ReloadReport& rep);
+void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep);
 
 // What the engine serves after a load that ran every layer (the runs'
 // records are moved out), or nullptr when a layer was not recorded (hashing

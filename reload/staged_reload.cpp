@@ -68,8 +68,9 @@ namespace gk {
 // again (one launch and one synchronization per device) before writing
 // anything: a difference makes the staged reload stale, refused with
 // nothing changed. The price is one read of the adopted bytes inside the
-// pause (measured in docs/performance.md); a trainer that guarantees no
-// writes turns it off with ReloadOptions::check_adopted_content.
+// pause (measured in docs/performance.md). No product option turns it off
+// (gk::testing::EngineHooks::skip_adopted_content_check does, for the test
+// and the benchmark).
 
 // Waits for the calling thread's current stream on every non-CPU device the
 // staged tensors live on. stage() and commit() may run on different threads,
@@ -118,7 +119,7 @@ void ReloadEngine::Impl::drop_outstanding(std::string why, bool engine_gone) {
   outstanding = nullptr;
 }
 
-std::unique_ptr<detail::StagedState> ReloadEngine::Impl::begin_stage(ReloadEngine* self, const ReloadOptions& options) {
+std::unique_ptr<detail::StagedState> ReloadEngine::Impl::begin_stage(ReloadEngine* self, const detail::RunOptions& options) {
   GK_CHECK(StateError, state == EngineState::ready, "stage() refused: the engine is ", to_string(state.load()),
            reason.empty() ? std::string() : concat(" (", reason, ")"),
            "; a staged reload can only be committed to a ready engine: use reload() (after prepare() if the "
@@ -175,11 +176,11 @@ void ReloadEngine::Impl::settle_staged(std::vector<LayerRun>& runs, StagingCopie
         st.bytes += t.storage().nbytes();
 }
 
-StagedReload ReloadEngine::stage(WeightSource& source) { return stage(source, impl_->options.defaults); }
-StagedReload ReloadEngine::stage(WeightSource& source, const ReloadOptions& options) {
+StagedReload ReloadEngine::stage(WeightSource& source) { return stage(source, impl_->options.defaults.stage()); }
+StagedReload ReloadEngine::stage(WeightSource& source, const StageOptions& options) {
   Impl& I = *impl_;
   Impl::Busy busy(I, "stage()", /*refuse_outstanding=*/true);
-  std::unique_ptr<detail::StagedState> st = I.begin_stage(this, options);
+  std::unique_ptr<detail::StagedState> st = I.begin_stage(this, detail::run_options(options, I.hooks));
   at::NoGradGuard no_grad;
   const Stopwatch total;
   ReloadReport rep = I.new_report(st->options);
@@ -265,7 +266,7 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
              ". abort() it and stage() again from the current weights");
   }
   at::NoGradGuard no_grad;
-  const ReloadOptions& o = st.options;
+  const detail::RunOptions& o = st.options;
   // A patch writes the layers it touched: by its scatter, and by copying
   // the staged tensors of those whose PWAL ran again.
   StagedPatch* patch = st.patch.get();
@@ -274,7 +275,7 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
   // Fail closed before anything is written.
   for (std::size_t li = 0; li < st.runs.size(); ++li) check_fields_captured(I.plan.layers()[li]);
   for (std::size_t li = 0; li < st.runs.size(); ++li)
-    if (writes(li)) I.fault(testing::Stage::copy, I.plan.layers()[li].prefix);
+    if (writes(li)) I.fault(testing::FaultPoint::copy, I.plan.layers()[li].prefix);
   ReloadReport rep = std::move(st.rep);
   const ReloadGuard committing;  // a commit writes captured storage, as a reload does
   const double stage_total = rep.times.total_ms;
@@ -286,7 +287,7 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
       LayerPlan& lp = I.plan.layers()[li];
       LayerRun& run = st.runs[li];
       copied = true;
-      I.commit(lp, run, o, rep, committing, /*staged=*/true);
+      I.copy_back(lp, run, o, rep, committing, /*staged=*/true);
       for (std::size_t c = 0; c < lp.configs.size() && c < run.configs_after.size(); ++c) {
         void* p = lp.configs[c].path.resolve(lp.root.ptr);
         if (p != nullptr && run.configs_after[c] != nullptr && !lp.configs[c].ops->equal(p, run.configs_after[c].get()))
@@ -296,11 +297,9 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
   } catch (...) {
     const bool unchanged = patch != nullptr && patch->undone && !copied;  // the scatter was written back
     if (!unchanged) {
-      I.state = EngineState::inconsistent;
-      I.reason = "a staged commit failed while writing the captured storage: the model mixes old and new weights; "
-                 "reload() to recover";
-      I.version.fetch_add(1, std::memory_order_acq_rel);
-      I.publish_served(nullptr);
+      I.mark_inconsistent("a staged commit failed while writing the captured storage: the model mixes old and new "
+                          "weights; reload() to recover",
+                          /*weights_changed=*/true);
     }
     try {
       sync_staged_streams(st.runs);
@@ -314,7 +313,7 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
   rep.served = st.served_after;
   // A patch that ran no PWAL re-pointed nothing: no captured address can
   // have moved, so the manifests need no verification inside the pause.
-  ReloadOptions fo = o;
+  detail::RunOptions fo = o;
   if (patch != nullptr && !patch->any_rerun()) fo.verify = false;
   staged.abort();  // done: releases the staged tensors and the engine's record of them
   try {

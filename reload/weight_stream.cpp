@@ -109,7 +109,7 @@ std::vector<LayerRun> ReloadEngine::Impl::new_runs() const {
   for (const auto& [name, e] : expected) runs[e.layer].shards[e.flat].assign(e.num_shards, false);
   return runs;
 }
-void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOptions& o, PwalGuard& guard,
+void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::RunOptions& o, PwalGuard& guard,
                                           std::vector<LayerRun>& runs, ReloadReport& rep, bool& any_committed) {
   {
     ScopedMsTimer t(rep.times.detach_ms);
@@ -136,7 +136,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOpti
     if (!late) return;
     const std::size_t li = *late;
     late.reset();
-    commit(plan.layers()[li], runs[li], o, rep, guard);
+    copy_back(plan.layers()[li], runs[li], o, rep, guard);
     any_committed = true;
     finish_record_after_pwal(plan.layers()[li], runs[li], o, rep);
   };
@@ -217,7 +217,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const ReloadOpti
   }
 
   if (o.mode == ReloadMode::transactional) {
-    for (std::size_t li = 0; li < runs.size(); ++li) fault(testing::Stage::commit, plan.layers()[li].prefix);
+    for (std::size_t li = 0; li < runs.size(); ++li) fault(testing::FaultPoint::commit, plan.layers()[li].prefix);
     if (o.before_commit) o.before_commit();
   }
 }

@@ -422,11 +422,11 @@ int child_main() {
   const int tp1 = c.rank_of_tp(1);
   // (c) failures on one rank abort the reload on every rank; old weights stay.
   // A fault injected on rank tp1 only (graphkeep/reload/testing.h), for one scope.
-  auto fault_on_tp1 = [&](gk::testing::Stage stage, std::string layer) {
+  auto fault_on_tp1 = [&](gk::testing::FaultPoint stage, std::string layer) {
     return gk::testing::ScopedHooks(c.tp_rank == 1 ? engine.get() : nullptr, gk::testing::fault_at(stage, layer));
   };
   {
-    const auto hooks = fault_on_tp1(gk::testing::Stage::pwal, "l2");
+    const auto hooks = fault_on_tp1(gk::testing::FaultPoint::pwal, "l2");
     gk::DistributedReload faulty(coll, engine.get(), {});
     refused("c-pwal", [&] { return faulty.reload(*source_for(4)); }, tp1, "injected pwal failure on l2");
     check_step("c-pwal", 3);
@@ -434,7 +434,7 @@ int child_main() {
   }
   {
     // before reading anything: the failing rank drains the whole broadcast
-    const auto hooks = fault_on_tp1(gk::testing::Stage::detach, "l1");
+    const auto hooks = fault_on_tp1(gk::testing::FaultPoint::detach, "l1");
     gk::DistributedReload faulty(coll, engine.get(), {});
     refused("c-detach", [&] { return faulty.reload(*source_for(4)); }, tp1, "injected detach failure on l1");
     check_step("c-detach", 3);
@@ -442,7 +442,7 @@ int child_main() {
   }
   {
     // after every layer's checks, in the last stage before the vote
-    const auto hooks = fault_on_tp1(gk::testing::Stage::commit, "l1");
+    const auto hooks = fault_on_tp1(gk::testing::FaultPoint::commit, "l1");
     gk::DistributedReload faulty(coll, engine.get(), {});
     refused("c-commit", [&] { return faulty.reload(*source_for(4)); }, tp1, "injected commit failure on l1");
     check_step("c-commit", 3);
@@ -483,7 +483,7 @@ int child_main() {
   // the failing rank undoes its commit, the others keep the new weights;
   // every rank learns it and replay is refused until a reload succeeds.
   {
-    std::optional<gk::testing::ScopedHooks> hooks(fault_on_tp1(gk::testing::Stage::copy, "l2"));
+    std::optional<gk::testing::ScopedHooks> hooks(fault_on_tp1(gk::testing::FaultPoint::copy, "l2"));
     gk::DistributedReload faulty(coll, engine.get(), {});
     try {
       faulty.reload(*source_for(5));
@@ -735,8 +735,8 @@ TEST_CASE("one rank over Gloo: the distributed reload commits, or rolls back and
   }
   {
     gk::testing::EngineHooks h;
-    h.fault = [](gk::testing::Stage s, const std::string& l) {
-      if (s == gk::testing::Stage::pwal && l == "l2") throw std::runtime_error("injected");
+    h.fault = [](gk::testing::FaultPoint s, const std::string& l) {
+      if (s == gk::testing::FaultPoint::pwal && l == "l2") throw std::runtime_error("injected");
     };
     const gk::testing::ScopedHooks hooks(&engine, std::move(h));
     gk::DistributedReload faulty(g.pg, &engine, {});
@@ -783,7 +783,7 @@ TEST_CASE("the engine's before_commit hook: once, after every check, before the 
   std::vector<std::string> log;
   gk::ReloadEngine engine(*model, {opts});
   gk::testing::EngineHooks hooks;
-  hooks.fault = [&](gk::testing::Stage s, const std::string& l) {
+  hooks.fault = [&](gk::testing::FaultPoint s, const std::string& l) {
     log.push_back(std::string(gk::testing::to_string(s)) + ":" + l);
   };
   gk::testing::set_hooks(engine, hooks);

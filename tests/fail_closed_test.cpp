@@ -216,8 +216,8 @@ TEST_CASE("a transactional reload that fails after committing views of one stora
   int commits = 0;
   // Fail at the second layer's commit: the first layer's commit is undone.
   gk::testing::EngineHooks h;
-  h.fault = [&](gk::testing::Stage stage, const std::string&) {
-    if (stage == gk::testing::Stage::copy && ++commits == 2)
+  h.fault = [&](gk::testing::FaultPoint stage, const std::string&) {
+    if (stage == gk::testing::FaultPoint::copy && ++commits == 2)
       throw std::runtime_error("injected fault at the second commit");
   };
   {
@@ -250,18 +250,19 @@ TEST_CASE("a PWAL that writes captured tensors in place and then throws: restore
     CHECK(rig.engine->state() == gk::EngineState::ready);
     CHECK(rig.replay().equal(fresh(0, rig.input)));
   }
-  SUBCASE("without the backup (restore_in_place_writes off) the model is marked inconsistent") {
-    gk::ReloadOptions o;
-    o.restore_in_place_writes = false;
-    Rig rig(o);
+  SUBCASE("without the backup (a testing hook switches it off) the model is marked inconsistent") {
+    Rig rig;
+    gk::testing::EngineHooks h;
+    h.skip_in_place_backups = true;
+    const gk::testing::ScopedHooks no_backup(rig.engine.get(), std::move(h));
     behaviours()[rig.model->l0.get()] = {.in_place = true, .throw_after_write = true};
-    CHECK_THROWS_AS(rig.reload(1, o), std::runtime_error);
+    CHECK_THROWS_AS(rig.reload(1, {}), std::runtime_error);
     CHECK(rig.engine->state() == gk::EngineState::inconsistent);
-    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->check_replay_allowed(), gk::StateError, "restore_in_place_writes off");
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->check_replay_allowed(), gk::StateError, "skip_in_place_backups");
     // The negative: what replay would serve is neither step's model.
     CHECK_FALSE(rig.replay_unchecked().equal(fresh(0, rig.input)));
     behaviours().clear();
-    rig.reload(2, o);
+    rig.reload(2, {});
     CHECK(rig.replay().equal(fresh(2, rig.input)));
   }
   SUBCASE("streaming, after an earlier layer committed: inconsistent until a reload succeeds") {

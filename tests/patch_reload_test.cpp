@@ -180,7 +180,7 @@ struct BasicRig {
 
   explicit BasicRig(const Weights& w, gk::PatchBase base = gk::PatchBase::device, std::string label = "step-0") {
     gk::InMemorySource src(delivered(w), "initial weights");
-    gk::ReloadOptions o;
+    gk::LoadOptions o;
     o.patch_base = base;
     o.version_label = std::move(label);
     first = gk::load_weights(*model, src, o);
@@ -277,10 +277,10 @@ TEST_CASE("the served content: hashes of every checkpoint tensor from the first 
   gk::InMemorySource src(other.checkpoint(0));
   const gk::ReloadReport foreign = gk::load_weights(other, src);
   CHECK_THROWS_WITH_AS(rig.engine->prepare(foreign), doctest::Contains("is not this model's"), gk::StateError);
-  gk::ReloadOptions no_hash;
-  no_hash.hash_served = false;
+  gk::testing::EngineHooks no_hash;
+  no_hash.skip_served_hashes = true;
   gk::InMemorySource src2(other.checkpoint(0));
-  const gk::ReloadReport unhashed = gk::load_weights(other, src2, no_hash);
+  const gk::ReloadReport unhashed = gk::testing::load_weights(other, src2, {}, no_hash);
   CHECK(unhashed.served == nullptr);
   CHECK(unhashed.times.hash_ms == 0);
 }
@@ -298,7 +298,7 @@ TEST_CASE("a patch by reload() and by stage()+commit() serves what a full reload
       const pt::Weights w1 = pt::step(w0, rng, 0.2, {"norm.gamma"});  // norm unchanged: no entry
       const pt::Weights w2 = pt::step(w1, rng, 0.3);
       pt::Rig rig(w0, base);
-      gk::ReloadOptions o = rig.engine->options().defaults;
+      gk::PatchOptions o = rig.engine->options().patch;
       o.patch_writes = writes;
       const at::Tensor out0 = rig.replay();
       const gk::Patch p01 = pt::patch_of(w0, w1, "step-0", "step-1");
@@ -557,7 +557,7 @@ TEST_CASE("block derivations: a patch recomputes only the blocks it touches, wit
         pt::BasicRig<Right> rig(w0), full(w0);
         pt::BasicRig<Undeclared> slow(w0);
         const at::Tensor out0 = rig.replay();
-        gk::ReloadOptions o = rig.engine->options().defaults;
+        gk::PatchOptions o = rig.engine->options().patch;
         o.patch_writes = writes;
         for (const auto& [from, to, a, b] : {std::tuple{"step-0", "step-1", &w0, &w1}, {"step-1", "step-2", &w1, &w2}}) {
           const gk::Patch p = pt::patch_of(*a, *b, from, to);
@@ -602,7 +602,7 @@ TEST_CASE("block derivations: a patch recomputes only the blocks it touches, wit
   const at::Tensor out1 = rig.replay();
   const pt::Weights w2 = pt::step(w1, rng, 0.5);
   {
-    const gk::testing::ScopedHooks hooks(rig.engine.get(), gk::testing::fault_at(gk::testing::Stage::scatter, "lin"));
+    const gk::testing::ScopedHooks hooks(rig.engine.get(), gk::testing::fault_at(gk::testing::FaultPoint::scatter, "lin"));
     CHECK_THROWS_WITH(rig.engine->reload(pt::patch_of(w1, w2, "one", "two")), doctest::Contains("injected"));
   }
   CHECK(pt::same(rig.replay(), out1));
@@ -681,7 +681,7 @@ TEST_CASE("sector writes serve what element writes serve, at every alignment, el
           gk::InMemorySource src(bn, "base");
           gk::ReloadEngine engine(*layer);
           engine.prepare(gk::load_weights(*layer, src));
-          gk::ReloadOptions o = engine.options().defaults;
+          gk::PatchOptions o = engine.options().patch;
           o.patch_writes = writes;
           gk::ReloadReport r;
           if (staged) r = engine.commit(engine.stage(p, o));
@@ -820,13 +820,13 @@ TEST_CASE("bad patches are refused naming the tensor and the patch; the old weig
                        doctest::Contains("p.safetensors"), gk::WeightError);
   served_unchanged();
   // Faults at every stage of a patch, on every layer: refused, nothing changed.
-  for (gk::testing::Stage s : {gk::testing::Stage::detach, gk::testing::Stage::load, gk::testing::Stage::pwal,
-                               gk::testing::Stage::check, gk::testing::Stage::copy, gk::testing::Stage::scatter})
+  for (gk::testing::FaultPoint s : {gk::testing::FaultPoint::detach, gk::testing::FaultPoint::load, gk::testing::FaultPoint::pwal,
+                               gk::testing::FaultPoint::check, gk::testing::FaultPoint::copy, gk::testing::FaultPoint::scatter})
     for (const char* layer : {"fused", "toy", "trans", "custom"}) {
       CAPTURE(gk::testing::to_string(s));
       CAPTURE(layer);
       // The scatter path (fused) has no detach and no PWAL.
-      if ((s == gk::testing::Stage::detach || s == gk::testing::Stage::pwal) && std::string(layer) == "fused") continue;
+      if ((s == gk::testing::FaultPoint::detach || s == gk::testing::FaultPoint::pwal) && std::string(layer) == "fused") continue;
       const gk::testing::ScopedHooks hooks(rig.engine.get(), gk::testing::fault_at(s, layer));
       CHECK_THROWS_WITH(rig.engine->reload(good), doctest::Contains("injected"));
       served_unchanged();
@@ -846,7 +846,7 @@ TEST_CASE("bad patches are refused naming the tensor and the patch; the old weig
   CHECK_THROWS_WITH_AS(rig.engine->reload(nan_patch), doctest::Contains("non-finite value (nan at element 5"),
                        gk::WeightError);
   CHECK(pt::same(rig.replay(), out1));
-  gk::ReloadOptions any;
+  gk::PatchOptions any;
   any.allow_non_finite = true;
   rig.engine->reload(nan_patch, any);
   CHECK(at::isnan(rig.replay()).any().item<bool>());
@@ -886,14 +886,15 @@ TEST_CASE("verify_served hashes the written tensors again; a stale staged patch 
   std::mt19937_64 rng(13);
   const pt::Weights w0 = pt::random_weights(rng), w1 = pt::step(w0, rng, 0.1), w2 = pt::step(w1, rng, 0.1);
   pt::Rig rig(w0);
-  gk::ReloadOptions o = rig.engine->options().defaults;
-  o.verify_served = true;
-  const gk::ReloadReport r = rig.engine->reload(pt::patch_of(w0, w1, "step-0", "step-1"), o);
+  gk::testing::EngineHooks verifying;
+  verifying.verify_served = true;
+  gk::testing::set_hooks(*rig.engine, verifying);
+  const gk::ReloadReport r = rig.engine->reload(pt::patch_of(w0, w1, "step-0", "step-1"));
   CHECK(r.times.hash_ms > 0);
   CHECK(pt::same(rig.replay(), pt::full_output(w0, w1)));
   // A full reload verifies too.
   gk::InMemorySource src(pt::delivered(w2));
-  rig.engine->reload(src, o);
+  rig.engine->reload(src);
   // A staged patch goes stale when the weights change under it.
   gk::StagedReload s = rig.engine->stage(pt::patch_of(w2, w1, "step-2", "step-1"));
   s.abort();
@@ -904,10 +905,12 @@ TEST_CASE("verify_served hashes the written tensors again; a stale staged patch 
   CHECK(pt::same(rig.replay(), pt::full_output(w0, w1)));
   CHECK_FALSE(pt::same(out2, rig.replay()));
   // Hashing off: the served content becomes unknown, and a patch is refused.
-  gk::ReloadOptions off = rig.engine->options().defaults;
-  off.hash_served = false;
+  gk::testing::EngineHooks off;
+  off.skip_served_hashes = true;
+  gk::testing::set_hooks(*rig.engine, off);
   gk::InMemorySource src2(pt::delivered(w0));
-  const gk::ReloadReport r0 = rig.engine->reload(src2, off);
+  const gk::ReloadReport r0 = rig.engine->reload(src2);
+  gk::testing::set_hooks(*rig.engine, {});
   CHECK(r0.served == nullptr);
   CHECK(rig.engine->served() == nullptr);
   CHECK_THROWS_WITH_AS(rig.engine->reload(pt::patch_of(w0, w1, "step-0", "step-1")),
@@ -919,7 +922,7 @@ TEST_CASE("verify_served hashes the written tensors again; a stale staged patch 
 // take the scatter path; every element size (1, 2, 4, 8 bytes), int32 and
 // int64 indices (a tensor of more than 2^31 elements), entries split across
 // several tasks and launches, dense entries; against gk::apply_patch, the
-// reference, bit for bit; and the undo after a fault at Stage::scatter.
+// reference, bit for bit; and the undo after a fault at FaultPoint::scatter.
 // ---------------------------------------------------------------------------
 TEST_SUITE("gpu patch") {
 
@@ -964,8 +967,10 @@ TEST_CASE("the CUDA scatter writes every element size and index width exactly, a
   // this test moves on purpose (the refusal is tested on the CPU).
   gk::ReloadOptions any_bits;
   any_bits.allow_non_finite = true;
-  const gk::ReloadReport first = gk::load_weights(*model, src, any_bits);
-  gk::ReloadEngine engine(*model, gk::EngineOptions{any_bits});
+  gk::PatchOptions any_patch;
+  any_patch.allow_non_finite = true;
+  const gk::ReloadReport first = gk::load_weights(*model, src, any_bits.first_load());
+  gk::ReloadEngine engine(*model, gk::EngineOptions{any_bits, any_patch});
   engine.prepare(first);
   const gk::Patch p = gk::make_patch(base, target, {.base_version = "a", .target_version = "b"});
   REQUIRE(p.find("dense")->encoding == gk::PatchEncoding::dense);
@@ -980,7 +985,7 @@ TEST_CASE("the CUDA scatter writes every element size and index width exactly, a
   };
   // A fault after the scatter: written back, bit for bit.
   {
-    const gk::testing::ScopedHooks hooks(&engine, gk::testing::fault_at(gk::testing::Stage::scatter, ""));
+    const gk::testing::ScopedHooks hooks(&engine, gk::testing::fault_at(gk::testing::FaultPoint::scatter, ""));
     CHECK_THROWS_WITH(engine.reload(p), doctest::Contains("injected"));
   }
   {
@@ -1003,7 +1008,7 @@ TEST_CASE("the CUDA scatter writes every element size and index width exactly, a
   {
     gk::InMemorySource again(base);
     engine.reload(again);
-    gk::ReloadOptions o = engine.options().defaults;
+    gk::PatchOptions o = engine.options().patch;
     o.patch_writes = gk::PatchWrites::elements;
     const gk::ReloadReport re = engine.reload(p, o);
     CHECK(re.patch.sectors_written == 0);

@@ -311,8 +311,8 @@ TEST_CASE("a PWAL that changes a slot's layout fails closed, or reports needs_re
 
 TEST_CASE("faults injected at every stage leave no captured address uncovered") {
   for (auto mode : {gk::ReloadMode::transactional, gk::ReloadMode::streaming}) {
-    for (gk::testing::Stage stage : {gk::testing::Stage::detach, gk::testing::Stage::load, gk::testing::Stage::pwal,
-                                     gk::testing::Stage::check, gk::testing::Stage::copy, gk::testing::Stage::commit}) {
+    for (gk::testing::FaultPoint stage : {gk::testing::FaultPoint::detach, gk::testing::FaultPoint::load, gk::testing::FaultPoint::pwal,
+                                     gk::testing::FaultPoint::check, gk::testing::FaultPoint::copy, gk::testing::FaultPoint::commit}) {
       for (std::string layer : {"l1", "norm", "l2"}) {
         CAPTURE(gk::testing::to_string(stage));
         CAPTURE(layer);
@@ -327,7 +327,7 @@ TEST_CASE("faults injected at every stage leave no captured address uncovered") 
         } catch (const std::runtime_error&) {
           threw = true;
         }
-        if (stage == gk::testing::Stage::commit && mode == gk::ReloadMode::streaming) {
+        if (stage == gk::testing::FaultPoint::commit && mode == gk::ReloadMode::streaming) {
           CHECK_FALSE(threw);  // streaming has no separate commit stage
           continue;
         }
@@ -605,8 +605,8 @@ TEST_CASE("adopt_source_tensors: a matching source tensor becomes the parameter,
   const void* pwal_reads = nullptr;
   gk::ReloadOptions copying, adopt = adopting();
   gk::testing::EngineHooks watch;
-  watch.fault = [&](gk::testing::Stage stage, const std::string& layer) {
-    if (stage == gk::testing::Stage::pwal && layer == "l1") pwal_reads = rig.model->l1->weight().data_ptr();
+  watch.fault = [&](gk::testing::FaultPoint stage, const std::string& layer) {
+    if (stage == gk::testing::FaultPoint::pwal && layer == "l1") pwal_reads = rig.model->l1->weight().data_ptr();
   };
   gk::testing::set_hooks(*rig.engine, watch);
 
@@ -730,7 +730,7 @@ TEST_CASE("a staged reload holds adopted tensors until its commit; one written s
   Rig<> rig;
   auto ck = rig.model->checkpoint(2);
   gk::InMemorySource src(ck);
-  gk::StagedReload staged = rig.engine->stage(src, adopting());
+  gk::StagedReload staged = rig.engine->stage(src, adopting().stage());
   const at::Tensor old = rig.replay();
   CHECK(equal_bits(old, fresh_output(0, rig.input)));
   ck[2].value.add_(1.0);  // the trainer steps before the commit
@@ -741,7 +741,7 @@ TEST_CASE("a staged reload holds adopted tensors until its commit; one written s
   staged.abort();
   auto ck3 = rig.model->checkpoint(3);
   gk::InMemorySource src3(ck3);
-  staged = rig.engine->stage(src3, adopting());
+  staged = rig.engine->stage(src3, adopting().stage());
   CHECK(equal_bits(rig.replay(), old));  // staging changed nothing the graphs read
   const gk::ReloadReport r = rig.engine->commit(std::move(staged));
   CHECK(r.tensors_adopted == 3);
@@ -760,7 +760,7 @@ TEST_CASE("after_layer runs once per layer after its checks, in reload() and sta
   CHECK(std::find(seen.begin(), seen.end(), "norm") != seen.end());
   seen.clear();
   gk::InMemorySource staged_src(rig.model->checkpoint(2));
-  rig.engine->commit(rig.engine->stage(staged_src, o));
+  rig.engine->commit(rig.engine->stage(staged_src, o.stage()));
   CHECK(seen.size() == rig.engine->plan().layers().size());
   CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
   // A pacing callback that throws: the stage fails and changes nothing.
@@ -768,7 +768,7 @@ TEST_CASE("after_layer runs once per layer after its checks, in reload() and sta
     if (layer == "l2") throw std::runtime_error("pacing gave up");
   };
   gk::InMemorySource bad(rig.model->checkpoint(3));
-  CHECK_THROWS_WITH_AS(rig.engine->stage(bad, o), "pacing gave up", std::runtime_error);
+  CHECK_THROWS_WITH_AS(rig.engine->stage(bad, o.stage()), "pacing gave up", std::runtime_error);
   CHECK(rig.engine->state() == gk::EngineState::ready);
   CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
 }
@@ -839,7 +839,7 @@ TEST_CASE("non-finite checkpoint values are refused by name before PWAL, in ever
         gk::InMemorySource src(ck);
         const std::string msg = gk::testing::message_of<gk::WeightError>([&] {
           if (staged)
-            (void)rig.engine->stage(src, o);
+            (void)rig.engine->stage(src, o.stage());
           else
             (void)rig.engine->reload(src, o);
         });
@@ -877,10 +877,11 @@ TEST_CASE("an adopted tensor written through a raw pointer between stage() and c
     p[5] += 1.0f;
   };
   SUBCASE("negative: with the check off, the commit serves a mix that matches neither weight set") {
-    gk::ReloadOptions o = adopting(gk::ReloadMode::transactional);
-    o.check_adopted_content = false;
+    gk::testing::EngineHooks h;
+    h.skip_adopted_content_check = true;
+    const gk::testing::ScopedHooks unchecked(rig.engine.get(), std::move(h));
     gk::InMemorySource src(whole);
-    gk::StagedReload staged = rig.engine->stage(src, o);
+    gk::StagedReload staged = rig.engine->stage(src, adopting(gk::ReloadMode::transactional).stage());
     CHECK(staged.report().tensors_adopted == 2);
     const std::int64_t version = whole[0].value._version();
     poke();
@@ -892,7 +893,7 @@ TEST_CASE("an adopted tensor written through a raw pointer between stage() and c
   }
   SUBCASE("positive: by default the commit is refused, naming the weight, and nothing changes") {
     gk::InMemorySource src(whole);
-    gk::StagedReload staged = rig.engine->stage(src, adopting(gk::ReloadMode::transactional));
+    gk::StagedReload staged = rig.engine->stage(src, adopting(gk::ReloadMode::transactional).stage());
     CHECK(staged.report().times.hash_ms > 0);
     poke();
     GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->commit(std::move(staged)), gk::StateError,
@@ -904,7 +905,7 @@ TEST_CASE("an adopted tensor written through a raw pointer between stage() and c
     // Without a write the same commit goes through and equals a fresh model.
     auto again = rig.model->whole(3);
     gk::InMemorySource src3(again);
-    staged = rig.engine->stage(src3, adopting(gk::ReloadMode::transactional));
+    staged = rig.engine->stage(src3, adopting(gk::ReloadMode::transactional).stage());
     const gk::ReloadReport r = rig.engine->commit(std::move(staged));
     CHECK(r.tensors_adopted == 2);
     CHECK(equal_bits(rig.replay(), fresh_fused_output(3, rig.input)));

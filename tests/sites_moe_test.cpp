@@ -229,9 +229,7 @@ const gk::PlannedSlot* find_slot(const gk::SlotPlan& plan, const std::string& na
 template <class Model>
 int replay_after_reuse_child(const std::string& member, const std::function<at::Tensor(Model&)>& hidden, int fill) {
   try {
-    gk::ReloadOptions opts;
-    opts.verify = false;
-    sites::Rig<Model> rig(sites::gpu(), opts, sites::with_undeclared(member));
+    sites::Rig<Model> rig(sites::gpu(), {}, sites::with_undeclared_unverified(member));
     std::uintptr_t begin = 0;
     int64_t bytes = 0;
     {

@@ -949,10 +949,10 @@ struct Rig {
   Rig(const ModelSpec& s, const std::vector<gk::NamedTensor>& w) : model(std::make_shared<FuzzModel>(s)) {
     g_pwal.clear();
     gk::InMemorySource src(w, "initial weights");
-    gk::ReloadOptions first;
-    first.patch_base = g_patch_base;
-    const gk::ReloadReport loaded = gk::load_weights(*model, src, first);
-    engine = std::make_unique<gk::ReloadEngine>(*model);
+    gk::ReloadOptions defaults;
+    defaults.patch_base = g_patch_base;  // where loads, and re-run layers of patches, keep bases
+    const gk::ReloadReport loaded = gk::load_weights(*model, src, defaults.first_load());
+    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{defaults});
     engine->prepare(loaded);  // the served content, for patches
     input = at::linspace(-1.0, 1.0, M * D).reshape({M, D});
     engine->add_static_io("input", input);
@@ -997,12 +997,12 @@ struct Outcome {
 Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::NamedTensor> weights) {
   gk::ReloadOptions o;
   o.mode = op.mode;
-  o.restore_in_place_writes = op.restore_in_place_writes;
   o.adopt_source_tensors = adopting();
   o.patch_base = g_patch_base;
   gk::testing::EngineHooks hooks;
+  hooks.skip_in_place_backups = !op.restore_in_place_writes;
   if (!op.fault_stage.empty())
-    hooks.fault = [stage = op.fault_stage, layer = op.fault_layer](gk::testing::Stage s, const std::string& l) {
+    hooks.fault = [stage = op.fault_stage, layer = op.fault_layer](gk::testing::FaultPoint s, const std::string& l) {
       if (gk::testing::to_string(s) == stage && l == layer)
         throw std::runtime_error("injected fault at " + stage + "@" + layer);
     };
@@ -1023,7 +1023,7 @@ Outcome reload_once(gk::ReloadEngine& engine, const Op& op, std::vector<gk::Name
       for (const auto& t : weights)
         if (t.value.defined() && t.value.numel() > 0 && t.value.scalar_type() == at::kFloat) pokeable.push_back(t.value);
       gk::InMemorySource src(std::move(weights), "fuzz weights");
-      gk::StagedReload staged = engine.stage(src, o);
+      gk::StagedReload staged = engine.stage(src, o.stage());
       if (op.poke && !pokeable.empty()) {
         const at::Tensor& t = pokeable[static_cast<std::size_t>(op.pwal.empty() ? 0 : op.pwal[0].arg) % pokeable.size()];
         static_cast<float*>(t.data_ptr())[0] += 1.0f;
@@ -1147,7 +1147,7 @@ gk::Patch make_fuzz_patch(const ModelSpec& s, const std::vector<gk::NamedTensor>
 Outcome patch_once(gk::ReloadEngine& engine, const Op& op, const gk::Patch& patch) {
   gk::testing::EngineHooks hooks;
   if (!op.fault_stage.empty())
-    hooks.fault = [stage = op.fault_stage, layer = op.fault_layer](gk::testing::Stage s, const std::string& l) {
+    hooks.fault = [stage = op.fault_stage, layer = op.fault_layer](gk::testing::FaultPoint s, const std::string& l) {
       if (gk::testing::to_string(s) == stage && l == layer)
         throw std::runtime_error("injected fault at " + stage + "@" + layer);
     };
@@ -1158,8 +1158,7 @@ Outcome patch_once(gk::ReloadEngine& engine, const Op& op, const gk::Patch& patc
   g_must_fail = false;
   Outcome r{"ok", "ok"};
   try {
-    gk::ReloadOptions o;
-    o.patch_base = g_patch_base;
+    gk::PatchOptions o;
     o.patch_writes = g_patch_writes;
     const gk::ReloadReport rep = op.staged ? engine.commit(engine.stage(patch, o)) : engine.reload(patch, o);
     g_counts["patch: layers scattered"] += static_cast<int64_t>(rep.patch.layers_scattered);

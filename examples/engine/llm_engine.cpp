@@ -88,7 +88,7 @@ LlmEngine::LlmEngine(const std::string& dir, c10::Device device, WeightFormat fo
   gk::ReloadReport first;
   {
     auto src = open_checkpoint(dir, *model_);
-    first = gk::load_weights(*model_, *src, options_.reload);
+    first = gk::load_weights(*model_, *src, options_.reload.first_load());
   }
   start(first);
 }
@@ -97,7 +97,7 @@ LlmEngine::LlmEngine(const HfConfig& cfg, c10::Device device, WeightFormat forma
                      LlmEngineOptions options)
     : options_(std::move(options)) {
   model_ = std::make_shared<CausalLM>(cfg, device, format);
-  start(gk::load_weights(*model_, weights, options_.reload));
+  start(gk::load_weights(*model_, weights, options_.reload.first_load()));
 }
 
 std::optional<c10::StreamGuard> LlmEngine::serving() const {
@@ -353,12 +353,12 @@ gk::StagedReload LlmEngine::stage(const gk::Patch& patch) {
   if (device.is_cuda()) {
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
     c10::cuda::CUDAStreamGuard guard(side);
-    gk::StagedReload staged = engine_->stage(patch, paced_stage_options());
+    gk::StagedReload staged = engine_->stage(patch, paced_patch_options());
     side.synchronize();
     return staged;
   }
 #endif
-  return engine_->stage(patch, paced_stage_options());
+  return engine_->stage(patch, paced_patch_options());
 }
 
 gk::StagedReload LlmEngine::stage(const std::string& dir) {
@@ -382,21 +382,31 @@ gk::StagedReload LlmEngine::stage(gk::WeightSource& src) {
   return engine_->stage(src, paced_stage_options());
 }
 
-gk::ReloadOptions LlmEngine::paced_stage_options() const {
-  gk::ReloadOptions o = engine_->options().defaults;
+std::function<void(const std::string&)> LlmEngine::stage_pacer() const {
   const double share = options_.stage_device_share;
   GK_CHECK(gk::StateError, share > 0 && share <= 1, "LlmEngineOptions::stage_device_share is ", share,
            "; it must be in (0, 1]");
-  if (share >= 1) return o;
+  if (share >= 1) return {};
   const c10::Device device = model_->device();
   auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
-  o.after_layer = [device, share, last](const std::string&) {
+  return [device, share, last](const std::string&) {
     // The calling thread's current stream is the stage's (stage() sets it).
     c10::impl::VirtualGuardImpl(device.type()).getStream(device).synchronize();
     const auto busy = std::chrono::steady_clock::now() - *last;
     std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(busy * (1.0 / share - 1.0)));
     *last = std::chrono::steady_clock::now();
   };
+}
+
+gk::StageOptions LlmEngine::paced_stage_options() const {
+  gk::StageOptions o = engine_->options().defaults.stage();
+  if (auto pace = stage_pacer()) o.after_layer = std::move(pace);
+  return o;
+}
+
+gk::PatchOptions LlmEngine::paced_patch_options() const {
+  gk::PatchOptions o = engine_->options().patch;
+  if (auto pace = stage_pacer()) o.after_layer = std::move(pace);
   return o;
 }
 

@@ -34,6 +34,7 @@
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -166,8 +167,11 @@ class LlmEngine {
   // The serving stream's scope, and waiting for what was enqueued on it
   // (LlmEngineOptions::high_priority_serving).
   std::optional<c10::StreamGuard> serving() const;
-  // The reload options of a stage(), with its pacing (stage_device_share).
-  gk::ReloadOptions paced_stage_options() const;
+  // The options of a stage() of weights or of a patch, with its pacing
+  // (stage_device_share: null at 1).
+  std::function<void(const std::string&)> stage_pacer() const;
+  gk::StageOptions paced_stage_options() const;
+  gk::PatchOptions paced_patch_options() const;
   void wait_serving() const;
 
   LlmEngineOptions options_;

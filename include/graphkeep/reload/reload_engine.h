@@ -57,6 +57,7 @@
 #include <graphkeep/reload/staged_reload.h>
 #include <graphkeep/sources/weight_source.h>
 
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -75,6 +76,8 @@ namespace testing {
 struct EngineHooks;
 void set_hooks(ReloadEngine& engine, EngineHooks hooks);
 const EngineHooks& hooks(const ReloadEngine& engine);
+ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const LoadOptions& options,
+                          const EngineHooks& hooks);
 }  // namespace testing
 
 class ReplayBackend;
@@ -94,12 +97,11 @@ std::string_view to_string(EngineState s) noexcept;
 // checkpoint-format parameters, loads `source` through the layers' loaders
 // with the same completion gate and checks as a reload, and runs PWAL.
 // Nothing is captured yet, so nothing is copied back.
-// Of `options`, allow_non_finite, hash_served, version_label and patch_base
-// apply. The report's `served` (the content hash of every checkpoint tensor,
-// and the bases kept for patches) goes to the engine through
+// The report's `served` (the content hash of every checkpoint tensor, and
+// the bases kept for patches) goes to the engine through
 // ReloadEngine::prepare(const ReloadReport&).
 ReloadReport load_weights(torch::nn::Module& model, WeightSource& source);
-ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const ReloadOptions& options);
+ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const LoadOptions& options);
 
 class ReloadEngine {
  public:
@@ -125,7 +127,7 @@ class ReloadEngine {
   // [Applying a patch] in reload/patch_stage.cpp). Always transactional:
   // refused with nothing changed, or committed whole.
   ReloadReport reload(const Patch& patch);
-  ReloadReport reload(const Patch& patch, const ReloadOptions& options);
+  ReloadReport reload(const Patch& patch, const PatchOptions& options);
 
   // Online reload (staged_reload.h; Note [Online reload threading] in
   // reload/staged_reload.cpp). stage() loads `source`, runs PWAL and every check
@@ -136,11 +138,19 @@ class ReloadEngine {
   // return the model's fields point at the captured tensors again, holding
   // the old values. Throws, changing nothing, on any error, and
   // gk::StateError while another staged reload of this engine is
-  // outstanding or the engine is not ready. `options.mode` is ignored (a
-  // stage is transactional by nature); MismatchPolicy::needs_recapture is
-  // refused (use reload()).
+  // outstanding or the engine is not ready. A stage is transactional by
+  // nature and never accepts a mismatch, so it takes StageOptions: a
+  // ReloadOptions is refused at compile time (pass options.stage()).
   StagedReload stage(WeightSource& source);
-  StagedReload stage(WeightSource& source, const ReloadOptions& options);
+  StagedReload stage(WeightSource& source, const StageOptions& options);
+  template <class Options>
+    requires std::same_as<Options, ReloadOptions>
+  StagedReload stage(WeightSource&, const Options&) {
+    static_assert(!std::same_as<Options, ReloadOptions>,
+                  "graphkeep: stage(source, options) takes gk::StageOptions. A stage is transactional and refuses "
+                  "mismatches, so ReloadOptions::mode and on_mismatch would be ignored: pass options.stage()");
+    return {};
+  }
   // Stages a weight patch (Note [Applying a patch] in reload/patch_stage.cpp):
   // checks it (format, names, shapes, dtypes, index ranges, duplicates, and
   // each tensor's base hash against served()), computes every touched
@@ -152,7 +162,7 @@ class ReloadEngine {
   // (its label names the file), changing nothing; the same threading rules
   // as stage(source).
   StagedReload stage(const Patch& patch);
-  StagedReload stage(const Patch& patch, const ReloadOptions& options);
+  StagedReload stage(const Patch& patch, const PatchOptions& options);
   // Commits a staged reload, on the serving thread between two replays:
   // copies the staged values into the captured storage (batched copy-back),
   // applies init policies, verifies the capture manifests and bumps
@@ -216,7 +226,8 @@ class ReloadEngine {
   torch::nn::Module& model() noexcept;
 
  private:
-  friend ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const ReloadOptions& options);
+  friend ReloadReport testing::load_weights(torch::nn::Module& model, WeightSource& source, const LoadOptions& options,
+                                           const testing::EngineHooks& hooks);
   friend class StagedReload;
   friend void testing::set_hooks(ReloadEngine& engine, testing::EngineHooks hooks);
   friend const testing::EngineHooks& testing::hooks(const ReloadEngine& engine);

@@ -1,19 +1,28 @@
 // graphkeep/reload/reload_options.h
 //
-// How a reload runs. ReloadOptions are per call; EngineOptions are given to
-// the engine once and hold the options of the calls that pass none.
+// How a call runs: each kind of call has its own options, holding only what
+// that call honours (a field another call would ignore cannot be set):
+//   ReloadOptions  reload(source)          mode, mismatches, adoption, ...
+//   StageOptions   stage(source)           the same bar mode (a stage is
+//                                          transactional) and mismatches (a
+//                                          stage never accepts one)
+//   PatchOptions   reload(patch), stage(patch)
+//   LoadOptions    gk::load_weights, the first load
+// EngineOptions are given to the engine once and hold the options of the
+// calls that pass none.
 //
 //   gk::ReloadOptions o;
 //   o.mode = gk::ReloadMode::transactional;   // nothing changes unless all of it loads
 //   o.adopt_source_tensors = true;             // a trainer's device tensors, one copy per byte
 //   engine.reload(source, o);
-//   gk::ReloadEngine engine(model, {.defaults = o});   // reload(source) uses o
+//   gk::ReloadEngine engine(model, {.defaults = o});   // reload(source) uses o, stage(source) its stage part
 //
-// Test and demonstration hooks (faults injected at named stages, slots left
-// out of copy-back, members treated as undeclared, graphs reported instead
-// of refused) are not options: they live in <graphkeep/reload/testing.h>.
+// No option switches a protection off. Tests and benchmarks that must (to
+// show a failure is real, or to measure what a check costs) set
+// gk::testing::EngineHooks (<graphkeep/reload/testing.h>), with the faults
+// injected at named stages, the slots left out of copy-back and the members
+// treated as undeclared.
 #pragma once
-
 #include <graphkeep/reload/report.h>
 
 #include <cstdint>
@@ -48,21 +57,15 @@ enum class PatchWrites : std::uint8_t {
 };
 std::string_view to_string(PatchWrites w) noexcept;
 
-struct ReloadOptions {
-  ReloadMode mode = ReloadMode::streaming;
-  MismatchPolicy on_mismatch = MismatchPolicy::raise;
-  // Verify the capture manifests of tracked graphs after each reload.
-  bool verify = true;
-  // Treat a configuration value changed by PWAL as a mismatch.
-  bool check_configs = true;
-  // PWAL may write into captured tensors in place (a declared member it is
-  // handed, a buffer it does not load, a view of a parameter's storage).
-  // true: before each layer's PWAL, copy those captured storages, and write
-  // them back if the layer fails (memory: one layer's such storages in
-  // streaming mode, all of them in transactional mode). false: no copy; a
-  // layer that fails after its PWAL started marks the model inconsistent
-  // (replay refused until a reload succeeds). docs/reload.md, "Modes".
-  bool restore_in_place_writes = true;
+// What gk::load_weights (the first load) honours.
+struct LoadOptions {
+  bool allow_non_finite = false;           // as StageOptions::allow_non_finite
+  std::string version_label;               // as StageOptions::version_label
+  PatchBase patch_base = PatchBase::none;  // as StageOptions::patch_base
+};
+
+// What a stage(source) honours, and what a reload(source) shares with it.
+struct StageOptions {
   // Adopt the source's tensors instead of copying them (Note [Adopting
   // source tensors] in reload/layer_pipeline.cpp). A checkpoint parameter
   // that arrives as one tensor of exactly its shape, dtype and device,
@@ -72,23 +75,16 @@ struct ReloadOptions {
   // new storage. The commit then copies it straight into the captured
   // storage, so a reload copies each byte once, as a plain load does. The
   // source's tensors must not be written until reload() returns, or until
-  // the commit() of a stage(): one written since staging makes the commit
-  // stale (see check_adopted_content). PWAL that writes a parameter in place
-  // would write the source's tensor: the reload throws gk::WeightError
-  // naming the weight (caught through the version counter). Tensors not
-  // adoptable (another device or dtype, strided, an inference tensor, a view
-  // of a captured storage) are copied.
+  // the commit() of a stage(): a stage hashes every adopted tensor when it
+  // adopts it and the commit hashes it again before writing anything, so one
+  // written since (through .data, a raw pointer or a kernel, which move no
+  // version counter) makes the commit stale, refused with nothing changed
+  // (Note [Adopted tensors are hashed] in reload/staged_reload.cpp). PWAL
+  // that writes a parameter in place would write the source's tensor: the
+  // reload throws gk::WeightError naming the weight (caught through the
+  // version counter). Tensors not adoptable (another device or dtype,
+  // strided, an inference tensor, a view of a captured storage) are copied.
   bool adopt_source_tensors = false;
-  // With adopt_source_tensors, a stage() hashes every adopted tensor when it
-  // adopts it, and commit() hashes it again before writing anything: a
-  // tensor written since (through .data, a raw pointer or a kernel, which
-  // move no version counter) makes the commit stale, refused with nothing
-  // changed. The commit's pause grows by one read of the adopted bytes
-  // (docs/performance.md). false: no hashing, for trainers that guarantee
-  // they write no adopted tensor until the commit returns (a write then is
-  // served as a mix of new parameters and stale derived tensors). Note
-  // [Adopted tensors are hashed] in reload/staged_reload.cpp.
-  bool check_adopted_content = true;
   // Serve floating-point checkpoint tensors holding NaN or infinity. By
   // default a reload, a stage and the first load refuse them with a
   // gk::WeightError naming the tensor, before PWAL runs (one device read of
@@ -96,53 +92,58 @@ struct ReloadOptions {
   // reload/non_finite.cpp).
   bool allow_non_finite = false;
   // Called on the reloading thread after each layer's PWAL and checks, with
-  // the layer's prefix, in reload() and stage(). An engine paces a stage()
-  // here: waiting in it leaves the device to the serving graphs for a while
-  // (the example engine's LlmEngineOptions::stage_device_share). Throwing
-  // from it fails the reload or the stage as any error would.
+  // the layer's prefix. An engine paces a stage() here: waiting in it leaves
+  // the device to the serving graphs for a while (the example engine's
+  // LlmEngineOptions::stage_device_share). Throwing from it fails the
+  // reload or the stage as any error would.
   std::function<void(const std::string& layer)> after_layer;
-  // Transactional mode only: called once after every layer is loaded, PWAL'd
-  // and checked and the completion gate passed, right before the first
-  // commit. Throwing from it aborts the reload with a full rollback (every
-  // layer keeps its old weights); the exception propagates out of reload().
-  // The distributed reload votes here (include/graphkeep/distributed/
-  // distributed.h). Not called in streaming mode. stage() calls it last, on
-  // the staging thread, once everything is staged and checked: throwing from
-  // it aborts the stage (nothing changed).
+  // Called once after every layer is loaded, PWAL'd and checked, right
+  // before the first commit (reload(), transactional mode: throwing aborts
+  // it with a full rollback, every layer keeping its old weights) or last in
+  // stage(), once everything is staged and checked (throwing aborts the
+  // stage: nothing changed). The exception propagates. The distributed
+  // reload votes here (include/graphkeep/distributed/distributed.h). Not
+  // called by a streaming reload().
   std::function<void()> before_commit;
-
-  // --- Content identity and patches (docs/delta.md) --------------------------
-  // Hash every checkpoint tensor as it loads (checkpoint format, before PWAL;
-  // on its device, one batched gk::content_hashes per layer), and hash the
-  // loaded parameters again after PWAL to find those PWAL left bit for bit
-  // as loaded (they can then be patched in place: Note [Patch landings]).
-  // The hashes are what ReloadEngine::served() reports and what a patch's
-  // base hashes are checked against. false: no hashing (times.hash_ms 0); the
-  // served content is then unknown and every patch is refused until a load
-  // with hashing.
-  bool hash_served = true;
   // The version id of the weights this load brings (ServedWeights::label()).
   // Empty: the label the engine recorded for the same content before, if any.
   std::string version_label;
-  // Where a full load keeps the checkpoint-format bases of the tensors PWAL
-  // transforms (PatchBase). The first load's option counts until the first
-  // reload; each full reload records again with its own.
+  // Where the load keeps the checkpoint-format bases of the tensors PWAL
+  // transforms (PatchBase), for later patches. The first load's option
+  // counts until the first reload; each full reload records again with its own.
   PatchBase patch_base = PatchBase::none;
-  // How a patch's commit writes (PatchWrites); the same weights either way.
+
+  // The options of a first load with the same settings.
+  LoadOptions first_load() const { return {allow_non_finite, version_label, patch_base}; }
+};
+
+// What a reload(source) honours: a stage's options, and how the reload runs.
+struct ReloadOptions : StageOptions {
+  ReloadMode mode = ReloadMode::streaming;
+  MismatchPolicy on_mismatch = MismatchPolicy::raise;
+
+  // The options a stage(source) takes from these (mode and on_mismatch are
+  // a reload's own).
+  const StageOptions& stage() const noexcept { return *this; }
+};
+
+// What reload(const Patch&) and stage(const Patch&) honour (docs/delta.md).
+struct PatchOptions {
+  // As StageOptions::allow_non_finite, for the values the patch writes.
+  bool allow_non_finite = false;
+  // How the commit writes (PatchWrites); the same weights either way.
   PatchWrites patch_writes = PatchWrites::automatic;
-  // After a commit (of a patch or a full reload) wrote the captured storage,
-  // hash the served tensors that land unchanged there again and compare with
-  // the hashes recorded at staging; a difference is a gk::WeightError (a
-  // patch is then rolled back). Costs one read of those tensors (the touched
-  // ones for a patch) inside the pause.
-  bool verify_served = false;
+  // As StageOptions::after_layer, for the layers whose PWAL runs again.
+  std::function<void(const std::string& layer)> after_layer;
 };
 
 // Given to the ReloadEngine once.
 struct EngineOptions {
-  // The options of reload(source) and stage(source), the calls without
-  // options of their own.
+  // The options of reload(source) and, through defaults.stage(), of
+  // stage(source): the calls without options of their own.
   ReloadOptions defaults;
+  // The options of reload(patch) and stage(patch) without options.
+  PatchOptions patch;
 };
 
 }  // namespace gk

@@ -71,7 +71,7 @@ struct ReloadReport {
   // What the engine serves after this reload (and what gk::load_weights
   // hands to ReloadEngine::prepare): every checkpoint tensor's content hash
   // and the content version (served_weights.h). Null when the content is
-  // unknown (ReloadOptions::hash_served off).
+  // unknown (gk::testing::EngineHooks::skip_served_hashes).
   std::shared_ptr<const ServedWeights> served;
   // A weight patch (ReloadEngine::reload(const Patch&), stage(const Patch&)):
   // the checkpoint tensors it touched, the elements it changed, the patch's

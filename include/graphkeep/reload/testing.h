@@ -6,26 +6,36 @@
 // per-call setting can switch a protection off.
 //
 //   gk::testing::EngineHooks h;
-//   h.fault = [](gk::testing::Stage s, const std::string& layer) {
-//     if (s == gk::testing::Stage::pwal && layer == "layers.3") throw std::runtime_error("injected");
+//   h.fault = [](gk::testing::FaultPoint s, const std::string& layer) {
+//     if (s == gk::testing::FaultPoint::pwal && layer == "layers.3") throw std::runtime_error("injected");
 //   };
 //   gk::testing::set_hooks(engine, h);   // every later call of this engine
 //   gk::testing::set_hooks(engine, {});  // back to none
 #pragma once
 
 #include <functional>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <graphkeep/reload/reload_options.h>
+#include <graphkeep/reload/report.h>
+
+namespace torch::nn {
+class Module;
+}
+
 namespace gk {
 class ReloadEngine;
+class WeightSource;
 }
 
 namespace gk::testing {
 
-// Where a reload can be made to fail (layer pipeline order).
-enum class Stage {
+// Where a reload can be made to fail (layer pipeline order). Not the
+// stages of stage(): points in any call, named for the fault hook.
+enum class FaultPoint {
   detach,  // snapshot checks, parameters detached from the captured storage
   load,    // the layer's weights loaded
   pwal,    // before process_weights_after_loading
@@ -34,7 +44,7 @@ enum class Stage {
   commit,  // transactional: once per layer, after the completion gate, before any copy
   scatter, // a patch's commit: once per layer it touches, after its scatter wrote captured storage
 };
-std::string_view to_string(Stage s) noexcept;
+std::string_view to_string(FaultPoint s) noexcept;
 
 struct EngineHooks {
   // Full slot names (ReloadEngine::slot_names()) whose copy-back reload()
@@ -54,9 +64,28 @@ struct EngineHooks {
   // closed at capture]) and only reports it in the manifest, instead of
   // refusing replay.
   bool report_unknown_addresses = false;
-  // Called at each Stage with the layer's prefix, on the reloading thread;
+  // Called at each FaultPoint with the layer's prefix, on the reloading thread;
   // throwing from it injects a fault there.
-  std::function<void(Stage stage, const std::string& layer)> fault;
+  std::function<void(FaultPoint point, const std::string& layer)> fault;
+
+  // Protections switched off, for tests that show what a protection catches
+  // and benchmarks that measure what it costs (Note [Options per call,
+  // protections per engine] in reload/run_options.h). No product option can.
+  bool skip_manifest_verification = false;  // no capture-manifest verification after reloads
+  bool skip_config_checks = false;          // a configuration value PWAL changed is accepted
+  // No backup of the captured storages PWAL may write in place: a layer that
+  // fails after its PWAL started leaves the model inconsistent (docs/reload.md).
+  bool skip_in_place_backups = false;
+  // Adopted tensors are not hashed at stage and commit: a write between the
+  // two is served (Note [Adopted tensors are hashed]).
+  bool skip_adopted_content_check = false;
+  // No content hashes: the served content is unknown, patches are refused.
+  bool skip_served_hashes = false;
+  // A protection on: after a commit wrote captured storage, the served
+  // tensors that land unchanged there are hashed again and compared with
+  // the staged hashes (a patch is rolled back on a difference). One read of
+  // the written tensors inside the pause.
+  bool verify_served = false;
 };
 
 // Hooks that only leave `slots` out of copy-back, or only treat `members`
@@ -75,5 +104,27 @@ inline EngineHooks undeclare(std::vector<std::string> members) {
 // Installs `hooks` on `engine` for every later call (replacing any before).
 void set_hooks(ReloadEngine& engine, EngineHooks hooks);
 const EngineHooks& hooks(const ReloadEngine& engine);
+
+// Installs hooks on an engine for a scope, and removes them at its end. A
+// null engine: nothing.
+class ScopedHooks {
+ public:
+  ScopedHooks(ReloadEngine* engine, EngineHooks hooks) : engine_(engine) {
+    if (engine_ != nullptr) set_hooks(*engine_, std::move(hooks));
+  }
+  ScopedHooks(ScopedHooks&& o) noexcept : engine_(o.engine_) { o.engine_ = nullptr; }
+  ScopedHooks& operator=(ScopedHooks&&) = delete;
+  ~ScopedHooks() {
+    if (engine_ != nullptr) set_hooks(*engine_, {});
+  }
+
+ private:
+  ReloadEngine* engine_;
+};
+
+// gk::load_weights with the protections `hooks` switch (its other fields do
+// not apply to a first load).
+ReloadReport load_weights(torch::nn::Module& model, WeightSource& source, const LoadOptions& options,
+                          const EngineHooks& hooks);
 
 }  // namespace gk::testing
