@@ -11,8 +11,8 @@
 // stage runs it on the staging thread, never in the commit's pause.
 //
 // Cost: one read of the layer's bytes. torch.isfinite(w).all() writes a
-// bool per element and then reduces them (26 ms for 15 GB of bf16 on an
-// H200 against 3.6 ms for one read); the kernel here only reads, testing
+// bool per element and then reduces them, several times one read
+// (docs/performance.md, "Figures behind the code"); the kernel here only reads, testing
 // each element's exponent bits with 16-byte loads, and writes one word per
 // tensor. One launch per batch of up to cuda::kMaxFiniteTasks tensors, one
 // synchronization per layer (the answer decides whether PWAL runs), of a
@@ -145,11 +145,11 @@ FiniteScan::FiniteScan(const std::vector<at::Tensor>& tensors)
   // stream; the host then waits for that stream alone. Waiting on the
   // caller's stream instead would also wait for everything queued behind
   // the loads, and the host's work for the next layer would no longer
-  // overlap the device's: on an H200 that doubled an 8B reload. The event
-  // still covers whatever was queued *before* the loads: a streaming reload
-  // that committed layer L-1 before scanning layer L drained its queue at
-  // every layer (the scan waited for L-1's copy-back, the host for the
-  // scan), 21.6 ms of a 31.5 ms 8B reload. So a streaming reload enqueues
+  // overlap the device's (measured: docs/performance.md, "Figures behind
+  // the code"). The event still covers whatever was queued *before* the
+  // loads: a streaming reload that committed layer L-1 before scanning layer
+  // L drained its queue at every layer (the scan waited for L-1's
+  // copy-back, the host for the scan). So a streaming reload enqueues
   // L-1's copy-back between this constructor and wait() (Note [Commit one
   // layer late] in weight_stream.cpp).
   for (Launched::Pending& p : launched) {

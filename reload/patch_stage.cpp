@@ -76,7 +76,8 @@
 // is checked, its fields point back at the captured storage, so the copies
 // are freed layer by layer. Held to the end of the stage, a patch touching
 // every MoE layer (whose experts object is derived, so each such layer
-// re-runs) held a second copy of the model: out of memory at 30B on an H200.
+// re-runs) held a second copy of the model: more than a device holds beside
+// a 30B model.
 #include "block_landing.h"
 #include "derivations.h"
 #include "engine_impl.h"

@@ -30,11 +30,11 @@
 // complete new images (made at staging from the served bytes and the
 // patch: ScatterItem::sectors in reload/patch_scatter.h), and two adjacent
 // threads write the two 16-byte halves of a sector, so each warp store
-// covers whole sectors and nothing is read back. On an H200, 15 GB of bf16
-// in 8 tensors (bench/scatter_probe.cu, docs/delta.md): 1% 3.63 -> 2.91 ms,
-// 4% 7.33 -> 5.68 ms, 10% 10.42 -> 7.28 ms, against 7.60 ms for a copy.
-// The price is staging memory: 36 bytes per touched sector instead of 6 per
-// changed element (about 5.6x the element form at 1%).
+// covers whole sectors and nothing is read back: the pause shrinks with
+// the sectors the device no longer reads back (bench/scatter_probe.cu;
+// the figures are in docs/performance.md, "Figures behind the code"). The
+// price is staging memory: 36 bytes per touched sector instead of 6 per
+// changed bf16 element.
 #pragma once
 
 #include <cstdint>

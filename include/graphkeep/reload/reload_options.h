@@ -52,8 +52,8 @@ enum class PatchWrites : std::uint8_t {
   automatic,  // sectors on a CUDA device while their images fit in half of its free memory, else elements
   elements,   // each changed element on its own: staging holds 6 bytes per changed bf16 element
   sectors,    // whole 32-byte sectors, their images made at staging from the served bytes:
-              // a shorter pause on a GPU (0.8x at 1% density, 0.7x at 10%, H200), staging
-              // memory 36 bytes per touched sector (about 5.6x the element form at 1%)
+              // a shorter pause on a GPU (no read-back of partial sectors), staging memory
+              // 36 bytes per touched sector (docs/performance.md)
 };
 std::string_view to_string(PatchWrites w) noexcept;
 
