@@ -2,7 +2,7 @@
 // on the device (greedy inside the decode graphs, seeded top-k / top-p
 // sampling in a graph of its own; Note [Sampling on the device] in
 // examples/engine/sampler.cpp), FP8 weights quantized in chunks (Note [FP8
-// quantization in chunks] in llm.cpp), and, on the GPU (suite gpu), the fast
+// quantization in chunks] in weight_formats.cpp), and, on the GPU (suite gpu), the fast
 // CUDA path (Note [The fast CUDA path]) against the reference ops and the
 // CPU, its capture manifests owning every address, the CUDA sampler against
 // the CPU's, and the FP8 staging peak.

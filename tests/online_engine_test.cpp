@@ -215,7 +215,7 @@ std::vector<at::Tensor> serve_request(demo::LlmEngine& eng, const at::Tensor& pr
 void stale_kv_rows_never_reach_logits(const c10::Device device) {
   // Attention reads the whole static cache of the sequence and weights the
   // rows past the token's position 0; 0 * NaN = NaN, so those rows must be
-  // left out, not weighted 0 (Note [Stale KV rows] in examples/engine/llm.cpp).
+  // left out, not weighted 0 (Note [Stale KV rows] in examples/engine/layers.cpp).
   // A used engine whose cache holds an earlier, longer request and then NaN
   // and Inf everywhere must serve a new request bitwise as a fresh engine
   // does, eagerly and through the captured decode graphs (the CPU replay

@@ -1,7 +1,7 @@
 // examples/engine/fused_ops.h
 //
 // The fused ops of the example engine's fast CUDA path (Note [The fast CUDA
-// path] in llm.cpp): one kernel each (cuda/decoder_kernels.cu) where ATen
+// path] in layers.cpp): one kernel each (cuda/decoder_kernels.cu) where ATen
 // would run a chain of small ones, on the current stream, their outputs from
 // gk::runtime::empty (the capture's pool while a graph is captured). CUDA
 // tensors only: on the CPU the engine runs its reference ops, which the CPU
@@ -49,7 +49,7 @@ at::Tensor qkv_rope_cache(const at::Tensor& qkv, const TokenBatch& batch, const 
                           const at::Tensor& k_norm);
 
 // q [T, H D] -> [T, H D]: each token attends over positions 0..its own of
-// its sequence's cache, and reads no other row (Note [Stale KV rows] in llm.cpp).
+// its sequence's cache, and reads no other row (Note [Stale KV rows] in layers.cpp).
 at::Tensor decode_attention(const at::Tensor& q, const TokenBatch& batch, const KvCache& cache,
                             const HeadShape& shape);
 
@@ -61,7 +61,7 @@ at::Tensor silu_and_mul(const at::Tensor& h);
 bool grouped_mm_supported(const at::Tensor& x);
 
 // A Qwen3-MoE block's experts through two at::_grouped_mm calls (Note
-// [Qwen3-MoE through grouped GEMMs] in llm.cpp): x [T, H] bf16, the router's
+// [Qwen3-MoE through grouped GEMMs] in layers.cpp): x [T, H] bf16, the router's
 // logits [T, E], w13 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I]
 // -> [T, H] in x's dtype. Routing runs on the device without a host sync.
 // (It runs on the CPU too, for the tests; at::_grouped_mm's fallback there.)

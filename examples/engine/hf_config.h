@@ -25,7 +25,7 @@ namespace demo {
 
 // config.json's rope_scaling: how the rotary frequencies are scaled
 // (transformers' modeling_rope_utils.py; Note [Rope scaling as transformers
-// computes it] in llm.cpp). type "default" when the field is absent or null.
+// computes it] in rope.cpp). type "default" when the field is absent or null.
 struct RopeScaling {
   std::string type = "default";  // "default", "linear", "dynamic" or "llama3"
   double factor = 1.0;           // linear, dynamic, llama3

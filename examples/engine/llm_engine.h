@@ -16,7 +16,7 @@
 //
 // On CUDA the decoder runs its fast path (fused kernels, cuBLAS GEMMs,
 // attention over each sequence's own positions, grouped MoE GEMMs: Note
-// [The fast CUDA path] in llm.cpp); decode() chooses the next tokens
+// [The fast CUDA path] in layers.cpp); decode() chooses the next tokens
 // on the device (Note [Sampling on the device] in sampler.cpp).
 //
 // Sequences are rows 0..max_seqs-1 of the KV cache; decode_logits(tokens, positions)

@@ -5,7 +5,7 @@
 // capture records them on both backends: on CUDA they are plain ATen calls
 // (the CUDA graph captures them); on CPU they launch through
 // gk::hostrt::launch_aten, so the host graph burns in their pointers too.
-// aten_op() is that wrapping for any ATen body (the decoder in llm.cpp and
+// aten_op() is that wrapping for any ATen body (the decoder in layers.cpp and
 // the sampler in sampler.cpp build every op of theirs with it).
 //
 //   at::Tensor y = demo::ops::aten_op("scale", {x}, x.sizes(), x.options(),
@@ -21,7 +21,7 @@
 namespace demo::ops {
 
 // One op both backends capture (Note [Ops that both backends capture] in
-// llm.cpp): `body` writes its one output, allocated here by
+// layer_ops.h): `body` writes its one output, allocated here by
 // gk::runtime::empty (the capture's pool while capturing); on CUDA it runs
 // now, on the CPU it is a host-graph launch.
 at::Tensor aten_op(const char* name, const std::vector<at::Tensor>& inputs, at::IntArrayRef out_shape,

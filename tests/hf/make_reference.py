@@ -202,7 +202,7 @@ def make_config(transformers, arch, size, tied, rope=None):
         output_router_logits=False, **common)
 
 
-# The engine's FP8 W8A8 format (examples/engine/llm.cpp, Note [FP8 CPU twin]):
+# The engine's FP8 W8A8 format (examples/engine/weight_formats.cpp, Note [FP8 CPU twin]):
 # a float8_e4m3fn weight with a float32 scale per output channel, made from the
 # checkpoint, and activations quantized per token at run time. The projections
 # it applies to: attention q, k, v, o and the dense MLP's gate, up, down (not
@@ -226,7 +226,7 @@ def fp8_forward(lin):
     return forward
 
 
-# The engine's W4A16 format (examples/engine/llm.cpp, Note [W4A16 from the
+# The engine's W4A16 format (examples/engine/weight_formats.cpp, Note [W4A16 from the
 # checkpoint]): symmetric int4 per group of 128 input channels (K when K < 128),
 # scale = max |w| / 7 per group, computed in float32, cast back.
 def w4a16_forward(lin):
