@@ -20,20 +20,14 @@ RunOptions protections(const testing::EngineHooks& h) {
 
 RunOptions run_options(const StageOptions& o, const testing::EngineHooks& h) {
   RunOptions r = protections(h);
-  r.adopt_source_tensors = o.adopt_source_tensors;
-  r.allow_non_finite = o.allow_non_finite;
-  r.after_layer = o.after_layer;
-  r.before_commit = o.before_commit;
-  r.version_label = o.version_label;
-  r.patch_base = o.patch_base;
+  static_cast<StageOptions&>(r) = o;
   r.mode = ReloadMode::transactional;  // a stage commits whole or not at all
   return r;
 }
 
 RunOptions run_options(const ReloadOptions& o, const testing::EngineHooks& h) {
-  RunOptions r = run_options(o.stage(), h);
-  r.mode = o.mode;
-  r.on_mismatch = o.on_mismatch;
+  RunOptions r = protections(h);
+  static_cast<ReloadOptions&>(r) = o;
   return r;
 }
 

@@ -23,15 +23,8 @@
 
 namespace gk::detail {
 
-struct RunOptions {
-  ReloadMode mode = ReloadMode::streaming;
-  MismatchPolicy on_mismatch = MismatchPolicy::raise;
-  bool adopt_source_tensors = false;
-  bool allow_non_finite = false;
-  std::function<void(const std::string& layer)> after_layer;
-  std::function<void()> before_commit;
-  std::string version_label;
-  PatchBase patch_base = PatchBase::none;
+// A reload's options, the patch writes, and the protections.
+struct RunOptions : ReloadOptions {
   PatchWrites patch_writes = PatchWrites::automatic;
   // The protections (gk::testing::EngineHooks may switch them).
   bool verify = true;                   // capture manifests after each reload

@@ -10,9 +10,17 @@
 
 #include <pybind11/stl.h>
 
+#include <graphkeep/sources/weight_source.h>
+
+#include <vector>
+
 namespace gkpy {
 
 namespace py = pybind11;
+
+// A dict of name -> tensor, unwrapped (no copy) while the GIL is held; a
+// TypeError names `arg` and the entry at fault.
+std::vector<gk::NamedTensor> named_tensors(const py::dict& d, const char* arg);
 
 // engine.cpp: graphkeep._C._LlmEngine, _StagedReload, ReloadReport.
 void bind_engine(py::module_& m);

@@ -34,23 +34,6 @@
 namespace gkpy {
 namespace {
 
-// A weight dict's entries, unwrapped while the GIL is held.
-std::vector<gk::NamedTensor> named_tensors(const py::dict& weights) {
-  std::vector<gk::NamedTensor> out;
-  out.reserve(weights.size());
-  for (const auto& item : weights) {
-    if (!py::isinstance<py::str>(item.first))
-      throw py::type_error("weights: names must be str, not " +
-                           std::string(py::str(py::type::of(item.first).attr("__name__"))));
-    const std::string name = item.first.cast<std::string>();
-    if (!THPVariable_Check(item.second.ptr()))
-      throw py::type_error("weights['" + name + "'] is a " +
-                           std::string(py::str(py::type::of(item.second).attr("__name__"))) + ", not a torch.Tensor");
-    out.push_back({name, item.second.cast<at::Tensor>(), 0});
-  }
-  return out;
-}
-
 class Engine {
  public:
   Engine(const std::string& dir, const std::string& quant, const std::string& device,
@@ -63,7 +46,7 @@ class Engine {
     options.max_len = max_len;
     options.reload.adopt_source_tensors = adopt;
     if (weights) {
-      gk::InMemorySource source(named_tensors(*weights), "weights handed over from Python");
+      gk::InMemorySource source(named_tensors(*weights, "weights"), "weights handed over from Python");
       py::gil_scoped_release nogil;
       const demo::HfConfig cfg = demo::read_hf_config(dir);
       engine_ = std::make_unique<demo::LlmEngine>(cfg, dev, format, source, options);
@@ -192,7 +175,7 @@ void bind_engine(py::module_& m) {
            py::arg("tokens"), py::arg("positions"))
       .def("stage",
            [](Engine& e, const py::dict& weights) {
-             gk::InMemorySource source(named_tensors(weights), "weights handed over from Python");
+             gk::InMemorySource source(named_tensors(weights, "weights"), "weights handed over from Python");
              py::gil_scoped_release nogil;
              return e.get().stage(source);
            },
@@ -211,7 +194,7 @@ void bind_engine(py::module_& m) {
            py::arg("staged"))
       .def("reload",
            [](Engine& e, const py::dict& weights) {
-             gk::InMemorySource source(named_tensors(weights), "weights handed over from Python");
+             gk::InMemorySource source(named_tensors(weights, "weights"), "weights handed over from Python");
              py::gil_scoped_release nogil;
              return e.get().reload(source);
            },

@@ -21,9 +21,9 @@
 namespace gkpy {
 namespace {
 
-// A dict of name -> tensor, unwrapped while the GIL is held; `arg` names
-// the argument in the TypeError.
-std::vector<gk::NamedTensor> tensors_of(const py::dict& d, const char* arg) {
+}  // namespace
+
+std::vector<gk::NamedTensor> named_tensors(const py::dict& d, const char* arg) {
   std::vector<gk::NamedTensor> out;
   out.reserve(d.size());
   for (const auto& item : d) {
@@ -38,6 +38,8 @@ std::vector<gk::NamedTensor> tensors_of(const py::dict& d, const char* arg) {
   }
   return out;
 }
+
+namespace {
 
 gk::MakePatchOptions::Encoding encoding_of(const std::string& e) {
   if (e == "auto") return gk::MakePatchOptions::Encoding::automatic;
@@ -110,7 +112,7 @@ void bind_patch(py::module_& m) {
           o.target_version = target_version;
           o.encoding = encoding_of(encoding);
           o.record_unchanged = record_unchanged;
-          const std::vector<gk::NamedTensor> b = tensors_of(before, "before"), a = tensors_of(after, "after");
+          const std::vector<gk::NamedTensor> b = named_tensors(before, "before"), a = named_tensors(after, "after");
           py::gil_scoped_release nogil;
           return gk::make_patch(b, a, o);
         },
