@@ -24,6 +24,8 @@
 // function trustworthy: it equals PWAL over every block, computed apart.
 #include "block_landing.h"
 
+#include "derivations.h"
+
 #include <graphkeep/core/check.h>
 #include <graphkeep/delta/detail/element_bits.h>
 
@@ -70,9 +72,7 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
     const at::Tensor u = std::get<0>(at::_unique(b, /*sorted=*/true));
     const std::int64_t count = u.numel();
     // 3. Their elements, gathered from the source, with the entries applied.
-    const at::Tensor rows = (u.div(nbc, "floor") * bh).view({count, 1, 1}) + at::arange(bh, longs).view({1, bh, 1});
-    const at::Tensor cols = (u.remainder(nbc) * bw).view({count, 1, 1}) + at::arange(bw, longs).view({1, 1, bw});
-    const at::Tensor elements = (rows * k + cols).reshape({-1});
+    const at::Tensor elements = detail::block_elements(u, bh, bw, k);
     at::Tensor blocks = detail::flat_bits(src).index_select(0, elements);
     const at::Tensor at_block = at::searchsorted(u, b) * (bh * bw) + r.remainder(bh) * bw + c.remainder(bw);
     blocks.index_put_({at_block}, v);
@@ -88,13 +88,8 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
                "block derivation '", d.name, "' of layer '", lp.prefix, "' returned ", outs[j].scalar_type(), " ",
                outs[j].sizes(), " for ", count, " blocks of ", slot.name, ", which is ", slot.dtype, " with ", per,
                " element(s) per block");
-      at::Tensor index;
-      switch (layout) {
-        case BlockLayout::same_as_source: index = elements; break;
-        case BlockLayout::one_per_block: index = u; break;
-        case BlockLayout::one_per_block_transposed: index = u.remainder(nbc) * nbr + u.div(nbc, "floor"); break;
-      }
-      add_write(sp, slot.captured, index, detail::flat_bits(outs[j].contiguous()));
+      add_write(sp, slot.captured, detail::block_output_index(layout, u, elements, nbr, nbc),
+                detail::flat_bits(outs[j].contiguous()));
     }
     recomputed += static_cast<std::size_t>(count);
   }

@@ -12,6 +12,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 
@@ -45,18 +46,6 @@ const char* to_string(BlockLayout l) {
 // The number of elements a derivation output holds.
 std::int64_t output_numel(const PlannedDerivation& d, BlockLayout l, std::int64_t n, std::int64_t k) {
   return l == BlockLayout::same_as_source ? n * k : (n / d.block_rows) * (k / d.block_cols);
-}
-
-// All blocks of src [N, K] as [N/bh * K/bw, bh, bw], row-major over the blocks.
-at::Tensor all_blocks(const at::Tensor& src, std::int64_t bh, std::int64_t bw) {
-  const std::int64_t n = src.size(0), k = src.size(1);
-  return src.reshape({n / bh, bh, k / bw, bw}).permute({0, 2, 1, 3}).reshape({-1, bh, bw});
-}
-
-// The inverse of all_blocks.
-at::Tensor from_blocks(const at::Tensor& blocks, std::int64_t n, std::int64_t k) {
-  const std::int64_t bh = blocks.size(1), bw = blocks.size(2);
-  return blocks.reshape({n / bh, k / bw, bh, bw}).permute({0, 2, 1, 3}).reshape({n, k});
 }
 
 }  // namespace
@@ -150,6 +139,39 @@ void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_
   }
 }
 
+at::Tensor block_elements(const at::Tensor& ids, std::int64_t bh, std::int64_t bw, std::int64_t k) {
+  const std::int64_t nbc = k / bw, count = ids.numel();
+  const auto longs = ids.options().dtype(at::kLong);
+  const at::Tensor rows = (ids.div(nbc, "floor") * bh).view({count, 1, 1}) + at::arange(bh, longs).view({1, bh, 1});
+  const at::Tensor cols = (ids.remainder(nbc) * bw).view({count, 1, 1}) + at::arange(bw, longs).view({1, 1, bw});
+  return (rows * k + cols).reshape({-1});
+}
+
+at::Tensor block_output_index(BlockLayout layout, const at::Tensor& ids, const at::Tensor& elements, std::int64_t nbr,
+                              std::int64_t nbc) {
+  switch (layout) {
+    case BlockLayout::same_as_source: return elements;
+    case BlockLayout::one_per_block: return ids;
+    case BlockLayout::one_per_block_transposed: return ids.remainder(nbc) * nbr + ids.div(nbc, "floor");
+  }
+  return ids;
+}
+
+// Note [Checking block derivations in chunks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The check runs at prepare() and after every full reload's PWAL, on every
+// block of every declared source: for an 8B FP8 model, the whole model
+// quantized once more. Built in one piece, the prediction would widen a
+// projection to float32 beside PWAL's output (the peak Note [FP8
+// quantization in chunks] in the example engine avoids). So the blocks are
+// taken kCheckChunk source elements at a time, first the even blocks, then
+// the odd ones (each chunk sees other neighbours than PWAL saw, which is
+// what catches a function reading beyond its block), each chunk compared
+// with the elements PWAL built for it, and the verdicts folded on the
+// device: one synchronization per layer. Only a mismatch walks the chunks
+// again, to name the first differing element.
+constexpr std::int64_t kCheckChunk = std::int64_t{1} << 22;
+
 void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current, std::string_view after,
                              const std::vector<char>* mismatched) {
   if (lp.derivations.empty()) return;
@@ -163,78 +185,80 @@ void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>&
   auto now = [&](std::size_t i) -> const at::Tensor& {
     return i < current.size() && current[i].defined() ? current[i] : lp.slots[i].captured;
   };
-  struct Compared {
+  // Calls f(output, index into the output, predicted bits, built bits) for
+  // every chunk of d's blocks.
+  auto for_each_chunk = [&](const PlannedDerivation& d, const auto& f) {
+    const at::Tensor src = now(d.source);
+    const std::int64_t n = src.size(0), k = src.size(1), bh = d.block_rows, bw = d.block_cols;
+    const std::int64_t nbr = n / bh, nbc = k / bw, nb = nbr * nbc;
+    const std::int64_t per_call = std::max<std::int64_t>(1, kCheckChunk / (bh * bw));
+    const at::Tensor flat_src = detail::flat_bits(src.contiguous());
+    for (std::int64_t parity = 0; parity < std::min<std::int64_t>(2, nb); ++parity)
+      for (std::int64_t start = parity; start < nb; start += 2 * per_call) {
+        const at::Tensor ids = at::arange(start, std::min(nb, start + 2 * per_call), 2, src.options().dtype(at::kLong));
+        const at::Tensor elements = block_elements(ids, bh, bw, k);
+        const at::Tensor blocks = flat_src.index_select(0, elements).view(src.scalar_type()).view({ids.numel(), bh, bw});
+        const std::vector<at::Tensor> outs = d.fn(blocks);
+        GK_CHECK(DeclarationError, outs.size() == d.outputs.size(), "block derivation '", d.name, "' of layer '",
+                 lp.prefix, "' returned ", outs.size(), " tensors for its ", d.outputs.size(), " outputs; ", after);
+        for (std::size_t j = 0; j < outs.size(); ++j) {
+          const PlannedSlot& slot = lp.slots[d.outputs[j].slot];
+          const BlockLayout layout = d.outputs[j].layout;
+          const std::int64_t per = layout == BlockLayout::same_as_source ? bh * bw : 1;
+          GK_CHECK(DeclarationError, outs[j].numel() == ids.numel() * per && outs[j].scalar_type() == slot.dtype,
+                   "block derivation '", d.name, "' of layer '", lp.prefix, "' returned ", outs[j].scalar_type(), " ",
+                   outs[j].sizes(), " for ", ids.numel(), " blocks of output ", member_of(slot), ", which is ",
+                   slot.dtype, " with ", per, " element(s) per block; ", after);
+          const at::Tensor index = block_output_index(layout, ids, elements, nbr, nbc);
+          const at::Tensor built = as_bits(now(d.outputs[j].slot).contiguous().reshape({-1})).index_select(0, index);
+          f(j, index, as_bits(outs[j].contiguous()).reshape({-1}), built);
+        }
+      }
+  };
+  struct Verdict {
     const PlannedDerivation* d;
     std::size_t output;
-    at::Tensor predicted, built;  // flat, as bits
   };
-  std::vector<Compared> compared;
+  std::vector<Verdict> verdicts;
   std::vector<at::Tensor> differs;
   for (const PlannedDerivation& d : lp.derivations) {
     if (skipped(d)) continue;
-    const at::Tensor src = now(d.source);
-    const std::int64_t n = src.size(0), k = src.size(1), nb = (n / d.block_rows) * (k / d.block_cols);
-    const at::Tensor blocks = all_blocks(src, d.block_rows, d.block_cols);
-    std::vector<at::Tensor> predicted(d.outputs.size());
+    const std::size_t first = differs.size();
     for (std::size_t j = 0; j < d.outputs.size(); ++j) {
-      const at::Tensor& out = now(d.outputs[j].slot);
-      // As bits: index_copy_ has no kernel for every dtype (e4m3 on the CPU).
-      const at::TensorOptions bits = out.options().dtype(as_bits(out).scalar_type());
-      predicted[j] = d.outputs[j].layout == BlockLayout::same_as_source
-                         ? at::empty({nb, d.block_rows, d.block_cols}, bits)
-                         : at::empty({nb}, bits);
+      verdicts.push_back({&d, j});
+      differs.push_back(at::zeros({1}, now(d.source).options().dtype(at::kBool)));
     }
-    // Two interleaved halves: a function that reads beyond its block sees
-    // other neighbours than PWAL did, and differs.
-    for (std::int64_t parity = 0; parity < std::min<std::int64_t>(2, nb); ++parity) {
-      const at::Tensor ids = at::arange(parity, nb, 2, src.options().dtype(at::kLong));
-      const std::vector<at::Tensor> outs = d.fn(blocks.index_select(0, ids));
-      GK_CHECK(DeclarationError, outs.size() == d.outputs.size(), "block derivation '", d.name, "' of layer '",
-               lp.prefix, "' returned ", outs.size(), " tensors for its ", d.outputs.size(), " outputs; ", after);
-      for (std::size_t j = 0; j < outs.size(); ++j) {
-        const PlannedSlot& slot = lp.slots[d.outputs[j].slot];
-        const std::int64_t per = d.outputs[j].layout == BlockLayout::same_as_source ? d.block_rows * d.block_cols : 1;
-        GK_CHECK(DeclarationError, outs[j].numel() == ids.numel() * per && outs[j].scalar_type() == slot.dtype,
-                 "block derivation '", d.name, "' of layer '", lp.prefix, "' returned ", outs[j].scalar_type(), " ",
-                 outs[j].sizes(), " for ", ids.numel(), " blocks of output ", member_of(slot), ", which is ",
-                 slot.dtype, " with ", per, " element(s) per block; ", after);
-        const at::Tensor got = as_bits(outs[j].contiguous());
-        const bool elements = d.outputs[j].layout == BlockLayout::same_as_source;  // (1x1 blocks: per is 1 too)
-        predicted[j].index_copy_(0, ids, elements ? got.reshape({ids.numel(), d.block_rows, d.block_cols})
-                                                  : got.reshape({-1}));
-      }
-    }
-    for (std::size_t j = 0; j < d.outputs.size(); ++j) {
-      at::Tensor p = predicted[j];
-      switch (d.outputs[j].layout) {
-        case BlockLayout::same_as_source: p = from_blocks(p, n, k); break;
-        case BlockLayout::one_per_block: break;
-        case BlockLayout::one_per_block_transposed: p = p.reshape({n / d.block_rows, k / d.block_cols}).t(); break;
-      }
-      Compared c{&d, j, p.contiguous().reshape({-1}), as_bits(now(d.outputs[j].slot).reshape({-1}))};
-      differs.push_back(at::ne(c.predicted, c.built).any().reshape({1}));
-      compared.push_back(std::move(c));
-    }
+    for_each_chunk(d, [&](std::size_t j, const at::Tensor&, const at::Tensor& predicted, const at::Tensor& built) {
+      differs[first + j].logical_or_(at::ne(predicted, built).any().reshape({1}));
+    });
   }
   if (differs.empty()) return;
   const at::Tensor any = at::cat(differs).cpu();  // one synchronization for the layer
   const bool* flag = any.data_ptr<bool>();
-  for (std::size_t j = 0; j < compared.size(); ++j) {
-    if (!flag[j]) continue;
-    const Compared& c = compared[j];
-    const PlannedDerivation& d = *c.d;
-    const PlannedSlot& slot = lp.slots[d.outputs[c.output].slot];
-    const std::int64_t at = at::nonzero(at::ne(c.predicted, c.built)).reshape({-1})[0].item<std::int64_t>();
-    auto value = [&](const at::Tensor& bits) {
-      return bits.narrow(0, at, 1).view(slot.dtype).to(at::kDouble).item<double>();
-    };
+  for (std::size_t v = 0; v < verdicts.size(); ++v) {
+    if (!flag[v]) continue;
+    const PlannedDerivation& d = *verdicts[v].d;
+    const std::size_t out = verdicts[v].output;
+    const PlannedSlot& slot = lp.slots[d.outputs[out].slot];
+    // The first differing element, chunk by chunk (a failure: time is no concern).
+    std::int64_t first = -1;
+    double was = 0, want = 0;
+    for_each_chunk(d, [&](std::size_t j, const at::Tensor& index, const at::Tensor& predicted, const at::Tensor& built) {
+      if (j != out) return;
+      const at::Tensor pos = at::nonzero(at::ne(predicted, built)).reshape({-1});
+      if (pos.numel() == 0) return;
+      const std::int64_t p = pos[0].item<std::int64_t>(), element = index[p].item<std::int64_t>();
+      if (first >= 0 && element >= first) return;
+      first = element;
+      was = built.narrow(0, p, 1).view(slot.dtype).to(at::kDouble).item<double>();
+      want = predicted.narrow(0, p, 1).view(slot.dtype).to(at::kDouble).item<double>();
+    });
     GK_THROW(DeclarationError, member_of(slot), " is declared ", to_string(slot.role.role),
              ".by_blocks() and bound to block derivation '", d.name, "' (blocks of ", d.block_rows, "x", d.block_cols,
-             " of '", lp.slots[d.source].local, "', ", to_string(d.outputs[c.output].layout), "), but PWAL of layer '",
-             lp.prefix, "' built ", slot.name, " otherwise: element ", at, " is ", value(c.built),
-             " where the derivation gives ", value(c.predicted),
-             ". The function is not what PWAL computes, or a block depends on more than its own elements: fix the "
-             "derivation, or drop .by_blocks() (a weight patch then re-runs this layer's PWAL); ", after);
+             " of '", lp.slots[d.source].local, "', ", to_string(d.outputs[out].layout), "), but PWAL of layer '",
+             lp.prefix, "' built ", slot.name, " otherwise: element ", first, " is ", was, " where the derivation gives ",
+             want, ". The function is not what PWAL computes, or a block depends on more than its own elements: fix "
+             "the derivation, or drop .by_blocks() (a weight patch then re-runs this layer's PWAL); ", after);
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,15 @@ bool patch_leaves_unchanged(const PlannedSlot& s);
 // The block derivation of lp whose output is slot `slot`, or nullptr.
 const PlannedDerivation* derivation_of(const LayerPlan& lp, std::size_t slot);
 
+// Block derivations' coordinates (graphkeep/model/block_derivation.h): the
+// flat source elements of blocks `ids` (row-major over the blocks, each
+// block's elements row-major), [ids * bh * bw] int64; and where an output
+// of `layout` holds those blocks' values (`elements` for same_as_source,
+// else one index per block). A source is [nbr * bh, nbc * bw].
+at::Tensor block_elements(const at::Tensor& ids, std::int64_t bh, std::int64_t bw, std::int64_t k);
+at::Tensor block_output_index(BlockLayout layout, const at::Tensor& ids, const at::Tensor& elements, std::int64_t nbr,
+                              std::int64_t nbc);
+
 // Binds the layer's block derivations (ReloadableLayer::declare_derivations)
 // to its slots, at prepare(), with the fields as captured. Throws
 // gk::DeclarationError naming the member for a member declared by_blocks()
@@ -33,7 +43,8 @@ const PlannedDerivation* derivation_of(const LayerPlan& lp, std::size_t slot);
 void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_out);
 
 // Recomputes every block derivation of lp over all of its source's blocks
-// (in two interleaved halves) and compares with the outputs, bit for bit:
+// (in two interleaved halves, in chunks: Note [Checking block derivations in
+// chunks] in derivations.cpp) and compares with the outputs, bit for bit:
 // `current` per slot (undefined: the captured tensor; an empty vector: all
 // captured). `after` ends the message ("prepare() refused", "nothing was
 // copied ..."). Throws gk::DeclarationError naming the class, the member,
