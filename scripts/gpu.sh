@@ -105,7 +105,7 @@ suite_deps() {
     | grep -v 'unsandboxed') || true
   ls .devdeps/*.deb > /dev/null || return 1
   ls -la .devdeps
-  pins=$(python3 -m pip freeze 2>/dev/null | grep -iE '^(transformers|tokenizers|huggingface.hub|safetensors|regex|pyyaml|tqdm|requests|urllib3|idna|charset.normalizer|certifi|numpy|hf.xet|packaging|filelock)==')
+  pins=$(python3 -m pip freeze 2>/dev/null | grep -iE '^(transformers|tokenizers|huggingface.hub|safetensors|regex|pyyaml|tqdm|requests|urllib3|idna|charset.normalizer|certifi|numpy|hf.xet|packaging|filelock|peft|accelerate|psutil)==')
   # shellcheck disable=SC2086 # one requirement per word
   python3 -m pip download --quiet --disable-pip-version-check --no-deps -d .devdeps/wheels $pins --python-version 3.12 \
     --only-binary=:all: --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \

@@ -32,8 +32,10 @@ fi
   "$PY" -m pip install --quiet --disable-pip-version-check "scikit-build-core>=0.10" "pybind11>=2.12" "pytest>=7"
 # Optional Python packages used by some tests (reference implementations).
 # A pinned entry (pkg==version) is reinstalled when the installed version differs
-# (transformers: the oracle of tests/hf/make_reference.py).
-for mod_pkg in "safetensors:safetensors" "numpy:numpy" "xxhash:xxhash" "transformers:transformers==4.57.6"; do
+# (transformers: the oracle of tests/hf/make_reference.py; peft: the oracle of
+# the LoRA adapters, tests/python/test_lora.py).
+for mod_pkg in "safetensors:safetensors" "numpy:numpy" "xxhash:xxhash" "transformers:transformers==4.57.6" \
+               "peft:peft==0.21.2"; do
   mod=${mod_pkg%%:*}; pkg=${mod_pkg##*:}
   want=""; case "$pkg" in *==*) want=${pkg##*==} ;; esac
   "$PY" -c "import $mod, sys; sys.exit(0 if '$want' in ('', $mod.__version__) else 1)" 2>/dev/null ||

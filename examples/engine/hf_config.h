@@ -16,9 +16,12 @@
 //   c.num_hidden_layers, c.is_moe(), c.dtype ...
 #pragma once
 
+#include "lora.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace demo {
@@ -56,6 +59,10 @@ struct HfConfig {
   std::int64_t num_experts_per_tok = 0;
   std::int64_t moe_intermediate_size = 0;
   bool norm_topk_prob = true;
+
+  // The LoRA adapter the model serves (lora.h), set by the engine that loads
+  // one: its rank and targets shape the layers' parameters.
+  std::optional<LoraConfig> adapter;
 
   bool is_moe() const { return model_type == "qwen3_moe"; }
   bool has_qk_norm() const { return model_type == "qwen3" || model_type == "qwen3_moe"; }

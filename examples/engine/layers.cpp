@@ -36,6 +36,11 @@ Attention::Attention(const HfConfig& c, c10::Device device, WeightFormat format,
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
   qkv_proj_ = register_parameter("qkv_proj", at::zeros({(heads_ + 2 * kv_heads_) * head_dim_, hidden_}, opts), false);
   o_proj_ = register_parameter("o_proj", at::zeros({hidden_, heads_ * head_dim_}, opts), false);
+  qkv_lora_ = LoraProjection(*this, "qkv_proj", c.adapter,
+                             {{"q_proj", heads_ * head_dim_}, {"k_proj", kv_heads_ * head_dim_},
+                              {"v_proj", kv_heads_ * head_dim_}},
+                             hidden_, opts);
+  o_lora_ = LoraProjection(*this, "o_proj", c.adapter, {{"o_proj", hidden_}}, heads_ * head_dim_, opts);
   if (c.has_qk_norm()) {
     q_norm_ = register_module("q_norm", std::make_shared<Plain>(std::vector<int64_t>{head_dim_}, opts));
     k_norm_ = register_module("k_norm", std::make_shared<Plain>(std::vector<int64_t>{head_dim_}, opts));
@@ -44,9 +49,13 @@ Attention::Attention(const HfConfig& c, c10::Device device, WeightFormat format,
 
 std::vector<gk::CheckpointParam> Attention::checkpoint_params() const {
   const at::ScalarType dt = qkv_proj_.scalar_type();
-  return {checkpoint_param("self_attn", "qkv_proj", {heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_},
-                           hidden_, dt),
-          checkpoint_param("self_attn", "o_proj", {hidden_}, heads_ * head_dim_, dt)};
+  std::vector<gk::CheckpointParam> out{
+      checkpoint_param("self_attn", "qkv_proj", {heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_},
+                       hidden_, dt),
+      checkpoint_param("self_attn", "o_proj", {hidden_}, heads_ * head_dim_, dt)};
+  for (const LoraProjection* l : {&qkv_lora_, &o_lora_})
+    for (gk::CheckpointParam& p : l->checkpoint_params()) out.push_back(std::move(p));
+  return out;
 }
 
 void Attention::process_weights_after_loading() {
@@ -75,7 +84,7 @@ void Attention::declare_derivations(gk::Derivations& d) const {
 // poisons every row with NaN and Inf and compares with a fresh engine.
 at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
                               const RopeTables& rope) {
-  const at::Tensor qkv = qkv_.apply("qkv_proj", x, qkv_proj_);
+  const at::Tensor qkv = qkv_lora_.apply("qkv_lora", x, qkv_.apply("qkv_proj", x, qkv_proj_));
   std::vector<at::Tensor> in{qkv, batch.positions, batch.seqs, cache.k, cache.v, rope.cos, rope.sin};
   const bool qk_norm = q_norm_ != nullptr;
   if (qk_norm) {
@@ -117,7 +126,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, cons
     const at::Tensor p = at::softmax(scores, -1, at::kFloat).to(dt);
     out[0].copy_(at::matmul(p, V).reshape({T, H * D}));
   });
-  return o_.apply("o_proj", a, o_proj_);
+  return o_lora_.apply("o_lora", a, o_.apply("o_proj", a, o_proj_));
 }
 
 // Note [The fast CUDA path]
@@ -150,14 +159,14 @@ at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, cons
 at::Tensor Attention::forward_fast(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
                                    const RopeTables& rope) {
   mark_part(Part::gemm);
-  const at::Tensor qkv = qkv_.apply("qkv_proj", x, qkv_proj_);
+  const at::Tensor qkv = qkv_lora_.apply("qkv_lora", x, qkv_.apply("qkv_proj", x, qkv_proj_));
   mark_part(Part::attention);
   const fused::HeadShape shape{heads_, kv_heads_, head_dim_, eps_};
   const at::Tensor q = fused::qkv_rope_cache(qkv, batch, cache, rope, shape, q_norm_ ? q_norm_->weight : at::Tensor(),
                                              k_norm_ ? k_norm_->weight : at::Tensor());
   const at::Tensor a = fused::decode_attention(q, batch, cache, shape);
   mark_part(Part::gemm);
-  return o_.apply("o_proj", a, o_proj_);
+  return o_lora_.apply("o_lora", a, o_.apply("o_proj", a, o_proj_));
 }
 
 Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
@@ -168,12 +177,18 @@ Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format, const std::
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
   gate_up_proj_ = register_parameter("gate_up_proj", at::zeros({2 * inter_, hidden_}, opts), false);
   down_proj_ = register_parameter("down_proj", at::zeros({hidden_, inter_}, opts), false);
+  gate_up_lora_ = LoraProjection(*this, "gate_up_proj", c.adapter, {{"gate_proj", inter_}, {"up_proj", inter_}},
+                                 hidden_, opts);
+  down_lora_ = LoraProjection(*this, "down_proj", c.adapter, {{"down_proj", hidden_}}, inter_, opts);
 }
 
 std::vector<gk::CheckpointParam> Mlp::checkpoint_params() const {
   const at::ScalarType dt = gate_up_proj_.scalar_type();
-  return {checkpoint_param("mlp", "gate_up_proj", {inter_, inter_}, hidden_, dt),
-          checkpoint_param("mlp", "down_proj", {hidden_}, inter_, dt)};
+  std::vector<gk::CheckpointParam> out{checkpoint_param("mlp", "gate_up_proj", {inter_, inter_}, hidden_, dt),
+                                       checkpoint_param("mlp", "down_proj", {hidden_}, inter_, dt)};
+  for (const LoraProjection* l : {&gate_up_lora_, &down_lora_})
+    for (gk::CheckpointParam& p : l->checkpoint_params()) out.push_back(std::move(p));
+  return out;
 }
 
 void Mlp::process_weights_after_loading() {
@@ -187,16 +202,17 @@ void Mlp::declare_derivations(gk::Derivations& d) const {
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x) {
-  return down_.apply("down_proj", silu_and_mul(gate_up_.apply("gate_up_proj", x, gate_up_proj_)), down_proj_);
+  const at::Tensor a = silu_and_mul(gate_up_lora_.apply("gate_up_lora", x, gate_up_.apply("gate_up_proj", x, gate_up_proj_)));
+  return down_lora_.apply("down_lora", a, down_.apply("down_proj", a, down_proj_));
 }
 
 at::Tensor Mlp::forward_fast(const at::Tensor& x) {
   mark_part(Part::gemm);
-  const at::Tensor h = gate_up_.apply("gate_up_proj", x, gate_up_proj_);
+  const at::Tensor h = gate_up_lora_.apply("gate_up_lora", x, gate_up_.apply("gate_up_proj", x, gate_up_proj_));
   mark_part(Part::mlp_act);
   const at::Tensor a = fused::silu_and_mul(h);
   mark_part(Part::gemm);
-  return down_.apply("down_proj", a, down_proj_);
+  return down_lora_.apply("down_lora", a, down_.apply("down_proj", a, down_proj_));
 }
 
 SparseMoe::SparseMoe(const HfConfig& c, c10::Device device)
@@ -279,8 +295,15 @@ DecoderLayer::DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat f
   self_attn_ = register_module("self_attn", std::make_shared<Attention>(c, device, format, prefix + ".self_attn"));
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));
-  if (c.is_moe())
+  if (c.is_moe()) {
+    if (c.adapter)
+      for (const char* p : {"gate_proj", "up_proj", "down_proj"})
+        GK_CHECK(gk::WeightError, !c.adapter->targets_module(p), "the adapter targets ", p, ", which in ",
+                 c.model_type, " is every expert's (", prefix, ".mlp.experts.<e>.", p,
+                 "): the engine serves adapters on the attention projections of a MoE model (q_proj, k_proj, "
+                 "v_proj, o_proj) only");
     moe_ = register_module("mlp", std::make_shared<SparseMoe>(c, device));
+  }
   else
     mlp_ = register_module("mlp", std::make_shared<Mlp>(c, device, format, prefix + ".mlp"));
 }

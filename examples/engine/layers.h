@@ -8,6 +8,7 @@
 #pragma once
 
 #include "hf_config.h"
+#include "lora.h"
 #include "rope.h"
 #include "weight_formats.h"
 
@@ -70,12 +71,13 @@ class Attention : public torch::nn::Module, public gk::ReloadableLayer {
   at::Tensor qkv_proj_;  // [(H + 2 KV) D, hidden]
   at::Tensor o_proj_;    // [hidden, H D]
   ProjectionWeights qkv_, o_;
+  LoraProjection qkv_lora_, o_lora_;  // a served adapter's A and B (lora.h)
   std::shared_ptr<Plain> q_norm_, k_norm_;  // Qwen3 only
   std::int64_t hidden_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0;
   double eps_ = 1e-6;
 
   GRAPHKEEP_DESCRIBE_DERIVED(Attention, (torch::nn::Module, gk::ReloadableLayer), (qkv_proj_, gk::parameter),
-                             (o_proj_, gk::parameter), qkv_, o_,
+                             (o_proj_, gk::parameter), qkv_, o_, qkv_lora_, o_lora_,
                              q_norm_, k_norm_,  // child modules: the engine reloads their parameters
                              hidden_, heads_, kv_heads_, head_dim_, eps_)
 };
@@ -95,10 +97,11 @@ class Mlp : public torch::nn::Module, public gk::ReloadableLayer {
   at::Tensor gate_up_proj_;  // [2 I, hidden]
   at::Tensor down_proj_;     // [hidden, I]
   ProjectionWeights gate_up_, down_;
+  LoraProjection gate_up_lora_, down_lora_;  // a served adapter's A and B (lora.h)
   std::int64_t hidden_ = 0, inter_ = 0;
 
   GRAPHKEEP_DESCRIBE_DERIVED(Mlp, (torch::nn::Module, gk::ReloadableLayer), (gate_up_proj_, gk::parameter),
-                             (down_proj_, gk::parameter), gate_up_, down_, hidden_, inter_)
+                             (down_proj_, gk::parameter), gate_up_, down_, gate_up_lora_, down_lora_, hidden_, inter_)
 };
 
 // Qwen3-MoE's sparse block: a router (gate), softmax over the experts in

@@ -2,6 +2,9 @@
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
+#include <graphkeep/delta/make_patch.h>
+#include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/reload/served_weights.h>
 #include <graphkeep/runtime/device.h>
 #include <graphkeep/sources/hf_checkpoint.h>
 
@@ -15,6 +18,7 @@
 #endif
 
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <thread>
 #include <chrono>
@@ -33,7 +37,7 @@ std::unique_ptr<gk::HfCheckpointSource> open_checkpoint(const std::string& dir, 
   });
   std::vector<gk::ExpectedTensor> expected;
   for (gk::CheckpointTensor& t : expected_checkpoint(model))
-    expected.push_back({std::move(t.name), std::move(t.shape), t.dtype});
+    if (!is_lora_tensor(t.name)) expected.push_back({std::move(t.name), std::move(t.shape), t.dtype});  // (the adapter's come apart)
   src->check(expected);
   return src;
 }
@@ -83,21 +87,43 @@ std::vector<std::int64_t> LlmEngineOptions::default_batch_sizes() {
 
 LlmEngine::LlmEngine(const std::string& dir, c10::Device device, WeightFormat format, LlmEngineOptions options)
     : options_(std::move(options)) {
-  const HfConfig cfg = read_hf_config(dir);
+  HfConfig cfg = read_hf_config(dir);
+  std::optional<LoraAdapter> adapter = adapter_for(cfg);
   model_ = std::make_shared<CausalLM>(cfg, device, format);
   gk::ReloadReport first;
   {
     auto src = open_checkpoint(dir, *model_);
-    first = gk::load_weights(*model_, *src, options_.reload.first_load());
+    if (adapter) adapter_ = adapter->tensors, adapter_dir_ = adapter->dir;
+    first = gk::load_weights(*model_, *with_served_adapter(*src), options_.reload.first_load());
   }
   start(first);
 }
 
-LlmEngine::LlmEngine(const HfConfig& cfg, c10::Device device, WeightFormat format, gk::WeightSource& weights,
+LlmEngine::LlmEngine(const HfConfig& config, c10::Device device, WeightFormat format, gk::WeightSource& weights,
                      LlmEngineOptions options)
     : options_(std::move(options)) {
+  HfConfig cfg = config;
+  std::optional<LoraAdapter> adapter = adapter_for(cfg);
   model_ = std::make_shared<CausalLM>(cfg, device, format);
-  start(gk::load_weights(*model_, weights, options_.reload.first_load()));
+  if (adapter) adapter_ = adapter->tensors, adapter_dir_ = adapter->dir;
+  start(gk::load_weights(*model_, *with_served_adapter(weights), options_.reload.first_load()));
+}
+
+std::optional<LoraAdapter> LlmEngine::adapter_for(HfConfig& cfg) const {
+  if (options_.adapter.empty()) return std::nullopt;
+  LoraAdapter a = read_lora_adapter(options_.adapter);
+  for (const gk::NamedTensor& t : a.tensors)
+    GK_CHECK(gk::WeightError, t.value.scalar_type() == cfg.dtype, a.dir, "/adapter_model.safetensors: tensor '",
+             t.name, "' is ", t.value.scalar_type(), " but the model is ", cfg.dtype,
+             " (save the adapter in the model's dtype)");
+  cfg.adapter = a.config;
+  return a;
+}
+
+std::unique_ptr<gk::WeightSource> LlmEngine::with_served_adapter(gk::WeightSource& base) const {
+  std::vector<gk::NamedTensor> copies;  // the source yields them: they must outlive nothing
+  for (const gk::NamedTensor& t : adapter_) copies.push_back({t.name, t.value, 0});
+  return std::make_unique<WithAdapter>(base, std::move(copies), "adapter '" + adapter_dir_ + "'");
 }
 
 std::optional<c10::StreamGuard> LlmEngine::serving() const {
@@ -330,7 +356,7 @@ gk::ReloadReport LlmEngine::reload(const std::string& dir) { return reload(dir, 
 gk::ReloadReport LlmEngine::reload(const std::string& dir, const gk::ReloadOptions& options) {
   check_same_architecture(model_->config(), read_hf_config(dir), dir, options_.max_len);
   auto src = open_checkpoint(dir, *model_);
-  return reload(*src, options);
+  return reload(*with_served_adapter(*src), options);
 }
 
 gk::ReloadReport LlmEngine::reload(gk::WeightSource& weights, const gk::ReloadOptions& options) {
@@ -364,7 +390,7 @@ gk::StagedReload LlmEngine::stage(const gk::Patch& patch) {
 gk::StagedReload LlmEngine::stage(const std::string& dir) {
   check_same_architecture(model_->config(), read_hf_config(dir), dir, options_.max_len);
   auto src = open_checkpoint(dir, *model_);
-  return stage(*src);
+  return stage(*with_served_adapter(*src));
 }
 
 gk::StagedReload LlmEngine::stage(gk::WeightSource& src) {
@@ -414,7 +440,54 @@ gk::ReloadReport LlmEngine::commit(gk::StagedReload&& staged) {
   const auto guard = serving();
   gk::ReloadReport r = engine_->commit(std::move(staged));
   wait_serving();
+  // An adapter staged by stage_adapter() is served once what is served
+  // hashes as it does (another staged reload may have been committed instead).
+  if (pending_adapter_ && r.served != nullptr) {
+    bool now = true;
+    for (const gk::NamedTensor& t : pending_adapter_->first)
+      now = now && r.served->hash(t.name) == gk::content_hash(t.value);
+    if (now) {
+      adapter_ = std::move(pending_adapter_->first);
+      adapter_dir_ = std::move(pending_adapter_->second);
+      pending_adapter_.reset();
+    }
+  }
   return r;
 }
+
+gk::StagedReload LlmEngine::stage_adapter(const std::string& dir) {
+  GK_CHECK(gk::WeightError, config().adapter.has_value(), dir, ": the engine serves no adapter (its graphs were "
+           "captured without LoRA parameters); start it with LlmEngineOptions::adapter");
+  LoraAdapter next = read_lora_adapter(dir);
+  if (const std::string why = lora_mismatch(*config().adapter, next.config, dir); !why.empty())
+    GK_THROW(gk::WeightError, why);
+  const c10::Device device = model_->device();
+  std::map<std::string, const gk::NamedTensor*> served;
+  for (const gk::NamedTensor& t : adapter_) served.emplace(t.name, &t);
+  for (gk::NamedTensor& t : next.tensors) {
+    const auto it = served.find(t.name);
+    GK_CHECK(gk::WeightError, it != served.end(), dir, "/adapter_model.safetensors: tensor '", t.name,
+             "' adapts a module the served adapter does not (", served.size(), " tensors served)");
+    GK_CHECK(gk::WeightError, t.value.sizes().equals(it->second->value.sizes()) &&
+             t.value.scalar_type() == it->second->value.scalar_type(), dir, "/adapter_model.safetensors: tensor '",
+             t.name, "' is ", t.value.scalar_type(), " ", t.value.sizes(), " but the served one is ",
+             it->second->value.scalar_type(), " ", it->second->value.sizes());
+    t.value = t.value.to(device);
+    served.erase(it);
+  }
+  GK_CHECK(gk::WeightError, served.empty(), dir, "/adapter_model.safetensors: tensor '",
+           served.empty() ? std::string() : served.begin()->first, "' is missing (", served.size(),
+           " of the served adapter's tensors are)");
+  gk::MakePatchOptions o;
+  o.base_version = "adapter '" + adapter_dir_ + "'";
+  o.target_version = "adapter '" + dir + "'";
+  o.record_unchanged = true;  // every base hash checked
+  const gk::Patch patch = gk::make_patch(adapter_, next.tensors, o);
+  gk::StagedReload staged = stage(patch);
+  pending_adapter_.emplace(std::move(next.tensors), dir);
+  return staged;
+}
+
+gk::ReloadReport LlmEngine::reload_adapter(const std::string& dir) { return commit(stage_adapter(dir)); }
 
 }  // namespace demo

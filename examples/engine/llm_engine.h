@@ -26,6 +26,7 @@
 #pragma once
 
 #include "llm.h"
+#include "lora.h"
 #include "sampler.h"
 
 #include <graphkeep/capture/replay.h>
@@ -70,6 +71,9 @@ struct LlmEngineOptions {
   // reported on stderr, and sampling then runs eagerly on the device);
   // false: decode() is greedy only.
   bool sampling_graphs = true;
+  // A PEFT LoRA adapter directory served with the model (lora.h): its A and
+  // B are parameters of the layers, inside the decode graphs; empty: none.
+  std::string adapter;
 
   // 1, 2, 4, then 8 to 256 in steps of 8 (35 sizes).
   static std::vector<std::int64_t> default_batch_sizes();
@@ -134,6 +138,15 @@ class LlmEngine {
   gk::ReloadReport reload(const gk::Patch& patch);
   gk::StagedReload stage(const gk::Patch& patch);
   gk::ReloadReport commit(gk::StagedReload&& staged);
+  // Swaps the served LoRA adapter for the one in `dir`, of the same rank,
+  // scale and targets: a weight patch of its A and B (every projection's in
+  // one commit, so no replay sees two adapters), staged for commit() or
+  // applied in one call. A bad adapter (a missing tensor, another rank or
+  // target set, another dtype, a NaN, a truncated file, a config that
+  // disagrees with its tensors) is a gk::WeightError naming the file and the
+  // tensor or module; the old adapter stays served bit for bit.
+  gk::StagedReload stage_adapter(const std::string& dir);
+  gk::ReloadReport reload_adapter(const std::string& dir);
   std::uint64_t weight_version() const { return engine_->weight_version(); }
 
   CausalLM& model() { return *model_; }
@@ -173,6 +186,11 @@ class LlmEngine {
   gk::StageOptions paced_stage_options() const;
   gk::PatchOptions paced_patch_options() const;
   void wait_serving() const;
+  // The adapter of LlmEngineOptions::adapter, read and fitted to `cfg`
+  // (its config set on cfg.adapter); nullopt without one.
+  std::optional<LoraAdapter> adapter_for(HfConfig& cfg) const;
+  // `base` followed by the served adapter's tensors, if any.
+  std::unique_ptr<gk::WeightSource> with_served_adapter(gk::WeightSource& base) const;
 
   LlmEngineOptions options_;
   std::shared_ptr<CausalLM> model_;
@@ -197,6 +215,9 @@ class LlmEngine {
   std::vector<Graph> graphs_;
   double capture_ms_ = 0;
   std::optional<c10::Stream> serve_stream_;  // CUDA with high_priority_serving
+  std::vector<gk::NamedTensor> adapter_;          // the served adapter's tensors, on the model's device
+  std::string adapter_dir_;                       // where they were read
+  std::optional<std::pair<std::vector<gk::NamedTensor>, std::string>> pending_adapter_;  // staged by stage_adapter
 };
 
 }  // namespace demo

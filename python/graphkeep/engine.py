@@ -95,6 +95,8 @@ class LlmEngine:
     ``"fp8"`` (W8A8 made when weights are processed) or ``"w4a16"`` (int4 weights for
     the Marlin-style kernel). ``batch_sizes``: the decode graphs captured (default:
     1, 2, 4, then 8 to 256 in steps of 8); ``max_len``: KV cache length per sequence.
+    ``adapter``: a PEFT LoRA adapter directory served with the model, unmerged, inside
+    the decode graphs (q/k/v/o/gate/up/down projections; attention only for a MoE model).
     ``adopt_source_tensors``: stages adopt the given tensors instead of copying them
     (they must not be written until the commit; one written since makes the commit
     stale: :class:`graphkeep.StateError`)."""
@@ -102,10 +104,14 @@ class LlmEngine:
     def __init__(self, model_dir: Union[str, "os.PathLike[str]"], quant: str = "dense",
                  device: Union[str, torch.device] = "cpu", *, weights: Mapping[str, torch.Tensor] | None = None,
                  batch_sizes: Sequence[int] | None = None, max_len: int = 64,
-                 adopt_source_tensors: bool = False) -> None:
+                 adopt_source_tensors: bool = False,
+                 adapter: Union[str, "os.PathLike[str]", None] = None) -> None:
+        if adapter is not None and not isinstance(adapter, (str, os.PathLike)):
+            raise TypeError(f"adapter must be a PEFT adapter directory (str or os.PathLike), not {type(adapter).__name__}")
         self._e = _C._LlmEngine(os.fspath(model_dir), quant, str(torch.device(device)),
                                 list(batch_sizes) if batch_sizes is not None else None, int(max_len),
-                                bool(adopt_source_tensors), dict(weights) if weights is not None else None)
+                                bool(adopt_source_tensors), dict(weights) if weights is not None else None,
+                                os.fspath(adapter) if adapter is not None else "")
         self.device = torch.device(device)
         self.quant = quant
 
@@ -190,6 +196,23 @@ class LlmEngine:
         if isinstance(arg, _C.Patch):
             return self._e.reload_patch(arg)
         return self._e.reload(arg)
+
+    # -- adapters --------------------------------------------------------------------------
+    def stage_adapter(self, adapter_dir: Union[str, "os.PathLike[str]"]) -> StagedReload:
+        """Stages a swap of the served LoRA adapter for the PEFT adapter in ``adapter_dir``
+        (same rank, scale and target modules): a weight patch of every projection's A and
+        B, committed by :meth:`commit` in one pause, so no decode step sees two adapters. A
+        bad adapter raises :class:`graphkeep.WeightError` naming the file and the tensor or
+        module; the old one stays served."""
+        if not isinstance(adapter_dir, (str, os.PathLike)):
+            raise TypeError(f"adapter_dir must be a str or os.PathLike, not {type(adapter_dir).__name__}")
+        return StagedReload(self._e.stage_adapter(os.fspath(adapter_dir)), self)
+
+    def reload_adapter(self, adapter_dir: Union[str, "os.PathLike[str]"]) -> ReloadReport:
+        """:meth:`stage_adapter` and :meth:`commit` in one call."""
+        if not isinstance(adapter_dir, (str, os.PathLike)):
+            raise TypeError(f"adapter_dir must be a str or os.PathLike, not {type(adapter_dir).__name__}")
+        return self._e.reload_adapter(os.fspath(adapter_dir))
 
     # -- state -----------------------------------------------------------------------------
     @property

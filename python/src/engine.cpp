@@ -38,13 +38,14 @@ class Engine {
  public:
   Engine(const std::string& dir, const std::string& quant, const std::string& device,
          std::optional<std::vector<std::int64_t>> batch_sizes, std::int64_t max_len, bool adopt,
-         std::optional<py::dict> weights) {
+         std::optional<py::dict> weights, const std::string& adapter) {
     const demo::WeightFormat format = demo::parse_weight_format(quant);
     const c10::Device dev(device);
     demo::LlmEngineOptions options;
     if (batch_sizes) options.batch_sizes = *batch_sizes;
     options.max_len = max_len;
     options.reload.adopt_source_tensors = adopt;
+    options.adapter = adapter;
     if (weights) {
       gk::InMemorySource source(named_tensors(*weights, "weights"), "weights handed over from Python");
       py::gil_scoped_release nogil;
@@ -143,9 +144,10 @@ void bind_engine(py::module_& m) {
 
   py::class_<Engine>(m, "_LlmEngine")
       .def(py::init<const std::string&, const std::string&, const std::string&,
-                    std::optional<std::vector<std::int64_t>>, std::int64_t, bool, std::optional<py::dict>>(),
+                    std::optional<std::vector<std::int64_t>>, std::int64_t, bool, std::optional<py::dict>,
+                    const std::string&>(),
            py::arg("model_dir"), py::arg("quant"), py::arg("device"), py::arg("batch_sizes"), py::arg("max_len"),
-           py::arg("adopt_source_tensors"), py::arg("weights"))
+           py::arg("adopt_source_tensors"), py::arg("weights"), py::arg("adapter"))
       .def("prefill",
            [](Engine& e, std::int64_t seq, const at::Tensor& tokens) {
              py::gil_scoped_release nogil;
@@ -205,6 +207,18 @@ void bind_engine(py::module_& m) {
              return e.get().reload(dir);
            },
            py::arg("model_dir"))
+      .def("stage_adapter",
+           [](Engine& e, const std::string& dir) {
+             py::gil_scoped_release nogil;
+             return e.get().stage_adapter(dir);
+           },
+           py::arg("adapter_dir"), py::keep_alive<0, 1>())
+      .def("reload_adapter",
+           [](Engine& e, const std::string& dir) {
+             py::gil_scoped_release nogil;
+             return e.get().reload_adapter(dir);
+           },
+           py::arg("adapter_dir"))
       .def("stage_patch",
            [](Engine& e, const gk::Patch& patch) {
              py::gil_scoped_release nogil;

@@ -242,8 +242,14 @@ def test_stage_and_commit_release_the_gil(tmp_path):
     weights = weights_of(model)
 
     # negative control: a builtin that holds the GIL blocks this thread for its whole length
-    held, held_gap, _ = largest_gap_while(lambda: sum(range(3_000_000)))
-    assert held_gap > 0.8 * held
+    # (the best of three too: a loaded machine may run the probe late either way)
+    held_ratio = 0.0
+    for _ in range(3):
+        held, held_gap, _ = largest_gap_while(lambda: sum(range(3_000_000)))
+        held_ratio = max(held_ratio, held_gap / held)
+        if held_ratio > 0.8:
+            break
+    assert held_ratio > 0.8
 
     # The best of three: on a loaded 2-core machine the OS may deschedule the
     # probe thread for a while (which the negative control cannot tell apart).

@@ -1,0 +1,118 @@
+// examples/engine/lora.h: LoRA adapters in PEFT's format, served inside the
+// decode graphs by the example engine (unmerged: y = x W^T + scale (x A^T) B^T).
+//
+// An adapter directory holds adapter_config.json (r, lora_alpha,
+// target_modules, use_rslora) and adapter_model.safetensors
+// ("base_model.model.<module>.<q_proj|...>.lora_A.weight" [r, in] and
+// ".lora_B.weight" [out, r]). Its A and B are checkpoint parameters of the
+// layers that hold the targeted projections, declared like every other
+// tensor, so a reload keeps their addresses and an adapter swap is a small
+// weight patch (LlmEngine::reload_adapter).
+//
+//   demo::LoraAdapter a = demo::read_lora_adapter("adapters/step3");   // gk::WeightError naming the file
+//   demo::LlmEngineOptions o;  o.adapter = "adapters/step0";
+#pragma once
+
+#include <graphkeep/model/layer.h>
+#include <graphkeep/registry.h>
+#include <graphkeep/sources/weight_source.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace demo {
+
+struct LoraConfig {
+  std::int64_t rank = 0;
+  double alpha = 0;
+  bool rslora = false;                // scale alpha / sqrt(r) instead of alpha / r
+  std::vector<std::string> targets;   // sorted; of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+
+  double scale() const;
+  bool targets_module(std::string_view projection) const;  // "q_proj"
+  friend bool operator==(const LoraConfig&, const LoraConfig&) = default;
+};
+
+struct LoraAdapter {
+  std::string dir;
+  LoraConfig config;
+  // Under the engine's names ("model.layers.0.self_attn.q_proj.lora_A.weight").
+  std::vector<gk::NamedTensor> tensors;
+};
+
+// Reads and checks an adapter directory: the config (a LoRA adapter PEFT
+// saved, without DoRA, biases, per-module ranks or extra saved modules; its
+// targets among the seven projections) and the tensors (every name an A or
+// B of a targeted projection, ranks as the config says, one dtype). Any
+// fault is a gk::WeightError naming the file and the tensor or field.
+LoraAdapter read_lora_adapter(const std::string& dir);
+
+// Where an adapter's rank, scale or targets differ from those the graphs
+// were captured with: an error naming the modules and both values, or ""
+// when they agree.
+std::string lora_mismatch(const LoraConfig& served, const LoraConfig& next, const std::string& next_dir);
+
+// The LoRA A and B of one fused projection (q/k/v, gate/up, or one),
+// registered on the projection's module as parameters "<param>_lora_A"
+// [parts * r, in] and "<param>_lora_B" [sum of the parts' rows, r], from the
+// checkpoint tensors "<part>.lora_A.weight" and "<part>.lora_B.weight" of
+// the targeted parts (concatenated along dim 0, as default_load lays them).
+// Nothing is registered when the config targets none of the parts.
+// A weight source followed by an adapter's tensors (the base checkpoint and
+// the adapter served with it).
+class WithAdapter final : public gk::WeightSource {
+ public:
+  WithAdapter(gk::WeightSource& base, std::vector<gk::NamedTensor> adapter, std::string adapter_label)
+      : base_(base), adapter_(std::move(adapter)), label_(std::move(adapter_label)) {}
+  std::optional<gk::NamedTensor> next() override {
+    if (auto t = base_.next()) return t;
+    if (pos_ >= adapter_.size()) return std::nullopt;
+    return adapter_[pos_++];
+  }
+  std::string describe() const override { return base_.describe() + " with " + label_; }
+
+ private:
+  gk::WeightSource& base_;
+  std::vector<gk::NamedTensor> adapter_;
+  std::string label_;
+  std::size_t pos_ = 0;
+};
+
+// True for the names of adapter tensors ("...q_proj.lora_A.weight").
+bool is_lora_tensor(std::string_view name);
+
+class LoraProjection {
+ public:
+  struct Part {
+    std::string projection;  // "q_proj"
+    std::int64_t rows = 0;   // its rows of the projection's output
+  };
+  LoraProjection() = default;
+  LoraProjection(torch::nn::Module& module, const std::string& param, const std::optional<LoraConfig>& config,
+                 const std::vector<Part>& parts, std::int64_t in, at::TensorOptions options);
+  bool active() const { return a_.has_value(); }
+  std::vector<gk::CheckpointParam> checkpoint_params() const;  // empty when inactive
+  // y + scale * (x A_p^T) B_p^T in each targeted part's rows, as one captured op.
+  at::Tensor apply(const char* name, const at::Tensor& x, const at::Tensor& y) const;
+
+ private:
+  std::optional<at::Tensor> a_, b_;  // handles to the module's parameters
+  std::string param_;
+  std::vector<std::string> names_;   // the targeted parts
+  std::vector<std::int64_t> offsets_, sizes_;
+  std::int64_t rank_ = 0, in_ = 0;
+  double scale_ = 0;
+  GRAPHKEEP_DESCRIBE(LoraProjection, (a_, gk::parameter), (b_, gk::parameter), param_, names_, offsets_, sizes_,
+                     rank_, in_, scale_)
+};
+
+}  // namespace demo
