@@ -4,6 +4,7 @@
 // And what a request must never see: KV-cache rows at or past its length
 // (an earlier request's, or ones written under earlier, NaN weights).
 #include "gk_test.h"
+#include "temp_dir.h"
 
 #include "engine/checkpoint_writer.h"
 #include "engine/compare.h"
@@ -184,6 +185,117 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[current.load()]));
 }
 
+
+// The same for LoRA adapters: a trainer thread stages adapter
+// swaps (LlmEngine::stage_adapter: every projection's A and B in one patch)
+// while the serving thread decodes through the graphs and commits or aborts
+// them; every step must be adapter 1's or adapter 2's logits, bitwise, never
+// a mix of two adapters.
+void serve_while_swapping_adapters(const c10::Device device, const int kRounds) {
+  at::NoGradGuard no_grad;
+  const demo::HfConfig c = demo::builtin_tiny_config();
+  demo::LoraConfig lora;
+  lora.rank = 4;
+  lora.alpha = 8;
+  lora.targets = {"down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"};
+  const demo::LoraShapes shapes{c.num_hidden_layers, c.hidden_size, c.num_attention_heads * c.head_dim,
+                                c.num_key_value_heads * c.head_dim, c.intermediate_size, false};
+  const gk::testing::TempDir root("gk_online_adapters_");
+  const std::string dirs[2] = {root.path + "/a1", root.path + "/a2"};
+  for (int i = 0; i < 2; ++i)
+    demo::write_lora_adapter(dirs[i], lora, demo::random_lora_tensors(shapes, lora, static_cast<std::uint64_t>(11 + i)));
+  demo::LlmEngineOptions opts;
+  opts.adapter = dirs[0];
+  std::vector<gk::NamedTensor> w = demo::random_weights(c, 1);
+  for (auto& t : w) t.value = t.value.to(device);
+  gk::InMemorySource first(w);
+  demo::LlmEngine eng(c, device, demo::WeightFormat::dense, first, opts);
+  const at::Tensor tokens = at::arange(8, at::kLong).mul(7).remainder(c.vocab_size);
+  const at::Tensor pos = at::full({8}, 3, at::kLong);
+  at::Tensor expected[2];
+  expected[0] = eng.decode_logits(tokens, pos);
+  eng.reload_adapter(dirs[1]);
+  expected[1] = eng.decode_logits(tokens, pos);
+  eng.reload_adapter(dirs[0]);
+  REQUIRE_FALSE(demo::bitwise_equal(expected[0], expected[1]));
+  REQUIRE(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[0]));
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<gk::StagedReload> slot;
+  bool handled = true;
+  int slot_adapter = 0;
+  std::atomic<int> current{0};
+  std::atomic<bool> done{false};
+  std::string stager_error;
+  std::thread stager([&] {
+    try {
+      for (int round = 0; round < kRounds; ++round) {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return handled; });
+        }
+        const int target = 1 - current.load();
+        gk::StagedReload s = eng.stage_adapter(dirs[target]);
+        std::lock_guard<std::mutex> lock(mu);
+        slot.emplace(std::move(s));
+        slot_adapter = target;
+        handled = false;
+      }
+    } catch (const std::exception& e) {
+      stager_error = e.what();
+    }
+    done = true;
+  });
+  std::mt19937 rng(19);
+  int steps = 0, wrong = 0, commits = 0, aborts = 0;
+  double max_pause_ms = 0;
+  while (true) {
+    const at::Tensor out = eng.decode_logits(tokens, pos);
+    ++steps;
+    if (!demo::bitwise_equal(out, expected[current.load()])) ++wrong;
+    std::optional<gk::StagedReload> s;
+    int target = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (slot) {
+        s = std::move(slot);
+        slot.reset();
+        target = slot_adapter;
+      }
+    }
+    if (s) {
+      if (rng() % 3 != 0) {
+        const gk::ReloadReport r = eng.commit(std::move(*s));
+        max_pause_ms = std::max(max_pause_ms, r.times.commit_ms);
+        CHECK(r.drift == 0);
+        CHECK(r.patch.layers_rerun == 0);
+        current = target;
+        ++commits;
+      } else {
+        s->abort();
+        ++aborts;
+      }
+      s.reset();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        handled = true;
+      }
+      cv.notify_all();
+    } else if (done.load()) {
+      break;
+    }
+  }
+  stager.join();
+  MESSAGE(steps << " decode steps, " << commits << " adapter swaps committed, " << aborts
+                << " aborted; longest commit pause " << max_pause_ms << " ms");
+  CHECK_MESSAGE(stager_error.empty(), stager_error);
+  CHECK(wrong == 0);
+  CHECK(commits + aborts == kRounds);
+  CHECK(commits > kRounds / 2);
+  CHECK(aborts > kRounds / 5);
+  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[current.load()]));
+}
 
 // Every row of every layer's KV cache set to NaN, +Inf or -Inf (keys and
 // values in a different pattern): what rows written under NaN weights hold.
@@ -471,6 +583,10 @@ TEST_CASE("KV-cache rows at or past a sequence's length (NaN, Inf, earlier reque
 TEST_CASE("the example engine decodes while another thread stages; every step is A or B, bitwise (CPU replay)") {
   serve_while_staging(c10::Device(c10::kCPU), 300);
 }
+
+TEST_CASE("LoRA adapters swapped while decoding: every step is adapter 1's or adapter 2's, never a mix (CPU replay)") {
+  serve_while_swapping_adapters(c10::Device(c10::kCPU), 120);
+}
 }
 
 TEST_SUITE("gpu") {
@@ -480,5 +596,9 @@ TEST_CASE("gpu: KV-cache rows at or past a sequence's length never reach its log
 
 TEST_CASE("gpu: the example engine decodes on CUDA graphs while another thread stages 1,000 times; every step is A or B") {
   serve_while_staging(c10::Device(c10::kCUDA, 0), 1000);
+}
+
+TEST_CASE("gpu: LoRA adapters swapped 500 times while decoding on CUDA graphs; never a mix of two adapters") {
+  serve_while_swapping_adapters(c10::Device(c10::kCUDA, 0), 500);
 }
 }

@@ -169,6 +169,11 @@ at::Tensor Attention::forward_fast(const at::Tensor& x, const TokenBatch& batch,
   return o_lora_.apply("o_lora", a, o_.apply("o_proj", a, o_proj_));
 }
 
+void Attention::append_adapter(const std::string& prefix, std::vector<gk::NamedTensor>& out) const {
+  qkv_lora_.append_tensors(prefix, out);
+  o_lora_.append_tensors(prefix, out);
+}
+
 Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
     : gate_up_(format, checkpoint_names(prefix, "mlp", "gate_up_proj"), c.hidden_size, "hidden_size"),
       down_(format, checkpoint_names(prefix, "mlp", "down_proj"), c.intermediate_size, "intermediate_size"),
@@ -199,6 +204,11 @@ void Mlp::process_weights_after_loading() {
 void Mlp::declare_derivations(gk::Derivations& d) const {
   gate_up_.declare(d, gate_up_proj_);
   down_.declare(d, down_proj_);
+}
+
+void Mlp::append_adapter(const std::string& prefix, std::vector<gk::NamedTensor>& out) const {
+  gate_up_lora_.append_tensors(prefix, out);
+  down_lora_.append_tensors(prefix, out);
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x) {
@@ -306,6 +316,11 @@ DecoderLayer::DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat f
   }
   else
     mlp_ = register_module("mlp", std::make_shared<Mlp>(c, device, format, prefix + ".mlp"));
+}
+
+void DecoderLayer::append_adapter(const std::string& prefix, std::vector<gk::NamedTensor>& out) const {
+  self_attn_->append_adapter(prefix + ".self_attn", out);
+  if (mlp_) mlp_->append_adapter(prefix + ".mlp", out);
 }
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,

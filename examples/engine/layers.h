@@ -66,6 +66,8 @@ class Attention : public torch::nn::Module, public gk::ReloadableLayer {
   at::Tensor forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache, const RopeTables& rope);
   // The same through the fused CUDA kernels (Note [The fast CUDA path]).
   at::Tensor forward_fast(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache, const RopeTables& rope);
+  // The served adapter's A and B (views), under their checkpoint names below `prefix`.
+  void append_adapter(const std::string& prefix, std::vector<gk::NamedTensor>& out) const;
 
  private:
   at::Tensor qkv_proj_;  // [(H + 2 KV) D, hidden]
@@ -92,6 +94,7 @@ class Mlp : public torch::nn::Module, public gk::ReloadableLayer {
   void declare_derivations(gk::Derivations& d) const override;
   at::Tensor forward(const at::Tensor& x);
   at::Tensor forward_fast(const at::Tensor& x);  // the activation fused (CUDA)
+  void append_adapter(const std::string& prefix, std::vector<gk::NamedTensor>& out) const;
 
  private:
   at::Tensor gate_up_proj_;  // [2 I, hidden]
@@ -147,6 +150,8 @@ class DecoderLayer : public torch::nn::Module {
   // output}, whose sum is its output; the add is fused into the next norm.
   std::pair<at::Tensor, at::Tensor> forward_fast(const at::Tensor& x, const at::Tensor& delta, const TokenBatch& batch,
                                                  const KvCache& cache, const RopeTables& rope);
+  // The served adapter's A and B (views), under their checkpoint names below `prefix` ("model.layers.0").
+  void append_adapter(const std::string& prefix, std::vector<gk::NamedTensor>& out) const;
 
  private:
   std::shared_ptr<Plain> input_layernorm_, post_attention_layernorm_;

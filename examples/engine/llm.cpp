@@ -31,6 +31,12 @@ CausalLM::CausalLM(const HfConfig& c, c10::Device device, WeightFormat format)
     lm_head_ = register_module("lm_head", std::make_shared<Plain>(std::vector<int64_t>{c.vocab_size, c.hidden_size}, opts));
 }
 
+std::vector<gk::NamedTensor> CausalLM::adapter_tensors() const {
+  std::vector<gk::NamedTensor> out;
+  for (std::size_t l = 0; l < layers_.size(); ++l) layers_[l]->append_adapter("model.layers." + std::to_string(l), out);
+  return out;
+}
+
 at::Tensor CausalLM::embed(const at::Tensor& ids) {
   return op("embedding", {embed_tokens_->weight, ids}, {ids.size(0), config_.hidden_size},
             embed_tokens_->weight.options(),

@@ -73,6 +73,9 @@ class CausalLM : public torch::nn::Module {
   bool fast_cuda() const { return fast_cuda_; }
 
   const HfConfig& config() const { return config_; }
+  // The served LoRA adapter's A and B (views of the parameters the graphs
+  // read), under their checkpoint names; empty without an adapter.
+  std::vector<gk::NamedTensor> adapter_tensors() const;
   c10::Device device() const { return device_; }
   WeightFormat format() const { return format_; }
 

@@ -93,8 +93,7 @@ LlmEngine::LlmEngine(const std::string& dir, c10::Device device, WeightFormat fo
   gk::ReloadReport first;
   {
     auto src = open_checkpoint(dir, *model_);
-    if (adapter) adapter_ = adapter->tensors, adapter_dir_ = adapter->dir;
-    first = gk::load_weights(*model_, *with_served_adapter(*src), options_.reload.first_load());
+    first = gk::load_weights(*model_, *with_adapter(*src, adapter), options_.reload.first_load());
   }
   start(first);
 }
@@ -105,8 +104,7 @@ LlmEngine::LlmEngine(const HfConfig& config, c10::Device device, WeightFormat fo
   HfConfig cfg = config;
   std::optional<LoraAdapter> adapter = adapter_for(cfg);
   model_ = std::make_shared<CausalLM>(cfg, device, format);
-  if (adapter) adapter_ = adapter->tensors, adapter_dir_ = adapter->dir;
-  start(gk::load_weights(*model_, *with_served_adapter(weights), options_.reload.first_load()));
+  start(gk::load_weights(*model_, *with_adapter(weights, adapter), options_.reload.first_load()));
 }
 
 std::optional<LoraAdapter> LlmEngine::adapter_for(HfConfig& cfg) const {
@@ -120,10 +118,16 @@ std::optional<LoraAdapter> LlmEngine::adapter_for(HfConfig& cfg) const {
   return a;
 }
 
+std::unique_ptr<gk::WeightSource> LlmEngine::with_adapter(gk::WeightSource& base,
+                                                          const std::optional<LoraAdapter>& first) const {
+  return std::make_unique<WithAdapter>(base, first ? first->tensors : std::vector<gk::NamedTensor>{},
+                                       first ? "adapter '" + first->dir + "'" : "no adapter");
+}
+
 std::unique_ptr<gk::WeightSource> LlmEngine::with_served_adapter(gk::WeightSource& base) const {
-  std::vector<gk::NamedTensor> copies;  // the source yields them: they must outlive nothing
-  for (const gk::NamedTensor& t : adapter_) copies.push_back({t.name, t.value, 0});
-  return std::make_unique<WithAdapter>(base, std::move(copies), "adapter '" + adapter_dir_ + "'");
+  std::vector<gk::NamedTensor> copies = model_->adapter_tensors();
+  for (gk::NamedTensor& t : copies) t.value = t.value.clone();  // the reload writes the storage they view
+  return std::make_unique<WithAdapter>(base, std::move(copies), "the served adapter");
 }
 
 std::optional<c10::StreamGuard> LlmEngine::serving() const {
@@ -440,18 +444,6 @@ gk::ReloadReport LlmEngine::commit(gk::StagedReload&& staged) {
   const auto guard = serving();
   gk::ReloadReport r = engine_->commit(std::move(staged));
   wait_serving();
-  // An adapter staged by stage_adapter() is served once what is served
-  // hashes as it does (another staged reload may have been committed instead).
-  if (pending_adapter_ && r.served != nullptr) {
-    bool now = true;
-    for (const gk::NamedTensor& t : pending_adapter_->first)
-      now = now && r.served->hash(t.name) == gk::content_hash(t.value);
-    if (now) {
-      adapter_ = std::move(pending_adapter_->first);
-      adapter_dir_ = std::move(pending_adapter_->second);
-      pending_adapter_.reset();
-    }
-  }
   return r;
 }
 
@@ -462,8 +454,9 @@ gk::StagedReload LlmEngine::stage_adapter(const std::string& dir) {
   if (const std::string why = lora_mismatch(*config().adapter, next.config, dir); !why.empty())
     GK_THROW(gk::WeightError, why);
   const c10::Device device = model_->device();
+  const std::vector<gk::NamedTensor> base = model_->adapter_tensors();  // what the graphs read now
   std::map<std::string, const gk::NamedTensor*> served;
-  for (const gk::NamedTensor& t : adapter_) served.emplace(t.name, &t);
+  for (const gk::NamedTensor& t : base) served.emplace(t.name, &t);
   for (gk::NamedTensor& t : next.tensors) {
     const auto it = served.find(t.name);
     GK_CHECK(gk::WeightError, it != served.end(), dir, "/adapter_model.safetensors: tensor '", t.name,
@@ -479,13 +472,10 @@ gk::StagedReload LlmEngine::stage_adapter(const std::string& dir) {
            served.empty() ? std::string() : served.begin()->first, "' is missing (", served.size(),
            " of the served adapter's tensors are)");
   gk::MakePatchOptions o;
-  o.base_version = "adapter '" + adapter_dir_ + "'";
+  o.base_version = engine_->served() != nullptr ? engine_->served()->label() : std::string();
   o.target_version = "adapter '" + dir + "'";
-  o.record_unchanged = true;  // every base hash checked
-  const gk::Patch patch = gk::make_patch(adapter_, next.tensors, o);
-  gk::StagedReload staged = stage(patch);
-  pending_adapter_.emplace(std::move(next.tensors), dir);
-  return staged;
+  o.record_unchanged = true;  // every base hash checked against what is served
+  return stage(gk::make_patch(base, next.tensors, o));
 }
 
 gk::ReloadReport LlmEngine::reload_adapter(const std::string& dir) { return commit(stage_adapter(dir)); }

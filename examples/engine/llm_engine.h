@@ -189,8 +189,10 @@ class LlmEngine {
   // The adapter of LlmEngineOptions::adapter, read and fitted to `cfg`
   // (its config set on cfg.adapter); nullopt without one.
   std::optional<LoraAdapter> adapter_for(HfConfig& cfg) const;
-  // `base` followed by the served adapter's tensors, if any.
+  // `base` followed by the served adapter's tensors (copies), if any.
   std::unique_ptr<gk::WeightSource> with_served_adapter(gk::WeightSource& base) const;
+  // The same with the adapter `first` (the first load, before anything is served).
+  std::unique_ptr<gk::WeightSource> with_adapter(gk::WeightSource& base, const std::optional<LoraAdapter>& first) const;
 
   LlmEngineOptions options_;
   std::shared_ptr<CausalLM> model_;
@@ -215,9 +217,7 @@ class LlmEngine {
   std::vector<Graph> graphs_;
   double capture_ms_ = 0;
   std::optional<c10::Stream> serve_stream_;  // CUDA with high_priority_serving
-  std::vector<gk::NamedTensor> adapter_;          // the served adapter's tensors, on the model's device
-  std::string adapter_dir_;                       // where they were read
-  std::optional<std::pair<std::vector<gk::NamedTensor>, std::string>> pending_adapter_;  // staged by stage_adapter
+
 };
 
 }  // namespace demo

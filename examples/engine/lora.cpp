@@ -8,6 +8,7 @@
 #include <graphkeep/sources/safetensors_source.h>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
 #include <nlohmann/json.hpp>
 
@@ -118,6 +119,46 @@ LoraAdapter read_lora_adapter(const std::string& dir) {
   return out;
 }
 
+void write_lora_adapter(const std::string& dir, const LoraConfig& config, const std::vector<gk::NamedTensor>& tensors) {
+  std::filesystem::create_directories(dir);
+  json c;
+  c["peft_type"] = "LORA";
+  c["r"] = config.rank;
+  c["lora_alpha"] = config.alpha;
+  c["use_rslora"] = config.rslora;
+  c["target_modules"] = config.targets;
+  c["bias"] = "none";
+  c["fan_in_fan_out"] = false;
+  c["lora_dropout"] = 0.0;
+  std::ofstream(dir + "/adapter_config.json") << c.dump(2);
+  std::vector<gk::NamedTensor> named;
+  for (const gk::NamedTensor& t : tensors) named.push_back({"base_model.model." + t.name, t.value.contiguous().cpu(), 0});
+  gk::write_safetensors(dir + "/adapter_model.safetensors", named, {{"format", "pt"}});
+}
+
+std::vector<gk::NamedTensor> random_lora_tensors(const LoraShapes& s, const LoraConfig& config, std::uint64_t seed,
+                                                 at::ScalarType dtype) {
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<gk::NamedTensor> out;
+  struct Proj {
+    const char* module;
+    const char* name;
+    std::int64_t in, out;
+  };
+  const std::vector<Proj> projs{{"self_attn", "q_proj", s.hidden, s.q_out},  {"self_attn", "k_proj", s.hidden, s.kv_out},
+                                {"self_attn", "v_proj", s.hidden, s.kv_out}, {"self_attn", "o_proj", s.q_out, s.hidden},
+                                {"mlp", "gate_proj", s.hidden, s.inter},     {"mlp", "up_proj", s.hidden, s.inter},
+                                {"mlp", "down_proj", s.inter, s.hidden}};
+  for (std::int64_t l = 0; l < s.layers; ++l)
+    for (const Proj& p : projs) {
+      if (!config.targets_module(p.name) || (s.moe && std::string_view(p.module) == "mlp")) continue;
+      const std::string base = "model.layers." + std::to_string(l) + "." + p.module + "." + p.name;
+      out.push_back({base + ".lora_A.weight", (at::randn({config.rank, p.in}, g) * 0.05).to(dtype), 0});
+      out.push_back({base + ".lora_B.weight", (at::randn({p.out, config.rank}, g) * 0.05).to(dtype), 0});
+    }
+  return out;
+}
+
 bool is_lora_tensor(std::string_view name) {
   return name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight");
 }
@@ -170,6 +211,16 @@ std::vector<gk::CheckpointParam> LoraProjection::checkpoint_params() const {
     b.tensors.push_back({names_[p] + ".lora_B.weight", {sizes_[p], rank_}, dt});
   }
   return {a, b};
+}
+
+void LoraProjection::append_tensors(const std::string& prefix, std::vector<gk::NamedTensor>& out) const {
+  if (!active()) return;
+  std::int64_t brow = 0;
+  for (std::size_t p = 0; p < names_.size(); ++p) {
+    out.push_back({prefix + "." + names_[p] + ".lora_A.weight", a_->narrow(0, static_cast<std::int64_t>(p) * rank_, rank_), 0});
+    out.push_back({prefix + "." + names_[p] + ".lora_B.weight", b_->narrow(0, brow, sizes_[p]), 0});
+    brow += sizes_[p];
+  }
 }
 
 at::Tensor LoraProjection::apply(const char* name, const at::Tensor& x, const at::Tensor& y) const {

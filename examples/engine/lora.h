@@ -56,6 +56,19 @@ struct LoraAdapter {
 // fault is a gk::WeightError naming the file and the tensor or field.
 LoraAdapter read_lora_adapter(const std::string& dir);
 
+// Writes an adapter directory as PEFT saves one (adapter_config.json,
+// adapter_model.safetensors) from tensors under the engine's names.
+void write_lora_adapter(const std::string& dir, const LoraConfig& config, const std::vector<gk::NamedTensor>& tensors);
+// Random A and B for every targeted projection of a model of `layers`
+// decoder layers with the given projection sizes, the same for the same seed
+// (the demo's and the tests' adapters; values ~ 0.05).
+struct LoraShapes {
+  std::int64_t layers = 0, hidden = 0, q_out = 0, kv_out = 0, inter = 0;
+  bool moe = false;  // the MLP projections are the experts': not adapted
+};
+std::vector<gk::NamedTensor> random_lora_tensors(const LoraShapes& shapes, const LoraConfig& config,
+                                                 std::uint64_t seed, at::ScalarType dtype = at::kFloat);
+
 // Where an adapter's rank, scale or targets differ from those the graphs
 // were captured with: an error naming the modules and both values, or ""
 // when they agree.
@@ -103,6 +116,9 @@ class LoraProjection {
   std::vector<gk::CheckpointParam> checkpoint_params() const;  // empty when inactive
   // y + scale * (x A_p^T) B_p^T in each targeted part's rows, as one captured op.
   at::Tensor apply(const char* name, const at::Tensor& x, const at::Tensor& y) const;
+  // The served A and B of each targeted part, as views of the parameters,
+  // under their checkpoint names below `prefix` ("model.layers.0.self_attn").
+  void append_tensors(const std::string& prefix, std::vector<gk::NamedTensor>& out) const;
 
  private:
   std::optional<at::Tensor> a_, b_;  // handles to the module's parameters
