@@ -20,7 +20,8 @@ from . import _C
 from .collector import CollectedTensor, Collection, collect
 from .audit import CLASSES, Manifest, VerifyIssue, VerifyResult, audit, build_manifest, guard, scan
 from .engine import LlmEngine, ReloadReport, StagedReload
-from .patch import Patch, PatchEntry, PatchPublisher, Publication, content_hash, make_patch, read_patch
+from .patch import (Patch, PatchEntry, PatchPublisher, Publication, adapter_tensors, content_hash, make_patch,
+                    read_patch)
 
 __version__ = "0.1.0"
 with_cuda: bool = _C.with_cuda
@@ -29,6 +30,7 @@ with_cuda: bool = _C.with_cuda
 __all__ = [
     "CLASSES", "CollectedTensor", "Collection", "DeclarationError", "DriftError", "Error", "InternalError",
     "LlmEngine", "Manifest", "MismatchError", "Patch", "PatchEntry", "PatchPublisher", "Publication", "ReloadReport",
-    "StagedReload", "StateError", "VerifyIssue", "VerifyResult", "WeightError", "audit", "build_manifest", "collect",
+    "StagedReload", "StateError", "VerifyIssue", "VerifyResult", "WeightError", "adapter_tensors", "audit",
+    "build_manifest", "collect",
     "content_hash", "guard", "make_patch", "read_patch", "scan", "with_cuda",
 ]

@@ -16,6 +16,7 @@ and target versions; the engine refuses one whose base hashes are not what it se
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
@@ -23,7 +24,8 @@ import torch
 
 from . import _C
 
-__all__ = ["Patch", "PatchEntry", "PatchPublisher", "Publication", "content_hash", "make_patch", "read_patch"]
+__all__ = ["Patch", "PatchEntry", "PatchPublisher", "Publication", "adapter_tensors", "content_hash", "make_patch",
+           "read_patch"]
 
 Patch = _C.Patch
 PatchEntry = _C.PatchEntry
@@ -68,6 +70,29 @@ def read_patch(path: Union[str, "os.PathLike[str]"]) -> Patch:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
     return _C.read_patch(os.fspath(path))
+
+
+_LORA = re.compile(r"^(?:base_model\.model\.)?(.*\.lora_[AB])(?:\.[^.]+)?\.weight$")
+
+
+def adapter_tensors(adapter: Union[torch.nn.Module, Mapping[str, torch.Tensor]]) -> dict:
+    """A PEFT LoRA adapter's A and B under the engine's names, for :func:`make_patch` and
+    :class:`PatchPublisher`: ``adapter`` is a PEFT model (its ``state_dict()``, names
+    like ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight``) or
+    such a dict, saved or live; the result maps
+    ``model.layers.0.self_attn.q_proj.lora_A.weight`` to the tensor (no copy). Other
+    entries (the base model's weights) are left out."""
+    d = adapter.state_dict() if isinstance(adapter, torch.nn.Module) else adapter
+    if not isinstance(d, Mapping):
+        raise TypeError(f"adapter must be a PEFT model or a dict of name -> torch.Tensor, not {type(adapter).__name__}")
+    out = {}
+    for name, t in d.items():
+        m = _LORA.match(name) if isinstance(name, str) else None
+        if m is not None:
+            out[m.group(1) + ".weight"] = t.detach()
+    if not out:
+        raise ValueError("adapter: no lora_A or lora_B weight in it (not a PEFT LoRA adapter)")
+    return out
 
 
 def content_hash(tensor: torch.Tensor) -> int:

@@ -109,6 +109,64 @@ def test_adapter_served_and_swapped_equals_peft(tmp_path, arch):
     assert torch.equal(engine_logits(eng, PROMPTS), got1)
 
 
+@pytest.mark.parametrize("quant", ["fp8", "w4a16"])
+def test_adapter_on_quantized_weights_swaps_to_a_fresh_engines_bits(tmp_path, quant):
+    """The adapter is unmerged: on FP8 or W4A16 base weights it adds the same low-rank
+    update to the quantized projection's output. Its swap equals a fresh engine loaded
+    with the new adapter, bit for bit, and changes what is served."""
+    model = base_model("llama")
+    model.save_pretrained(tmp_path / "base", safe_serialization=True)
+    adapter(base_model("llama"), ALL, tmp_path / "a1", seed=1)
+    adapter(base_model("llama"), ALL, tmp_path / "a2", seed=2)
+    kw = dict(device="cpu", batch_sizes=[2], max_len=16, quant=quant)
+    eng = graphkeep.LlmEngine(tmp_path / "base", adapter=tmp_path / "a1", **kw)
+    got1 = engine_logits(eng, PROMPTS)
+    plain = engine_logits(graphkeep.LlmEngine(tmp_path / "base", **kw), PROMPTS)
+    assert not torch.equal(got1, plain)
+    report = eng.reload_adapter(tmp_path / "a2")
+    # FP8 layers declare every derived tensor: the swap is the adapter's scatter
+    # alone. W4A16's Marlin repack is undeclared, so a patch touching its layers
+    # re-runs their PWAL (correct, slower; Note [Declared derivations]).
+    assert (report.patch.layers_rerun == 0) == (quant == "fp8")
+    got2 = engine_logits(eng, PROMPTS)
+    assert not torch.equal(got2, got1)
+    fresh = graphkeep.LlmEngine(tmp_path / "base", adapter=tmp_path / "a2", **kw)
+    assert torch.equal(got2, engine_logits(fresh, PROMPTS))
+
+
+def test_a_trained_adapter_published_as_patches_equals_peft(tmp_path):
+    """The RL loop with LoRA: only the adapter trains (AdamW on an LM loss, through PEFT);
+    each step the PatchPublisher publishes the adapter's A and B as a patch, staged and
+    committed between decode steps; the served logits follow PEFT's within 1e-5 and equal
+    a fresh engine loaded with the adapter saved at that step, bit for bit."""
+    model = base_model("llama")
+    model.save_pretrained(tmp_path / "base", safe_serialization=True)
+    pm = adapter(base_model("llama"), ALL, tmp_path / "step0", seed=1)
+    eng = graphkeep.LlmEngine(tmp_path / "base", device="cpu", batch_sizes=[2], max_len=16, adapter=tmp_path / "step0")
+    pub = graphkeep.PatchPublisher(dtype=None)
+    assert pub.publish(graphkeep.adapter_tensors(pm)).full  # what the engine was started with
+    opt = torch.optim.AdamW([p for n, p in pm.named_parameters() if "lora_" in n], lr=1e-2)
+    g = torch.Generator().manual_seed(5)
+    for step in range(1, 3):
+        batch = torch.randint(0, 128, (2, 8), generator=g)
+        loss = pm(batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        patch = pub.publish(graphkeep.adapter_tensors(pm)).patch
+        assert patch is not None and all(".lora_" in e.name for e in patch.entries)
+        report = eng.commit(eng.stage(patch))
+        assert report.patch.layers_rerun == 0 and eng.served.label == f"step-{step}"
+        got = engine_logits(eng, PROMPTS)
+        assert close(got, peft_logits(pm, PROMPTS)), f"step {step}: against PEFT"
+        pm.save_pretrained(tmp_path / f"step{step}")
+        fresh = graphkeep.LlmEngine(tmp_path / "base", device="cpu", batch_sizes=[2], max_len=16,
+                                    adapter=tmp_path / f"step{step}")
+        assert torch.equal(got, engine_logits(fresh, PROMPTS))
+    with pytest.raises(ValueError, match="no lora_A or lora_B"):
+        graphkeep.adapter_tensors(model)
+
+
 def test_bad_adapters_are_refused_and_the_old_one_stays_served(tmp_path):
     model = base_model("llama")
     model.save_pretrained(tmp_path / "base", safe_serialization=True)
