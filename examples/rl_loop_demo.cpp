@@ -62,6 +62,8 @@ struct Args {
   bool online = false;
   bool delta = false;
   double density = 0.02;  // --delta: the share of elements a trainer step changes
+  std::string adapter;    // a PEFT LoRA adapter directory served from the start
+  bool lora = false;      // each step publishes a random adapter update instead of weights
 };
 
 void usage() {
@@ -88,6 +90,11 @@ void usage() {
       "                       content hashes); the engine applies it through graphkeep exactly, and the\n"
       "                       pause scales with what changed\n"
       "  --density F          --delta: the share of elements each trainer step changes (default 0.02)\n"
+      "  --adapter DIR        serve a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors)\n"
+      "                       inside the decode graphs (docs/lora.md)\n"
+      "  --lora               the trainer publishes a random LoRA adapter (rank 8, every projection) each\n"
+      "                       step, swapped in one commit (--online: staged while serving); the base\n"
+      "                       weights stay\n"
       "  --unprotect SLOT     disable copy-back of one slot to show what goes wrong without graphkeep\n"
       "  --list-slots         print the engine's slot plan and exit\n"
       "  --seed S             trainer seed (default 1234)\n"
@@ -118,12 +125,15 @@ void parse(int argc, char** argv, Args& a) {
     else if (k == "--online") a.online = true;
     else if (k == "--delta") a.delta = true;
     else if (k == "--density") a.density = std::stod(value());
+    else if (k == "--adapter") a.adapter = value();
+    else if (k == "--lora") a.lora = true;
     else throw std::invalid_argument("unknown option " + k + " (try --help)");
   }
   if (a.mode != "streaming" && a.mode != "transactional")
     throw std::invalid_argument("--mode must be streaming or transactional");
   if (a.batch < 1 || a.batch > 256) throw std::invalid_argument("--batch must be in 1..256");
   if (!(a.density >= 0 && a.density <= 1)) throw std::invalid_argument("--density must be in [0, 1]");
+  if (a.lora && a.delta) throw std::invalid_argument("--lora and --delta: one kind of update at a time");
 }
 
 // --delta: every tensor of a checkpoint directory, in memory (the trainer's copy).
@@ -257,8 +267,28 @@ int main(int argc, char** argv) {
         std::printf("wrote the built-in model to %s\n", base.c_str());
       }
     }
+    // --- --lora: the adapter served from the start ---------------------------
+    demo::LoraConfig lora;
+    lora.rank = 8;
+    lora.alpha = 16;
+    const auto lora_dir = [&](int step) { return (fs::path(args.work) / "lora" / ("step" + std::to_string(step))).string(); };
+    const auto write_random_adapter = [&](int step) {
+      const demo::HfConfig c = demo::read_hf_config(base);
+      lora.targets = c.is_moe() ? std::vector<std::string>{"k_proj", "o_proj", "q_proj", "v_proj"}
+                                : std::vector<std::string>{"down_proj", "gate_proj", "k_proj", "o_proj", "q_proj",
+                                                           "up_proj", "v_proj"};
+      const demo::LoraShapes shapes{c.num_hidden_layers, c.hidden_size, c.num_attention_heads * c.head_dim,
+                                    c.num_key_value_heads * c.head_dim, c.intermediate_size, c.is_moe()};
+      demo::write_lora_adapter(lora_dir(step), lora,
+                               demo::random_lora_tensors(shapes, lora, args.seed + static_cast<std::uint64_t>(step),
+                                                         c.dtype));
+      return lora_dir(step);
+    };
+    std::string adapter = args.adapter;
+    if (args.lora && adapter.empty()) adapter = write_random_adapter(0);
     // --- the engine: load, prepare, capture --------------------------------
     demo::LlmEngineOptions opts;
+    opts.adapter = adapter;
     opts.max_len = args.prompt + args.tokens;
     opts.reload.mode = args.mode == "transactional" ? gk::ReloadMode::transactional : gk::ReloadMode::streaming;
     // The reference: a fresh engine per checkpoint, eager only (no graphs).
@@ -266,6 +296,7 @@ int main(int argc, char** argv) {
     reference_opts.batch_sizes = {};
     reference_opts.max_len = opts.max_len;
     reference_opts.max_seqs = args.batch;
+    reference_opts.adapter = adapter;
     demo::LlmEngine eng(base, device, format, opts);
     // The demonstration hook (graphkeep/reload/testing.h): one slot left out
     // of copy-back. A name that is no slot fails here, naming the closest.
@@ -301,6 +332,27 @@ int main(int argc, char** argv) {
     std::size_t patch_bytes = 0, model_bytes = 0;
     for (const gk::NamedTensor& t : trainer) model_bytes += t.value.nbytes();
     for (int step = 1; step <= args.steps; ++step) {
+      if (args.lora) {
+        // --- the trainer publishes the next adapter; one commit swaps it ------
+        const std::string adir = write_random_adapter(step);
+        gk::ReloadReport r = args.online ? eng.commit(eng.stage_adapter(adir)) : eng.reload_adapter(adir);
+        const auto got = generate(eng, prompts, args.tokens, /*graphs=*/true, /*checked=*/true);
+        reference_opts.adapter = adir;
+        demo::LlmEngine fresh(base, device, format, reference_opts);
+        const Compare c = compare(got, generate(fresh, prompts, args.tokens, false, true));
+        reload_ms += r.times.total_ms;
+        pause_ms += r.times.commit_ms;
+        drift += r.drift;
+        worst.add(c.logits);
+        all_equal = all_equal && c.equal();
+        std::printf("step %d/%d  adapter swap: %zu tensors, %zu layers scattered, %zu re-ran PWAL; pause %.3f ms "
+                    "(stage %.2f ms)  drift %zu  tokens %s a fresh engine with the new adapter (%lld/%lld equal)\n",
+                    step, args.steps, r.patch.tensors, r.patch.layers_scattered, r.patch.layers_rerun,
+                    r.times.commit_ms, r.times.stage_ms, r.drift, c.equal() ? "==" : "!=",
+                    static_cast<long long>(c.total - c.differ), static_cast<long long>(c.total));
+        std::fflush(stdout);
+        continue;
+      }
       // --- the trainer publishes the next checkpoint ---------------------------
       // (--delta: and the patch from the last one; the checkpoint is the
       // fresh engine's reference)
@@ -405,7 +457,8 @@ int main(int argc, char** argv) {
     std::printf("SUMMARY: %d %s, %zu slots tracked, drift %zu, mean reload %.2f ms (serving paused %.2f ms) vs "
                 "recapture of %zu graphs %.1f ms, replay after reload %s a fresh engine (max |dlogit| %.3g)\n",
                 args.steps,
-                args.delta ? (args.online ? "online patch reloads (staged while serving)" : "patch reloads")
+                args.lora    ? (args.online ? "online adapter swaps (staged while serving)" : "adapter swaps")
+                : args.delta ? (args.online ? "online patch reloads (staged while serving)" : "patch reloads")
                 : args.online ? "online reloads (staged while serving)" : "reloads",
                 eng.reload_engine().plan().num_slots(), drift, args.steps > 0 ? reload_ms / args.steps : 0.0,
                 args.steps > 0 ? pause_ms / args.steps : 0.0, eng.num_graphs(), recapture_ms,

@@ -67,6 +67,15 @@ gk_add_output_test(demo.rl_loop_delta LABELS unit
 gk_add_output_test(demo.rl_loop_delta_online LABELS unit
   COMMAND gk-rl-demo --steps 2 --device cpu --quant fp8 --delta --online --work ${_work}/delta_online
   REGEX "0 differed from the old weights' output.*layers scattered .[1-9][0-9]* derived blocks recomputed., 0 re-ran PWAL. serving step2 .*SUMMARY: 2 online patch reloads \\(staged while serving\\), [0-9]+ slots tracked, drift 0, .* ${_equals}")
+# LoRA: each step the trainer publishes a random adapter; one commit swaps
+# every projection's A and B (a patch, no PWAL), and the served tokens equal
+# a fresh engine's with that adapter (docs/lora.md).
+gk_add_output_test(demo.rl_loop_lora LABELS unit
+  COMMAND gk-rl-demo --steps 3 --device cpu --lora --work ${_work}/lora
+  REGEX "step 3/3  adapter swap: [1-9][0-9]* tensors, [1-9][0-9]* layers scattered, 0 re-ran PWAL.*tokens == a fresh engine with the new adapter.*SUMMARY: 3 adapter swaps, [0-9]+ slots tracked, drift 0, .* ${_equals}")
+gk_add_output_test(demo.rl_loop_lora_online_fp8 LABELS unit
+  COMMAND gk-rl-demo --steps 2 --device cpu --lora --online --quant fp8 --work ${_work}/lora_fp8
+  REGEX "SUMMARY: 2 online adapter swaps \\(staged while serving\\), [0-9]+ slots tracked, drift 0, .* ${_equals}")
 # W4A16: the Marlin repack is not declarable yet, so each patched layer
 # re-runs PWAL, and the demo says why.
 gk_add_output_test(demo.rl_loop_delta_w4a16 LABELS unit
