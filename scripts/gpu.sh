@@ -15,6 +15,7 @@
 #                                docs/sites.md and docs/performance.md
 #   bash scripts/gpu.sh python   the Python package: pip build, gpu pytest, audit cost
 #   bash scripts/gpu.sh delta    weight patches: GPU tests, bench_delta at 8B and 30B-A3B
+#   bash scripts/gpu.sh lora     LoRA adapters: the swap stress test on CUDA graphs, gk-lora-bench at 8B
 #
 # The GPU machine has PyTorch 2.11 (libtorch, CUDA 13, nvcc 13, g++ 13) but
 # no package index: run `deps` here first, then every other suite there
@@ -315,6 +316,23 @@ suite_delta() {
     esac
     echo "== exit $?"
   done
+  cd "$REPO" || return 1
+  return "$rc"
+}
+
+# LoRA adapters (docs/lora.md): the adapter stress test on CUDA graphs, then
+# gk-lora-bench at the 8B shape, rank 16 on every projection, batch 64, rows
+# appended to $OUT/lora_h200.json (docs/data/lora_h200.json's keys).
+suite_lora() {
+  local rc
+  build test_online_engine gk-lora-bench || return 1
+  gpu_ctest -R 'test_online_engine_gpu$'
+  rc=$?
+  cd "$BUILD" || return 1
+  echo '== gk-lora-bench llama8b rank 16'
+  timeout 300 ./bench/gk-lora-bench --model llama8b --rank 16 --batch 64 --work "$BUILD/lora-bench" \
+    --json "$LOG/lora_h200.json"
+  echo "== exit $?"
   cd "$REPO" || return 1
   return "$rc"
 }

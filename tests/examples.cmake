@@ -29,6 +29,10 @@ if(TARGET gk-decode-bench OR GRAPHKEEP_BUILD_BENCH)
   gk_add_output_test(bench.decode_smoke LABELS unit
     COMMAND $<TARGET_FILE:gk-decode-bench> --model tiny --device cpu --batch 4 --kv-len 16 --steps 5
     REGEX "\"model\":\"tiny\",\"format\":\"dense\",\"batch\":4,\"kv_len\":16,\"decode_step_ms\":[0-9.]+,\"gpu_step_ms\":[0-9.]+")
+  gk_add_output_test(bench.lora_smoke LABELS unit
+    COMMAND $<TARGET_FILE:gk-lora-bench> --model tiny --device cpu --batch 4 --rank 4 --steps 5 --swaps 2
+            --work ${CMAKE_BINARY_DIR}/lora-bench-work
+    REGEX "\"model\":\"tiny\",\"format\":\"dense\",\"rank\":4,.*\"swap_pause_ms\":[0-9.]+,.*\"exact\":true")
 endif()
 
 # bench_delta at the tiny size on the CPU: a patch staged and committed
