@@ -17,6 +17,7 @@
 #include "engine/checkpoint_writer.h"
 #include "engine/llm.h"
 
+#include <graphkeep/core/stopwatch.h>
 #include <graphkeep/sources/weight_source.h>
 
 #include <ATen/ATen.h>
@@ -108,6 +109,15 @@ class RandomDeviceSource final : public gk::WeightSource {
   c10::Device device_;
   std::size_t i_ = 0;
 };
+
+// The mean wall time of `steps` calls of `step`, after 3 unmeasured ones.
+template <class F>
+double mean_ms(int steps, F&& step) {
+  for (int i = 0; i < 3; ++i) step();
+  const gk::Stopwatch w;
+  for (int i = 0; i < steps; ++i) step();
+  return w.elapsed_ms() / steps;
+}
 
 // v rounded to `digits` decimals (the digits a reader of a JSON row uses).
 inline double rounded(double v, int digits) {

@@ -58,14 +58,6 @@
 
 namespace {
 
-// The mean wall time of `steps` calls of `step`, after 3 unmeasured ones.
-template <class F>
-double mean_ms(int steps, F&& step) {
-  for (int i = 0; i < 3; ++i) step();
-  const gk::Stopwatch w;
-  for (int i = 0; i < steps; ++i) step();
-  return w.elapsed_ms() / steps;
-}
 
 // The best read bandwidth of 5 at::sum over a 4 GiB bf16 buffer, GB/s (CUDA).
 double read_bandwidth_gbs(c10::Device device) {
@@ -178,9 +170,9 @@ int main(int argc, char** argv) {
     const at::Tensor tokens = at::arange(batch, at::kLong).mul(7).remainder(cfg.vocab_size);
     const at::Tensor pos = at::full({batch}, kv_len - 1, at::kLong);
     const demo::SamplingParams sampling{.temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1};
-    const double step_ms = mean_ms(steps, [&] { (void)eng.decode(tokens, pos); });
-    const double sampling_ms = mean_ms(steps, [&] { (void)eng.decode(tokens, pos, sampling); });
-    const double logits_ms = mean_ms(std::max(steps / 10, 3), [&] { (void)eng.decode_logits(tokens, pos); });
+    const double step_ms = gkbench::mean_ms(steps, [&] { (void)eng.decode(tokens, pos); });
+    const double sampling_ms = gkbench::mean_ms(steps, [&] { (void)eng.decode(tokens, pos, sampling); });
+    const double logits_ms = gkbench::mean_ms(std::max(steps / 10, 3), [&] { (void)eng.decode_logits(tokens, pos); });
     // The graph alone: the inputs of the last step stay; replays queued back
     // to back, one wait at the end.
     (void)eng.decode(tokens, pos);

@@ -39,18 +39,6 @@
 #include <string>
 #include <vector>
 
-namespace {
-
-template <class F>
-double mean_ms(int steps, F&& step) {
-  for (int i = 0; i < 3; ++i) step();
-  const gk::Stopwatch w;
-  for (int i = 0; i < steps; ++i) step();
-  return w.elapsed_ms() / steps;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   gkbench::CommonArgs common(/*default_batch=*/64);
   std::int64_t rank = 16, kv_len = 64;
@@ -115,10 +103,10 @@ int main(int argc, char** argv) {
     double plain_ms = 0;
     {
       auto eng = build("");
-      plain_ms = mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
+      plain_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
     }
     auto eng = build(dirs[0]);
-    const double adapter_ms = mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
+    const double adapter_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
     // The exactness checks decode at position 0, which attends only the row
     // the step itself writes: the rows below a later position hold what the
     // graphs' capture left there under the adapter of the engine's start.

@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <mutex>
@@ -33,6 +34,98 @@ namespace {
 // decode steps the serving thread commits or aborts what was staged. Every
 // step's logits must equal, bit for bit, those of the weights committed at
 // that moment: never the other model's, never a mix.
+// The serving side of the online stress tests: a stager thread stages
+// `rounds` updates, each toward the state the serving thread does not serve
+// (`stage(target, round)`), while this thread decodes through the graphs,
+// checks every step against expected[current] bitwise, and commits two
+// staged updates in three (aborting the third).
+struct Served {
+  int steps = 0, during_stage = 0, wrong = 0, commits = 0, aborts = 0, current = 0;
+  double max_pause_ms = 0;
+  std::string stager_error;
+};
+Served serve_and_swap(demo::LlmEngine& eng, const at::Tensor& tokens, const at::Tensor& pos,
+                      const at::Tensor (&expected)[2], int rounds,
+                      const std::function<gk::StagedReload(int target, int round)>& stage,
+                      const std::function<void(const gk::ReloadReport&)>& on_commit = {}) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<gk::StagedReload> slot;  // staged, waiting for the serving thread
+  bool handled = true;  // the serving thread has committed or aborted the last one (stage() may run again)
+  int slot_target = 0;
+  std::atomic<int> current{0};  // which state is committed (written by the serving thread)
+  std::atomic<bool> staging{false}, done{false};
+  std::atomic<int> stages_begun{0};
+  Served out;
+  std::thread stager([&] {
+    try {
+      for (int round = 0; round < rounds; ++round) {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return handled; });
+        }
+        const int target = 1 - current.load();
+        staging = true;
+        stages_begun += 1;
+        gk::StagedReload s = stage(target, round);
+        staging = false;
+        std::lock_guard<std::mutex> lock(mu);
+        slot.emplace(std::move(s));
+        slot_target = target;
+        handled = false;
+      }
+    } catch (const std::exception& e) {
+      out.stager_error = e.what();
+    }
+    done = true;
+  });
+  std::mt19937 rng(17);
+  while (true) {
+    // Overlapped: stage() was running when the step began, or began during it.
+    const int begun = stages_begun.load();
+    const bool staging_at_start = staging.load();
+    const at::Tensor logits = eng.decode_logits(tokens, pos);
+    ++out.steps;
+    out.during_stage += staging_at_start || stages_begun.load() != begun ? 1 : 0;
+    if (!demo::bitwise_equal(logits, expected[current.load()])) ++out.wrong;
+    std::optional<gk::StagedReload> s;
+    int target = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (slot) {
+        s = std::move(slot);
+        slot.reset();
+        target = slot_target;
+      }
+    }
+    if (s) {
+      if (rng() % 3 != 0) {
+        const gk::ReloadReport r = eng.commit(std::move(*s));
+        out.max_pause_ms = std::max(out.max_pause_ms, r.times.commit_ms);
+        CHECK(r.drift == 0);
+        if (on_commit) on_commit(r);
+        current = target;
+        ++out.commits;
+      } else {
+        s->abort();
+        ++out.aborts;
+      }
+      s.reset();
+      {
+        // Only now may the next stage() begin: one call on the engine at a time.
+        std::lock_guard<std::mutex> lock(mu);
+        handled = true;
+      }
+      cv.notify_all();
+    } else if (done.load()) {
+      break;
+    }
+  }
+  stager.join();
+  out.current = current.load();
+  return out;
+}
+
 void serve_while_staging(const c10::Device device, const int kRounds) {
   at::NoGradGuard no_grad;
   const demo::HfConfig c = demo::builtin_tiny_config();
@@ -90,90 +183,24 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   const gk::Patch patches[2] = {gk::make_patch(weights[1], weights[0], {.base_version = "B", .target_version = "A"}),
                                 gk::make_patch(weights[0], weights[1], {.base_version = "A", .target_version = "B"})};
   std::atomic<int> patch_rounds{0};
-
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<gk::StagedReload> slot;  // staged, waiting for the serving thread
-  bool handled = true;  // the serving thread has committed or aborted the last one (stage() may run again)
-  int slot_weights = 0;
-  std::atomic<int> current{0};  // which weights are committed (written by the serving thread)
-  std::atomic<bool> staging{false}, done{false};
-  std::atomic<int> stages_begun{0};
-  std::string stager_error;
-  std::thread stager([&] {
-    try {
-      for (int round = 0; round < kRounds; ++round) {
-        {
-          std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return handled; });
-        }
-        const int target = 1 - current.load();
-        gk::InMemorySource src(weights[target]);
-        staging = true;
-        stages_begun += 1;
-        const bool patch = round % 2 == 1;
-        gk::StagedReload s = patch ? eng.stage(patches[target]) : eng.stage(src);
-        staging = false;
-        patch_rounds += patch ? 1 : 0;
-        std::lock_guard<std::mutex> lock(mu);
-        slot.emplace(std::move(s));
-        slot_weights = target;
-        handled = false;
-      }
-    } catch (const std::exception& e) {
-      stager_error = e.what();
-    }
-    done = true;
+  const Served sv = serve_and_swap(eng, tokens, pos, expected, kRounds, [&](int target, int round) {
+    // Every other round stages a weight patch instead of the other weights.
+    const bool patch = round % 2 == 1;
+    gk::InMemorySource src(weights[target]);
+    gk::StagedReload s = patch ? eng.stage(patches[target]) : eng.stage(src);
+    patch_rounds += patch ? 1 : 0;
+    return s;
   });
-  std::mt19937 rng(17);
-  int steps = 0, during_stage = 0, wrong = 0, commits = 0, aborts = 0;
-  double max_pause_ms = 0;
-  while (true) {
-    // Overlapped: stage() was running when the step began, or began during it.
-    const int begun = stages_begun.load();
-    const bool staging_at_start = staging.load();
-    const at::Tensor out = eng.decode_logits(tokens, pos);
-    ++steps;
-    during_stage += staging_at_start || stages_begun.load() != begun ? 1 : 0;
-    if (!demo::bitwise_equal(out, expected[current.load()])) ++wrong;
-    std::optional<gk::StagedReload> s;
-    int target = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (slot) {
-        s = std::move(slot);
-        slot.reset();
-        target = slot_weights;
-      }
-    }
-    if (s) {
-      if (rng() % 3 != 0) {
-        const gk::ReloadReport r = eng.commit(std::move(*s));
-        max_pause_ms = std::max(max_pause_ms, r.times.commit_ms);
-        CHECK(r.drift == 0);
-        current = target;
-        ++commits;
-      } else {
-        s->abort();
-        ++aborts;
-      }
-      s.reset();
-      {
-        // Only now may the next stage() begin: one call on the engine at a time.
-        std::lock_guard<std::mutex> lock(mu);
-        handled = true;
-      }
-      cv.notify_all();
-    } else if (done.load()) {
-      break;
-    }
-  }
-  stager.join();
+  const int steps = sv.steps, during_stage = sv.during_stage, wrong = sv.wrong, commits = sv.commits,
+            aborts = sv.aborts;
+  const double max_pause_ms = sv.max_pause_ms;
+  const std::string& stager_error = sv.stager_error;
+  const int current = sv.current;
   MESSAGE(steps << " decode steps (" << during_stage << " while stage() ran), " << commits << " commits, " << aborts
                 << " aborts, " << patch_rounds.load() << " of the stages weight patches; longest commit pause "
                 << max_pause_ms << " ms");
   CHECK(patch_rounds.load() == kRounds / 2);
-  CHECK(eng.reload_engine().served()->label() == (current.load() == 0 ? "A" : "B"));
+  CHECK(eng.reload_engine().served()->label() == (current == 0 ? "A" : "B"));
   CHECK_MESSAGE(stager_error.empty(), stager_error);
   CHECK(wrong == 0);
   CHECK(commits + aborts == kRounds);
@@ -182,7 +209,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
   CHECK(during_stage > 0);
   CHECK(eng.reload_engine().weight_version() == version0 + static_cast<std::uint64_t>(commits));
   CHECK(eng.reload_engine().state() == gk::EngineState::ready);
-  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[current.load()]));
+  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[current]));
 }
 
 
@@ -220,73 +247,13 @@ void serve_while_swapping_adapters(const c10::Device device, const int kRounds) 
   REQUIRE_FALSE(demo::bitwise_equal(expected[0], expected[1]));
   REQUIRE(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[0]));
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<gk::StagedReload> slot;
-  bool handled = true;
-  int slot_adapter = 0;
-  std::atomic<int> current{0};
-  std::atomic<bool> done{false};
-  std::string stager_error;
-  std::thread stager([&] {
-    try {
-      for (int round = 0; round < kRounds; ++round) {
-        {
-          std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return handled; });
-        }
-        const int target = 1 - current.load();
-        gk::StagedReload s = eng.stage_adapter(dirs[target]);
-        std::lock_guard<std::mutex> lock(mu);
-        slot.emplace(std::move(s));
-        slot_adapter = target;
-        handled = false;
-      }
-    } catch (const std::exception& e) {
-      stager_error = e.what();
-    }
-    done = true;
-  });
-  std::mt19937 rng(19);
-  int steps = 0, wrong = 0, commits = 0, aborts = 0;
-  double max_pause_ms = 0;
-  while (true) {
-    const at::Tensor out = eng.decode_logits(tokens, pos);
-    ++steps;
-    if (!demo::bitwise_equal(out, expected[current.load()])) ++wrong;
-    std::optional<gk::StagedReload> s;
-    int target = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (slot) {
-        s = std::move(slot);
-        slot.reset();
-        target = slot_adapter;
-      }
-    }
-    if (s) {
-      if (rng() % 3 != 0) {
-        const gk::ReloadReport r = eng.commit(std::move(*s));
-        max_pause_ms = std::max(max_pause_ms, r.times.commit_ms);
-        CHECK(r.drift == 0);
-        CHECK(r.patch.layers_rerun == 0);
-        current = target;
-        ++commits;
-      } else {
-        s->abort();
-        ++aborts;
-      }
-      s.reset();
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        handled = true;
-      }
-      cv.notify_all();
-    } else if (done.load()) {
-      break;
-    }
-  }
-  stager.join();
+  const Served sv = serve_and_swap(
+      eng, tokens, pos, expected, kRounds, [&](int target, int) { return eng.stage_adapter(dirs[target]); },
+      [](const gk::ReloadReport& r) { CHECK(r.patch.layers_rerun == 0); });
+  const int steps = sv.steps, wrong = sv.wrong, commits = sv.commits, aborts = sv.aborts;
+  const double max_pause_ms = sv.max_pause_ms;
+  const std::string& stager_error = sv.stager_error;
+  const int current = sv.current;
   MESSAGE(steps << " decode steps, " << commits << " adapter swaps committed, " << aborts
                 << " aborted; longest commit pause " << max_pause_ms << " ms");
   CHECK_MESSAGE(stager_error.empty(), stager_error);
@@ -294,7 +261,7 @@ void serve_while_swapping_adapters(const c10::Device device, const int kRounds) 
   CHECK(commits + aborts == kRounds);
   CHECK(commits > kRounds / 2);
   CHECK(aborts > kRounds / 5);
-  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[current.load()]));
+  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), expected[current]));
 }
 
 // Every row of every layer's KV cache set to NaN, +Inf or -Inf (keys and
