@@ -322,7 +322,7 @@ suite_delta() {
 
 # LoRA adapters (docs/lora.md): the adapter stress test on CUDA graphs, then
 # gk-lora-bench at the 8B shape, rank 16 on every projection, batch 64, rows
-# appended to $OUT/lora_h200.json (docs/data/lora_h200.json's keys).
+# appended to $OUT/lora_h200.json (the keys the LoRA issue names; the rows go in docs/data).
 suite_lora() {
   local rc
   build test_online_engine gk-lora-bench || return 1
