@@ -186,7 +186,7 @@ struct BasicRig {
     first = gk::load_weights(*model, src, o);
     gk::ReloadOptions defaults;
     defaults.patch_base = base;
-    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{defaults});
+    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{defaults, {}});
     engine->prepare(first);
     std::vector<at::Tensor> slots;
     for (const auto& l : engine->plan().layers())

@@ -952,7 +952,7 @@ struct Rig {
     gk::ReloadOptions defaults;
     defaults.patch_base = g_patch_base;  // where loads, and re-run layers of patches, keep bases
     const gk::ReloadReport loaded = gk::load_weights(*model, src, defaults.first_load());
-    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{defaults});
+    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{defaults, {}});
     engine->prepare(loaded);  // the served content, for patches
     input = at::linspace(-1.0, 1.0, M * D).reshape({M, D});
     engine->add_static_io("input", input);

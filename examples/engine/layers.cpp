@@ -306,12 +306,14 @@ DecoderLayer::DecoderLayer(const HfConfig& c, c10::Device device, WeightFormat f
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", std::make_shared<Plain>(std::vector<int64_t>{c.hidden_size}, opts));
   if (c.is_moe()) {
-    if (c.adapter)
-      for (const char* p : {"gate_proj", "up_proj", "down_proj"})
+    if (c.adapter) {
+      for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
         GK_CHECK(gk::WeightError, !c.adapter->targets_module(p), "the adapter targets ", p, ", which in ",
                  c.model_type, " is every expert's (", prefix, ".mlp.experts.<e>.", p,
                  "): the engine serves adapters on the attention projections of a MoE model (q_proj, k_proj, "
                  "v_proj, o_proj) only");
+      }
+    }
     moe_ = register_module("mlp", std::make_shared<SparseMoe>(c, device));
   }
   else

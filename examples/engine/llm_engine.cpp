@@ -176,7 +176,7 @@ void LlmEngine::start(const gk::ReloadReport& first_load) {
   sampling_ = SamplingRows::make(max_batch, device);
   model_->set_fast_cuda(options_.fast_cuda);
 
-  engine_ = std::make_unique<gk::ReloadEngine>(*model_, gk::EngineOptions{options_.reload});
+  engine_ = std::make_unique<gk::ReloadEngine>(*model_, gk::EngineOptions{options_.reload, {}});
   if (first_load.served != nullptr) engine_->prepare(first_load);  // the served content, for patches
   else engine_->prepare();
   for (std::size_t l = 0; l < caches_.size(); ++l) {

@@ -213,6 +213,12 @@ def test_bad_adapters_are_refused_and_the_old_one_stays_served(tmp_path):
     with pytest.raises(graphkeep.WeightError, match="serves no adapter"):
         graphkeep.LlmEngine(tmp_path / "base", device="cpu", batch_sizes=[2], max_len=16).reload_adapter(
             tmp_path / "good")
+    # A MoE model's MLP projections are every expert's: refused, naming them.
+    moe = base_model("qwen3_moe")
+    moe.save_pretrained(tmp_path / "moe", safe_serialization=True)
+    adapter(base_model("qwen3_moe"), ALL, tmp_path / "moe_all", seed=4)
+    with pytest.raises(graphkeep.WeightError, match=r"every expert's \(model\.layers\.0\.mlp\.experts\.<e>\."):
+        graphkeep.LlmEngine(tmp_path / "moe", device="cpu", batch_sizes=[2], max_len=16, adapter=tmp_path / "moe_all")
     with pytest.raises(TypeError, match="adapter must be"):
         graphkeep.LlmEngine(tmp_path / "base", device="cpu", adapter=3)
     # and a good adapter still goes through afterwards

@@ -69,7 +69,7 @@ struct Rig {
     const auto src = setup.weights_label.empty() ? std::make_unique<gk::InMemorySource>(first)
                                                  : std::make_unique<gk::InMemorySource>(first, setup.weights_label);
     gk::load_weights(*model, *src);
-    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{setup.options});
+    engine = std::make_unique<gk::ReloadEngine>(*model, gk::EngineOptions{setup.options, {}});
     set_hooks(*engine, std::move(setup.hooks));
     engine->prepare();
     engine->add_static_io("input", input);
