@@ -1409,7 +1409,7 @@ TEST_CASE("found by this fuzzer: a PWAL that moves a view to another offset of i
     CAPTURE(static_cast<int>(mode));
     sf::LayerSpec l;
     l.views = true, l.view_mask = 4;  // own storage: base_ and interior_
-    const sf::ModelSpec spec{{l}};
+    const sf::ModelSpec spec{{l}, -1, {}};
     sf::Rng rng(1);
     const auto w0 = sf::random_weights(spec, rng), w1 = sf::random_weights(spec, rng);
     sf::Rig rig(spec, w0);
