@@ -34,7 +34,6 @@
 namespace gk {
 namespace {
 
-const void* storage_key(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
 
 // Adds a write of `values` (bits, one per index) at `index` of `dst`, and its undo.
 void add_write(StagedPatch& sp, const at::Tensor& dst, at::Tensor index, at::Tensor values) {
@@ -78,19 +77,11 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
     blocks.index_put_({at_block}, v);
     // 4. The outputs' blocks.
     const std::vector<at::Tensor> outs = d.fn(blocks.view(src.scalar_type()).view({count, bh, bw}));
-    GK_CHECK(DeclarationError, outs.size() == d.outputs.size(), "block derivation '", d.name, "' of layer '",
-             lp.prefix, "' returned ", outs.size(), " tensors for its ", d.outputs.size(), " outputs");
-    for (std::size_t j = 0; j < outs.size(); ++j) {
-      const PlannedSlot& slot = lp.slots[d.outputs[j].slot];
-      const BlockLayout layout = d.outputs[j].layout;
-      const std::int64_t per = layout == BlockLayout::same_as_source ? bh * bw : 1;
-      GK_CHECK(DeclarationError, outs[j].numel() == count * per && outs[j].scalar_type() == slot.dtype,
-               "block derivation '", d.name, "' of layer '", lp.prefix, "' returned ", outs[j].scalar_type(), " ",
-               outs[j].sizes(), " for ", count, " blocks of ", slot.name, ", which is ", slot.dtype, " with ", per,
-               " element(s) per block");
-      add_write(sp, slot.captured, detail::block_output_index(layout, u, elements, nbr, nbc),
+    detail::check_block_outputs(lp, d, outs, count, "the patch was not staged");
+    for (std::size_t j = 0; j < outs.size(); ++j)
+      add_write(sp, lp.slots[d.outputs[j].slot].captured,
+                detail::block_output_index(d.outputs[j].layout, u, elements, nbr, nbc),
                 detail::flat_bits(outs[j].contiguous()));
-    }
     recomputed += static_cast<std::size_t>(count);
   }
   return recomputed;

@@ -139,6 +139,20 @@ void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_
   }
 }
 
+void check_block_outputs(const LayerPlan& lp, const PlannedDerivation& d, const std::vector<at::Tensor>& outs,
+                         std::int64_t count, std::string_view after) {
+  GK_CHECK(DeclarationError, outs.size() == d.outputs.size(), "block derivation '", d.name, "' of layer '", lp.prefix,
+           "' returned ", outs.size(), " tensors for its ", d.outputs.size(), " outputs; ", after);
+  for (std::size_t j = 0; j < outs.size(); ++j) {
+    const PlannedSlot& slot = lp.slots[d.outputs[j].slot];
+    const std::int64_t per = d.outputs[j].layout == BlockLayout::same_as_source ? d.block_rows * d.block_cols : 1;
+    GK_CHECK(DeclarationError, outs[j].numel() == count * per && outs[j].scalar_type() == slot.dtype,
+             "block derivation '", d.name, "' of layer '", lp.prefix, "' returned ", outs[j].scalar_type(), " ",
+             outs[j].sizes(), " for ", count, " blocks of output ", member_of(slot), ", which is ", slot.dtype,
+             " with ", per, " element(s) per block; ", after);
+  }
+}
+
 at::Tensor block_elements(const at::Tensor& ids, std::int64_t bh, std::int64_t bw, std::int64_t k) {
   const std::int64_t nbc = k / bw, count = ids.numel();
   const auto longs = ids.options().dtype(at::kLong);
@@ -193,25 +207,18 @@ void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>&
     const std::int64_t nbr = n / bh, nbc = k / bw, nb = nbr * nbc;
     const std::int64_t per_call = std::max<std::int64_t>(1, kCheckChunk / (bh * bw));
     const at::Tensor flat_src = detail::flat_bits(src.contiguous());
+    std::vector<at::Tensor> built;  // what PWAL built, flat, as bits: once, not per chunk
+    for (const PlannedDerivation::Output& o : d.outputs) built.push_back(as_bits(now(o.slot).contiguous().reshape({-1})));
     for (std::int64_t parity = 0; parity < std::min<std::int64_t>(2, nb); ++parity)
       for (std::int64_t start = parity; start < nb; start += 2 * per_call) {
         const at::Tensor ids = at::arange(start, std::min(nb, start + 2 * per_call), 2, src.options().dtype(at::kLong));
         const at::Tensor elements = block_elements(ids, bh, bw, k);
         const at::Tensor blocks = flat_src.index_select(0, elements).view(src.scalar_type()).view({ids.numel(), bh, bw});
         const std::vector<at::Tensor> outs = d.fn(blocks);
-        GK_CHECK(DeclarationError, outs.size() == d.outputs.size(), "block derivation '", d.name, "' of layer '",
-                 lp.prefix, "' returned ", outs.size(), " tensors for its ", d.outputs.size(), " outputs; ", after);
+        check_block_outputs(lp, d, outs, ids.numel(), after);
         for (std::size_t j = 0; j < outs.size(); ++j) {
-          const PlannedSlot& slot = lp.slots[d.outputs[j].slot];
-          const BlockLayout layout = d.outputs[j].layout;
-          const std::int64_t per = layout == BlockLayout::same_as_source ? bh * bw : 1;
-          GK_CHECK(DeclarationError, outs[j].numel() == ids.numel() * per && outs[j].scalar_type() == slot.dtype,
-                   "block derivation '", d.name, "' of layer '", lp.prefix, "' returned ", outs[j].scalar_type(), " ",
-                   outs[j].sizes(), " for ", ids.numel(), " blocks of output ", member_of(slot), ", which is ",
-                   slot.dtype, " with ", per, " element(s) per block; ", after);
-          const at::Tensor index = block_output_index(layout, ids, elements, nbr, nbc);
-          const at::Tensor built = as_bits(now(d.outputs[j].slot).contiguous().reshape({-1})).index_select(0, index);
-          f(j, index, as_bits(outs[j].contiguous()).reshape({-1}), built);
+          const at::Tensor index = block_output_index(d.outputs[j].layout, ids, elements, nbr, nbc);
+          f(j, index, as_bits(outs[j].contiguous()).reshape({-1}), built[j].index_select(0, index));
         }
       }
   };

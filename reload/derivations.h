@@ -33,6 +33,12 @@ at::Tensor block_elements(const at::Tensor& ids, std::int64_t bh, std::int64_t b
 at::Tensor block_output_index(BlockLayout layout, const at::Tensor& ids, const at::Tensor& elements, std::int64_t nbr,
                               std::int64_t nbc);
 
+// Refuses (gk::DeclarationError, `after` ending the message) what `fn`
+// returned for `count` blocks of d when it is not one tensor per output of
+// the output's dtype and element count.
+void check_block_outputs(const LayerPlan& lp, const PlannedDerivation& d, const std::vector<at::Tensor>& outs,
+                         std::int64_t count, std::string_view after);
+
 // Binds the layer's block derivations (ReloadableLayer::declare_derivations)
 // to its slots, at prepare(), with the fields as captured. Throws
 // gk::DeclarationError naming the member for a member declared by_blocks()

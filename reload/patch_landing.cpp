@@ -34,7 +34,6 @@
 namespace gk {
 namespace {
 
-const void* storage_key(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
 
 // The whole storage of `t` as a flat tensor of t's dtype.
 at::Tensor whole_storage(const at::Tensor& t) {

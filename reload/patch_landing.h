@@ -16,6 +16,9 @@
 
 namespace gk {
 
+// The storage `t` views, as a key (entries landing in one storage merge).
+inline const void* storage_key(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+
 // One entry of a patch and the captured tensor it writes (contiguous, in
 // checkpoint format: the entry's flat indices are its flat indices).
 struct PatchLanding {

@@ -124,7 +124,6 @@ at::Tensor patched(const at::Tensor& base, const PatchEntry& pe) {
   return r;
 }
 
-const void* storage_key(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
 
 // The slot of the module's parameter or buffer `param`, or -1.
 std::ptrdiff_t param_slot(const LayerPlan& lp, const std::string& param) {

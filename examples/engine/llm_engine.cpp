@@ -3,7 +3,6 @@
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
 #include <graphkeep/delta/make_patch.h>
-#include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/reload/served_weights.h>
 #include <graphkeep/runtime/device.h>
 #include <graphkeep/sources/hf_checkpoint.h>
