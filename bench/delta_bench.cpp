@@ -105,6 +105,11 @@ demo::HfConfig model_config(const std::string& name) {
     c.vocab_size = 151936, c.hidden_size = 2048, c.intermediate_size = 6144;
     c.num_hidden_layers = 48, c.num_key_value_heads = 4;
     c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 768;
+  } else if (name == "llama1b") {  // a Llama of 1.1B parameters: whole-model costs (memory) on a CPU
+    c.model_type = "llama";
+    c.rope_theta = 500000.0;
+    c.vocab_size = 32000, c.hidden_size = 2048, c.intermediate_size = 8192;
+    c.num_attention_heads = 16, c.num_hidden_layers = 16, c.num_key_value_heads = 8;
   } else if (name == "moe-narrow") {  // the 30B-A3B's tensor count per layer at 1/16 of its width: host costs on a CPU
     c.model_type = "qwen3_moe";
     c.rope_theta = 1000000.0;
@@ -112,7 +117,7 @@ demo::HfConfig model_config(const std::string& name) {
     c.num_attention_heads = 4, c.num_hidden_layers = 4, c.num_key_value_heads = 2;
     c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 48;
   } else {
-    throw std::invalid_argument("unknown --model " + name + " (llama8b, qwen3moe30b, moe-narrow, tiny)");
+    throw std::invalid_argument("unknown --model " + name + " (llama8b, llama1b, qwen3moe30b, moe-narrow, tiny)");
   }
   return c;
 }
@@ -286,7 +291,7 @@ int main(int argc, char** argv) {
     else if (k == "--warmup") warmup = std::stoi(val());
     else if (k == "--streaming-full") streaming_full = true;
     else {
-      std::fprintf(stderr, "usage: bench_delta [--model llama8b|qwen3moe30b|moe-narrow|tiny] [--format dense|fp8|w4a16] "
+      std::fprintf(stderr, "usage: bench_delta [--model llama8b|llama1b|qwen3moe30b|moe-narrow|tiny] [--format dense|fp8|w4a16] "
                            "[--device auto|cpu|cuda] [--densities adamw:LR,SHARE,...] [--batch B] [--max-batch N] "
                            "[--warmup STEPS] [--streaming-full] [--json FILE]\n");
       return 2;

@@ -9,15 +9,24 @@
 //      coordinates: an entry's flat index i in a destination at storage
 //      offset o is element o - source offset + i;
 //   2. each element (r, c) lies in block (r / block_rows, c / block_cols);
-//      the touched blocks are the unique block numbers (one synchronization:
-//      their count);
-//   3. the touched blocks are gathered from the captured source, which
-//      still holds the served values (the commit writes later, and a commit
-//      after another write is refused as stale), and the entries applied to
-//      the gathered copy;
-//   4. the derivation's function computes those blocks of every output, and
-//      each becomes a write into the output's captured storage, in ascending
-//      element order (sector images need it), with its undo gathered now.
+//      the touched blocks are the unique block numbers, and the entries are
+//      sorted by block (one synchronization: the count, and where each chunk
+//      of blocks starts among the entries);
+//   3. chunk by chunk (kLandChunk source elements), the touched blocks are
+//      gathered from the captured source, which still holds the served
+//      values (the commit writes later, and a commit after another write is
+//      refused as stale), and the chunk's entries applied to the copy;
+//   4. the derivation's function computes those blocks of every output.
+// Each output becomes one write into its captured storage, with its undo
+// gathered now, in whichever form needs less memory:
+//   - sparse: the touched elements, in ascending order (sector images need
+//     it): an index, a value and an undo value each;
+//   - whole: a copy of the output with the touched blocks replaced, and a
+//     copy of what it held. A patch of scattered elements touches every
+//     row of a weight quantized per row (1 % of the elements is ~40 per row
+//     of 4,096): written sparse, an FP8 output's index alone would take 8
+//     bytes per 1-byte element, ten times the output with its values and
+//     undo; whole, it takes twice the output.
 // The parameter's own writes and these commit together, so no replay sees
 // a new weight with an old scale; a failed commit writes every undo back.
 // The full reload's check (check_block_derivations) is what makes the
@@ -31,9 +40,15 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <optional>
+
 namespace gk {
 namespace {
 
+// Source elements per call of a derivation's function while landing: its
+// working memory (FP8 widens a chunk to float32) stays a few chunks.
+constexpr std::int64_t kLandChunk = std::int64_t{1} << 22;
 
 // Adds a write of `values` (bits, one per index) at `index` of `dst`, and its undo.
 void add_write(StagedPatch& sp, const at::Tensor& dst, at::Tensor index, at::Tensor values) {
@@ -44,9 +59,18 @@ void add_write(StagedPatch& sp, const at::Tensor& dst, at::Tensor index, at::Ten
   sp.writes.push_back({bits, sorted, values});
 }
 
+// One output of a derivation being landed: whole (a copy of the output as
+// bits, the touched blocks written into it) or sparse (index and bits per
+// chunk).
+struct OutputWrite {
+  at::Tensor whole;
+  std::vector<at::Tensor> index, bits;
+};
+
 }  // namespace
 
 std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLanding>& ls, StagedPatch& sp) {
+  using at::indexing::Slice;
   std::size_t recomputed = 0;
   for (const PlannedDerivation& d : lp.derivations) {
     const at::Tensor& src = lp.slots[d.source].captured;
@@ -64,24 +88,72 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
       values.push_back(l.values);
     }
     if (flat.empty()) continue;
-    const at::Tensor f = at::cat(flat), v = at::cat(values);
-    // 2. The touched blocks.
+    const at::Tensor f = at::cat(flat);
+    // 2. The touched blocks, and the entries sorted by block.
     const at::Tensor r = f.div(k, "floor"), c = f - r * k;
     const at::Tensor b = r.div(bh, "floor") * nbc + c.div(bw, "floor");
+    const auto [by_block, order] = at::sort(b, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false);
+    const at::Tensor in_block = (r.remainder(bh) * bw + c.remainder(bw)).index_select(0, order);
+    const at::Tensor v = at::cat(values).index_select(0, order);
     const at::Tensor u = std::get<0>(at::_unique(b, /*sorted=*/true));
-    const std::int64_t count = u.numel();
-    // 3. Their elements, gathered from the source, with the entries applied.
-    const at::Tensor elements = detail::block_elements(u, bh, bw, k);
-    at::Tensor blocks = detail::flat_bits(src).index_select(0, elements);
-    const at::Tensor at_block = at::searchsorted(u, b) * (bh * bw) + r.remainder(bh) * bw + c.remainder(bw);
-    blocks.index_put_({at_block}, v);
-    // 4. The outputs' blocks.
-    const std::vector<at::Tensor> outs = d.fn(blocks.view(src.scalar_type()).view({count, bh, bw}));
-    detail::check_block_outputs(lp, d, outs, count, "the patch was not staged");
-    for (std::size_t j = 0; j < outs.size(); ++j)
-      add_write(sp, lp.slots[d.outputs[j].slot].captured,
-                detail::block_output_index(d.outputs[j].layout, u, elements, nbr, nbc),
-                detail::flat_bits(outs[j].contiguous()));
+    const std::int64_t count = u.numel(), per_call = std::max<std::int64_t>(1, kLandChunk / (bh * bw));
+    if (count == 0) continue;  // entries that change nothing
+    const at::Tensor starts = at::arange(0, count, per_call, longs);
+    std::vector<std::int64_t> bounds(static_cast<std::size_t>(starts.numel()) + 1, by_block.numel());
+    {
+      const at::Tensor firsts = at::searchsorted(by_block, u.index_select(0, starts)).cpu();  // the one sync
+      for (std::int64_t i = 0; i < starts.numel(); ++i) bounds[static_cast<std::size_t>(i)] = firsts[i].item<std::int64_t>();
+    }
+    // Each output whole or sparse, by the memory it takes (Note [Patches
+    // through block derivations]).
+    std::vector<OutputWrite> w(d.outputs.size());
+    for (std::size_t j = 0; j < d.outputs.size(); ++j) {
+      const at::Tensor& out = lp.slots[d.outputs[j].slot].captured;
+      const std::int64_t e = static_cast<std::int64_t>(out.element_size());
+      const std::int64_t touched = count * (d.outputs[j].layout == BlockLayout::same_as_source ? bh * bw : 1);
+      if (out.numel() * 2 * e <= touched * (8 + 2 * e)) w[j].whole = detail::flat_bits(out).clone();
+    }
+    const at::Tensor src_blocks = detail::flat_bits(src).view({nbr, bh, nbc, bw});
+    for (std::int64_t ci = 0; ci < starts.numel(); ++ci) {
+      const std::int64_t first = ci * per_call, cnt = std::min(per_call, count - first);
+      const at::Tensor ids = u.narrow(0, first, cnt);
+      const at::Tensor rows = ids.div(nbc, "floor"), cols = ids.remainder(nbc);
+      // 3. The chunk's blocks, gathered from the source, with its entries applied.
+      at::Tensor blocks = src_blocks.index({rows, Slice(), cols, Slice()}).contiguous();  // [cnt, bh, bw]
+      const std::int64_t e0 = bounds[static_cast<std::size_t>(ci)], e1 = bounds[static_cast<std::size_t>(ci) + 1];
+      if (e1 > e0) {
+        const at::Tensor at_block =
+            at::searchsorted(ids, by_block.narrow(0, e0, e1 - e0)) * (bh * bw) + in_block.narrow(0, e0, e1 - e0);
+        blocks.view({-1}).index_put_({at_block}, v.narrow(0, e0, e1 - e0));
+      }
+      // 4. The outputs' blocks.
+      const std::vector<at::Tensor> outs = d.fn(blocks.view(src.scalar_type()));
+      detail::check_block_outputs(lp, d, outs, cnt, "the patch was not staged");
+      for (std::size_t j = 0; j < outs.size(); ++j) {
+        const BlockLayout layout = d.outputs[j].layout;
+        const at::Tensor bits = detail::flat_bits(outs[j].contiguous());
+        if (w[j].whole.defined()) {
+          if (layout == BlockLayout::same_as_source)
+            w[j].whole.view({nbr, bh, nbc, bw}).index_put_({rows, Slice(), cols, Slice()}, bits.view({cnt, bh, bw}));
+          else
+            w[j].whole.index_put_({detail::block_output_index(layout, ids, {}, nbr, nbc)}, bits);
+          continue;
+        }
+        w[j].index.push_back(detail::block_output_index(
+            layout, ids, layout == BlockLayout::same_as_source ? detail::block_elements(ids, bh, bw, k) : at::Tensor(),
+            nbr, nbc));
+        w[j].bits.push_back(bits);
+      }
+    }
+    for (std::size_t j = 0; j < d.outputs.size(); ++j) {
+      const at::Tensor dst = detail::flat_bits(lp.slots[d.outputs[j].slot].captured);
+      if (w[j].whole.defined()) {
+        sp.undo.push_back({dst, at::Tensor(), dst.clone()});
+        sp.writes.push_back({dst, at::Tensor(), w[j].whole});
+      } else {
+        add_write(sp, lp.slots[d.outputs[j].slot].captured, at::cat(w[j].index), at::cat(w[j].bits));
+      }
+    }
     recomputed += static_cast<std::size_t>(count);
   }
   return recomputed;

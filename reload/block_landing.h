@@ -21,8 +21,9 @@ namespace gk {
 // block derivations up to date with the landings `ls` into their sources:
 // only the blocks the landings touch are recomputed, from the captured
 // source with the landings applied. Returns the number of blocks
-// recomputed. One synchronization per derivation touched (the number of
-// touched blocks); O(touched blocks) memory.
+// recomputed. One synchronization per derivation touched (the touched
+// blocks' count and chunks); per output, O(touched blocks) memory or at
+// most twice the output, whichever is less.
 std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLanding>& ls, StagedPatch& sp);
 
 }  // namespace gk

@@ -435,6 +435,49 @@ TEST_CASE("gpu: the fast CUDA path matches the reference ops and the CPU; every 
   }
 }
 
+TEST_CASE("gpu: LoRA's fused expand is y + scale t_p B_p^T rounded once in each targeted part, y elsewhere") {
+  at::NoGradGuard no_grad;
+  const c10::Device cuda(c10::kCUDA, 0);
+  at::manual_seed(41);
+  // A fused q/k/v projection of 64 + 16 + 16 columns with k untargeted, rank 8.
+  const std::int64_t T = 37, rank = 8;
+  const std::vector<std::int64_t> offsets = {0, 80}, sizes = {64, 16};
+  const double scale = 1.75;
+  for (const at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    CAPTURE(dt);
+    const auto o = at::TensorOptions().dtype(dt).device(cuda);
+    const at::Tensor y = at::randn({T, 96}, o), t = at::randn({T, 2 * rank}, o), b = at::randn({80, rank}, o);
+    const at::Tensor got = demo::fused::lora_expand(y, t, b, offsets, sizes, rank, scale).cpu();
+    // The oracle in float64 on the CPU, rounded to the dtype once.
+    at::Tensor want = y.cpu().to(at::kDouble);
+    std::int64_t brow = 0;
+    for (std::size_t p = 0; p < offsets.size(); ++p) {
+      const at::Tensor tp = t.cpu().to(at::kDouble).narrow(1, static_cast<std::int64_t>(p) * rank, rank);
+      const at::Tensor bp = b.cpu().to(at::kDouble).narrow(0, brow, sizes[p]);
+      want.narrow(1, offsets[p], sizes[p]).add_(at::mm(tp, bp.t()), scale);
+      brow += sizes[p];
+    }
+    want = want.to(dt);
+    // The untargeted columns (k: 64..79) are y, bit for bit.
+    CHECK(at::equal(got.narrow(1, 64, 16), y.cpu().narrow(1, 64, 16)));
+    // float32: the order of the rank-8 sum only; bf16: one rounding of a
+    // float32 sum, so at most one unit in the last place, and rarely that.
+    const at::Tensor diff = (got.to(at::kDouble) - want.to(at::kDouble)).abs();
+    const double ulp = dt == at::kFloat ? 1e-5 : 1.0 / 128;
+    const at::Tensor bound = want.to(at::kDouble).abs().clamp_min(1.0) * ulp;
+    CHECK(at::isfinite(got).all().item<bool>());
+    CHECK((diff <= bound).all().item<bool>());
+    const double exact = at::eq(got, want).to(at::kDouble).mean().item<double>();
+    CAPTURE(exact);
+    CHECK(exact >= 0.95);
+  }
+  // A part outside the output is refused, naming it.
+  const auto o = at::TensorOptions().dtype(at::kBFloat16).device(cuda);
+  GK_CHECK_THROWS_WITH_SUBSTR(
+      demo::fused::lora_expand(at::zeros({2, 16}, o), at::zeros({2, 4}, o), at::zeros({20, 4}, o), {0}, {20}, 4, 1.0),
+      gk::StateError, "part 0 (columns 0 + 20) is outside y");
+}
+
 TEST_CASE("gpu: the CUDA sampler draws what the CPU draws from the same logits") {
   at::NoGradGuard no_grad;
   const c10::Device cuda(c10::kCUDA, 0);

@@ -598,6 +598,35 @@ TEST_CASE("block derivations: a patch recomputes only the blocks it touches, wit
   full.reload(w1);
   CHECK(pt::same(rig.replay(), full.replay()));
 
+  // The derived writes take the smaller form (Note [Patches through block
+  // derivations]): one touched row stays sparse, below the two copies of
+  // q (int8) a whole write takes; one element in every row touches all of
+  // q, which is written whole, at two copies (new bits, undo) of q and s
+  // beside the parameter's own 8 entries (an index of up to 8 bytes, a
+  // value and an undo of 4 each). Written sparse, q's index alone (8 bytes
+  // per 1-byte element) would be 1,024 bytes.
+  const std::size_t q_bytes = pt::QR * pt::QC, s_bytes = pt::QR * sizeof(float);
+  {
+    const gk::StagedReload one = rig.engine->stage(pt::patch_of(w1, w0, "one", "step-0"));
+    CHECK(one.staged_bytes() < 2 * q_bytes);
+  }
+  pt::Weights every = w1;
+  for (const char* t : {"lin.a.weight", "lin.b.weight"}) {
+    every[t] = w1.at(t).clone();
+    for (int64_t row = 0; row < pt::QR / 2; ++row) every[t][row][row] += 0.5f;
+  }
+  {
+    const gk::StagedReload all = rig.engine->stage(pt::patch_of(w1, every, "one", "every row"));
+    CHECK(all.report().patch.blocks_recomputed == static_cast<std::size_t>(pt::QR));
+    CHECK(all.staged_bytes() <= 2 * (q_bytes + s_bytes) + pt::QR * (8 + 4 + 4));
+  }
+  {
+    pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::rows>> whole(w1), expect(w1);
+    whole.engine->reload(pt::patch_of(w1, every, "one", "every row"));
+    expect.reload(every);
+    CHECK(pt::same(whole.replay(), expect.replay()));
+  }
+
   // A commit that fails after its writes puts the derived blocks back too.
   const at::Tensor out1 = rig.replay();
   const pt::Weights w2 = pt::step(w1, rng, 0.5);

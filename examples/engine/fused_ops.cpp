@@ -171,6 +171,40 @@ at::Tensor moe_grouped_mm(const at::Tensor& x, const at::Tensor& router_logits, 
   return (y.view({T, K, x.size(1)}).to(at::kFloat) * gates.unsqueeze(-1)).sum(1).to(x.scalar_type());
 }
 
+at::Tensor lora_expand(const at::Tensor& y, const at::Tensor& t, const at::Tensor& b,
+                       const std::vector<std::int64_t>& offsets, const std::vector<std::int64_t>& sizes,
+                       std::int64_t rank, double scale) {
+  check_input("lora_expand", y, y, 2);
+  const auto parts = static_cast<std::int64_t>(offsets.size());
+  GK_CHECK(gk::StateError, y.is_contiguous() && b.is_contiguous() && t.dim() == 2 && t.stride(1) == 1 &&
+                               t.size(0) == y.size(0) && t.size(1) >= parts * rank && b.dim() == 2 &&
+                               b.size(1) == rank && t.scalar_type() == y.scalar_type() &&
+                               b.scalar_type() == y.scalar_type() && offsets.size() == sizes.size() &&
+                               parts <= 4,
+           "fused op lora_expand: y ", y.sizes(), ", t ", t.sizes(), " and b ", b.sizes(), " are not [T, N], [T, ",
+           parts, " x ", rank, "] and [rows, ", rank, "] of one dtype, contiguous, with at most 4 parts");
+  at::Tensor out = gk::runtime::empty(y.sizes(), y.options());
+#ifdef GRAPHKEEP_WITH_CUDA
+  cuda::LoraParts lp;
+  lp.count = static_cast<int>(parts);
+  std::int64_t brow = 0;
+  for (std::int64_t p = 0; p < parts; ++p) {
+    const auto i = static_cast<std::size_t>(p);
+    GK_CHECK(gk::StateError, offsets[i] >= 0 && offsets[i] + sizes[i] <= y.size(1),
+             "fused op lora_expand: part ", p, " (columns ", offsets[i], " + ", sizes[i], ") is outside y ", y.sizes());
+    lp.offset[p] = offsets[i], lp.size[p] = sizes[i], lp.brow[p] = brow;
+    brow += sizes[i];
+  }
+  GK_CHECK(gk::StateError, brow == b.size(0), "fused op lora_expand: the parts cover ", brow, " rows of b ", b.sizes());
+#endif
+  GK_LAUNCH_CUDA("lora_expand", y,
+                 check_launch("lora_expand", cuda::launch_lora_expand(
+                                                 dtype_of(y), y.data_ptr(), t.data_ptr(), t.stride(0), b.data_ptr(),
+                                                 out.data_ptr(), y.size(0), y.size(1), rank, lp,
+                                                 static_cast<float>(scale), gk::runtime::cuda_stream(y, "lora_expand"))));
+  return out;
+}
+
 at::Tensor gumbel_noise(const at::Tensor& ids, const at::Tensor& row_keys) {
   check_input("gumbel_noise", ids, ids, 2);
   GK_CHECK(gk::StateError, ids.scalar_type() == at::kLong && ids.stride(1) == 1 && row_keys.scalar_type() == at::kLong &&

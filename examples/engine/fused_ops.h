@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace demo {
 struct TokenBatch;
@@ -67,6 +68,14 @@ bool grouped_mm_supported(const at::Tensor& x);
 // (It runs on the CPU too, for the tests; at::_grouped_mm's fallback there.)
 at::Tensor moe_grouped_mm(const at::Tensor& x, const at::Tensor& router_logits, const at::Tensor& w13,
                           const at::Tensor& w2, std::int64_t topk, bool norm_topk_prob);
+
+// LoRA's expand step and its add (Note [LoRA in the decode graphs] in
+// lora.cpp): y [T, N], t = x A^T [T, parts * rank], b [rows, rank] ->
+// y + scale * t_p b_p^T in the columns [offsets[p], offsets[p] + sizes[p])
+// of each part p (b_p: the next sizes[p] rows of b), in float32, rounded once.
+at::Tensor lora_expand(const at::Tensor& y, const at::Tensor& t, const at::Tensor& b,
+                       const std::vector<std::int64_t>& offsets, const std::vector<std::int64_t>& sizes,
+                       std::int64_t rank, double scale);
 
 // The Gumbel noise of the sampler (Note [Sampling on the device] in
 // sampler.cpp): ids [B, V] int64 token ids, row_keys [B] int64 -> [B, V] float32.

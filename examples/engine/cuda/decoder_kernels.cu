@@ -228,6 +228,34 @@ __global__ void silu_and_mul_kernel(const T* __restrict__ h, std::int64_t hs, T*
   }
 }
 
+// A thread per column and kLoraRows rows: B's row for the column is read
+// once per kLoraRows rows (from L1 after the first), t's row is the same for
+// the whole warp (a broadcast).
+constexpr int kLoraRows = 8;
+template <class T>
+__global__ void lora_expand_kernel(const T* __restrict__ y, const T* __restrict__ t, std::int64_t ts,
+                                   const T* __restrict__ b, T* __restrict__ out, std::int64_t rows, std::int64_t n,
+                                   std::int64_t rank, LoraParts parts, float scale) {
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  int p = -1;
+  for (int i = 0; i < parts.count; ++i)
+    if (c >= parts.offset[i] && c < parts.offset[i] + parts.size[i]) p = i;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kLoraRows;
+  const std::int64_t r1 = r0 + kLoraRows < rows ? r0 + kLoraRows : rows;
+  if (p < 0) {
+    for (std::int64_t r = r0; r < r1; ++r) out[r * n + c] = y[r * n + c];
+    return;
+  }
+  const T* brow = b + (parts.brow[p] + c - parts.offset[p]) * rank;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const T* trow = t + r * ts + p * rank;
+    float acc = 0.f;
+    for (std::int64_t j = 0; j < rank; ++j) acc += Io<T>::load(trow[j]) * Io<T>::load(brow[j]);
+    out[r * n + c] = Io<T>::store(Io<T>::load(y[r * n + c]) + scale * acc);
+  }
+}
+
 __device__ __forceinline__ std::uint32_t mix32(std::uint32_t x) {
   x ^= x >> 16;
   x *= 0x7feb352du;
@@ -340,6 +368,22 @@ int launch_silu_and_mul(Dtype dt, const void* h, std::int64_t h_stride, void* ou
     using T = std::remove_pointer_t<decltype(tag)>;
     silu_and_mul_kernel<T><<<grid_for(rows * inter, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(h), h_stride, static_cast<T*>(out), rows, inter);
+  });
+}
+
+int launch_lora_expand(Dtype dt, const void* y, const void* t, std::int64_t t_stride, const void* b, void* out,
+                       std::int64_t rows, std::int64_t n, std::int64_t rank, const LoraParts& parts, float scale,
+                       void* stream) {
+  if (rows * n == 0) return 0;
+  if (parts.count < 0 || parts.count > LoraParts::kMax) return static_cast<int>(cudaErrorInvalidValue);
+  constexpr int kThreads = 128;
+  const dim3 grid(static_cast<unsigned>((n + kThreads - 1) / kThreads),
+                  static_cast<unsigned>((rows + kLoraRows - 1) / kLoraRows));
+  return dispatch(dt, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    lora_expand_kernel<T><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(y), static_cast<const T*>(t), t_stride, static_cast<const T*>(b), static_cast<T*>(out),
+        rows, n, rank, parts, scale);
   });
 }
 

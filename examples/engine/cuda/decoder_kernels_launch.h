@@ -44,6 +44,24 @@ int launch_decode_attention(Dtype dt, const void* q, const std::int64_t* positio
 int launch_silu_and_mul(Dtype dt, const void* h, std::int64_t h_stride, void* out, std::int64_t rows,
                         std::int64_t inter, void* stream);
 
+// The targeted parts of a projection's output columns for LoRA (at most 4:
+// q, k and v of a fused projection): part p is columns [offset[p], offset[p]
+// + size[p]) of the output, rows [brow[p], brow[p] + size[p]) of B and
+// columns [p rank, (p + 1) rank) of t.
+struct LoraParts {
+  static constexpr int kMax = 4;
+  int count = 0;
+  std::int64_t offset[kMax] = {}, size[kMax] = {}, brow[kMax] = {};
+};
+
+// LoRA's expand step and its add, one kernel: out [rows, n] = dtype(y +
+// scale * sum_j t[r, p rank + j] B[brow[p] + c - offset[p], j]) in float32
+// for a column c of part p, y elsewhere. y and out contiguous, t [rows,
+// parts rank] (row stride t_stride), B [rows of the parts, rank] contiguous.
+int launch_lora_expand(Dtype dt, const void* y, const void* t, std::int64_t t_stride, const void* b, void* out,
+                       std::int64_t rows, std::int64_t n, std::int64_t rank, const LoraParts& parts, float scale,
+                       void* stream);
+
 // out [rows, vocab] float32 = -log(-log(u)), u = ((mix32(key[r] ^ id) >> 8) + 1/2) / 2^24
 // with id = ids[r * ids_stride + v] (Note [Sampling on the device] in sampler.cpp).
 int launch_gumbel_noise(const std::int64_t* ids, std::int64_t ids_stride, const std::int64_t* row_keys, float* out,
