@@ -16,7 +16,7 @@
 //   c.num_hidden_layers, c.is_moe(), c.dtype ...
 #pragma once
 
-#include "lora.h"
+#include "lora_config.h"
 
 #include <c10/core/ScalarType.h>
 

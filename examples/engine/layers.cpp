@@ -53,8 +53,8 @@ std::vector<gk::CheckpointParam> Attention::checkpoint_params() const {
       checkpoint_param("self_attn", "qkv_proj", {heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_},
                        hidden_, dt),
       checkpoint_param("self_attn", "o_proj", {hidden_}, heads_ * head_dim_, dt)};
-  for (const LoraProjection* l : {&qkv_lora_, &o_lora_})
-    for (gk::CheckpointParam& p : l->checkpoint_params()) out.push_back(std::move(p));
+  qkv_lora_.append_checkpoint_params(out);
+  o_lora_.append_checkpoint_params(out);
   return out;
 }
 
@@ -191,8 +191,8 @@ std::vector<gk::CheckpointParam> Mlp::checkpoint_params() const {
   const at::ScalarType dt = gate_up_proj_.scalar_type();
   std::vector<gk::CheckpointParam> out{checkpoint_param("mlp", "gate_up_proj", {inter_, inter_}, hidden_, dt),
                                        checkpoint_param("mlp", "down_proj", {hidden_}, inter_, dt)};
-  for (const LoraProjection* l : {&gate_up_lora_, &down_lora_})
-    for (gk::CheckpointParam& p : l->checkpoint_params()) out.push_back(std::move(p));
+  gate_up_lora_.append_checkpoint_params(out);
+  down_lora_.append_checkpoint_params(out);
   return out;
 }
 

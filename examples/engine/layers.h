@@ -8,7 +8,7 @@
 #pragma once
 
 #include "hf_config.h"
-#include "lora.h"
+#include "lora_projection.h"
 #include "rope.h"
 #include "weight_formats.h"
 

@@ -1,8 +1,6 @@
 // LoRA adapters (lora.h).
 #include "lora.h"
 
-#include "fused_ops.h"
-#include "layer_ops.h"
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/reload/errors.h>
@@ -10,7 +8,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/nn/module.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -36,14 +33,6 @@ std::string joined(const std::vector<std::string>& v) {
 }
 
 }  // namespace
-
-double LoraConfig::scale() const {
-  return rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
-}
-
-bool LoraConfig::targets_module(std::string_view projection) const {
-  return std::find(targets.begin(), targets.end(), projection) != targets.end();
-}
 
 LoraAdapter read_lora_adapter(const std::string& dir) {
   LoraAdapter out;
@@ -178,81 +167,6 @@ std::string lora_mismatch(const LoraConfig& served, const LoraConfig& next, cons
     return gk::detail::concat(next_dir, ": the adapter targets ", joined(next.targets), " but the graphs were captured for ",
                       joined(served.targets), "; start a new engine for other target modules");
   return {};
-}
-
-LoraProjection::LoraProjection(torch::nn::Module& module, const std::string& param,
-                               const std::optional<LoraConfig>& config, const std::vector<Part>& parts,
-                               std::int64_t in, at::TensorOptions options)
-    : param_(param), in_(in) {
-  if (!config) return;
-  std::int64_t offset = 0, rows = 0;
-  for (const Part& p : parts) {
-    if (config->targets_module(p.projection)) {
-      names_.push_back(p.projection);
-      offsets_.push_back(offset);
-      sizes_.push_back(p.rows);
-      rows += p.rows;
-    }
-    offset += p.rows;
-  }
-  if (names_.empty()) return;
-  rank_ = config->rank;
-  scale_ = config->scale();
-  const std::int64_t n = static_cast<std::int64_t>(names_.size());
-  a_ = module.register_parameter(param + "_lora_A", at::zeros({n * rank_, in}, options), false);
-  b_ = module.register_parameter(param + "_lora_B", at::zeros({rows, rank_}, options), false);
-}
-
-std::vector<gk::CheckpointParam> LoraProjection::checkpoint_params() const {
-  if (!active()) return {};
-  const at::ScalarType dt = a_->scalar_type();
-  gk::CheckpointParam a{param_ + "_lora_A", {}}, b{param_ + "_lora_B", {}};
-  for (std::size_t p = 0; p < names_.size(); ++p) {
-    a.tensors.push_back({names_[p] + ".lora_A.weight", {rank_, in_}, dt});
-    b.tensors.push_back({names_[p] + ".lora_B.weight", {sizes_[p], rank_}, dt});
-  }
-  return {a, b};
-}
-
-void LoraProjection::append_tensors(const std::string& prefix, std::vector<gk::NamedTensor>& out) const {
-  if (!active()) return;
-  std::int64_t brow = 0;
-  for (std::size_t p = 0; p < names_.size(); ++p) {
-    out.push_back({prefix + "." + names_[p] + ".lora_A.weight", a_->narrow(0, static_cast<std::int64_t>(p) * rank_, rank_), 0});
-    out.push_back({prefix + "." + names_[p] + ".lora_B.weight", b_->narrow(0, brow, sizes_[p]), 0});
-    brow += sizes_[p];
-  }
-}
-
-// Note [LoRA in the decode graphs]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Unmerged: y = x W^T + scale (x A^T) B^T, per targeted part of a fused
-// projection (q, k and v of qkv_proj). The A of every part are one
-// parameter, so the shrink is one GEMM for the projection: t = x A^T [T,
-// parts rank]. The expand and the add are then one pass over y: each output
-// element adds scale times a dot product of rank terms, in float32, rounded
-// to the model dtype once. On CUDA that pass is one kernel
-// (fused::lora_expand): two launches per projection instead of a copy and a
-// GEMM and an add per part (22 per Llama layer), which is what an adapter
-// costs a decode step at batch 64, where every launch is a few
-// microseconds and the adapter's bytes are nothing (docs/lora.md). On the
-// CPU the same arithmetic runs as ATen ops inside one captured op.
-at::Tensor LoraProjection::apply(const char* name, const at::Tensor& x, const at::Tensor& y) const {
-  if (!active()) return y;
-  if (fused::supported(y)) return fused::lora_expand(y, at::mm(x, a_->t()), *b_, offsets_, sizes_, rank_, scale_);
-  return layer_ops::op(name, {x, y, *a_, *b_}, y.sizes(), y.options(),
-                       [offsets = offsets_, sizes = sizes_, r = rank_, s = scale_](auto& in, auto& out) {
-                         out[0].copy_(in[1]);
-                         const at::Tensor t = at::mm(in[0], in[2].t());  // [T, parts * r]
-                         std::int64_t brow = 0;
-                         for (std::size_t p = 0; p < offsets.size(); ++p) {
-                           const at::Tensor d = at::mm(t.narrow(1, static_cast<std::int64_t>(p) * r, r).to(at::kFloat),
-                                                       in[3].narrow(0, brow, sizes[p]).to(at::kFloat).t());
-                           const at::Tensor part = out[0].narrow(1, offsets[p], sizes[p]);
-                           part.copy_(part.to(at::kFloat).add_(d, s));
-                           brow += sizes[p];
-                         }
-                       });
 }
 
 }  // namespace demo

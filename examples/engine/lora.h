@@ -13,8 +13,8 @@
 //   demo::LlmEngineOptions o;  o.adapter = "adapters/step0";
 #pragma once
 
-#include <graphkeep/model/layer.h>
-#include <graphkeep/registry.h>
+#include "lora_config.h"
+
 #include <graphkeep/sources/weight_source.h>
 
 #include <ATen/core/Tensor.h>
@@ -25,22 +25,7 @@
 #include <string_view>
 #include <vector>
 
-namespace torch::nn {
-class Module;
-}
-
 namespace demo {
-
-struct LoraConfig {
-  std::int64_t rank = 0;
-  double alpha = 0;
-  bool rslora = false;                // scale alpha / sqrt(r) instead of alpha / r
-  std::vector<std::string> targets;   // sorted; of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
-
-  double scale() const;
-  bool targets_module(std::string_view projection) const;  // "q_proj"
-  friend bool operator==(const LoraConfig&, const LoraConfig&) = default;
-};
 
 struct LoraAdapter {
   std::string dir;
@@ -74,12 +59,6 @@ std::vector<gk::NamedTensor> random_lora_tensors(const LoraShapes& shapes, const
 // when they agree.
 std::string lora_mismatch(const LoraConfig& served, const LoraConfig& next, const std::string& next_dir);
 
-// The LoRA A and B of one fused projection (q/k/v, gate/up, or one),
-// registered on the projection's module as parameters "<param>_lora_A"
-// [parts * r, in] and "<param>_lora_B" [sum of the parts' rows, r], from the
-// checkpoint tensors "<part>.lora_A.weight" and "<part>.lora_B.weight" of
-// the targeted parts (concatenated along dim 0, as default_load lays them).
-// Nothing is registered when the config targets none of the parts.
 // A weight source followed by an adapter's tensors (the base checkpoint and
 // the adapter served with it).
 class WithAdapter final : public gk::WeightSource {
@@ -102,33 +81,5 @@ class WithAdapter final : public gk::WeightSource {
 
 // True for the names of adapter tensors ("...q_proj.lora_A.weight").
 bool is_lora_tensor(std::string_view name);
-
-class LoraProjection {
- public:
-  struct Part {
-    std::string projection;  // "q_proj"
-    std::int64_t rows = 0;   // its rows of the projection's output
-  };
-  LoraProjection() = default;
-  LoraProjection(torch::nn::Module& module, const std::string& param, const std::optional<LoraConfig>& config,
-                 const std::vector<Part>& parts, std::int64_t in, at::TensorOptions options);
-  bool active() const { return a_.has_value(); }
-  std::vector<gk::CheckpointParam> checkpoint_params() const;  // empty when inactive
-  // y + scale * (x A_p^T) B_p^T in each targeted part's rows, as one captured op.
-  at::Tensor apply(const char* name, const at::Tensor& x, const at::Tensor& y) const;
-  // The served A and B of each targeted part, as views of the parameters,
-  // under their checkpoint names below `prefix` ("model.layers.0.self_attn").
-  void append_tensors(const std::string& prefix, std::vector<gk::NamedTensor>& out) const;
-
- private:
-  std::optional<at::Tensor> a_, b_;  // handles to the module's parameters
-  std::string param_;
-  std::vector<std::string> names_;   // the targeted parts
-  std::vector<std::int64_t> offsets_, sizes_;
-  std::int64_t rank_ = 0, in_ = 0;
-  double scale_ = 0;
-  GRAPHKEEP_DESCRIBE(LoraProjection, (a_, gk::parameter), (b_, gk::parameter), param_, names_, offsets_, sizes_,
-                     rank_, in_, scale_)
-};
 
 }  // namespace demo
