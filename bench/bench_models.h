@@ -7,6 +7,16 @@
 //   qwen3moe30b  Qwen3-30B-A3B-like: 48 layers, hidden 2048, 32 heads over 4
 //                KV heads of 128, 128 experts of 768, top 8, vocabulary 151936
 //   tiny         the example engine's built-in model (float32)
+// Shapes for costs that follow the tensor count, not the bytes:
+//   llama8b-e32  the 8B's bytes in 11.6x its tensors (3,363 instead of 291):
+//                llama8b's attention, its MLP as 32 Qwen3-MoE experts of
+//                448 (32 x 448 = 14336), top 4
+//   dsv3-count   DeepSeek-V3's expert tensor count (58 layers x 256 experts x
+//                3 projections: 44,544 of its 45,069 tensors) at reduced
+//                width: hidden 1024, experts of 256, top 8, 22 GiB
+//   moe-narrow   the 30B-A3B's tensor count per layer at 1/16 of its width,
+//                4 layers: host costs on a CPU
+//   llama1b      a Llama of 1.1B parameters: whole-model memory on a CPU
 //
 //   demo::HfConfig cfg = gkbench::model_config("llama8b");
 //   const auto shapes = gkbench::checkpoint_shapes(cfg, device);
@@ -59,10 +69,39 @@ inline demo::HfConfig model_config(const std::string& name) {
     c.num_experts_per_tok = 8;
     c.moe_intermediate_size = 768;
     c.rope_theta = 1000000.0;
+  } else if (name == "llama8b-e32") {
+    c = model_config("llama8b");
+    c.model_type = "qwen3_moe";
+    c.num_experts = 32;
+    c.num_experts_per_tok = 4;
+    c.moe_intermediate_size = 448;
+  } else if (name == "dsv3-count") {
+    c.model_type = "qwen3_moe";
+    c.vocab_size = 32000;
+    c.hidden_size = 1024;
+    c.intermediate_size = 2048;
+    c.num_hidden_layers = 58;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 2;
+    c.head_dim = 128;
+    c.num_experts = 256;
+    c.num_experts_per_tok = 8;
+    c.moe_intermediate_size = 256;
+  } else if (name == "moe-narrow") {
+    c.model_type = "qwen3_moe";
+    c.rope_theta = 1000000.0;
+    c.vocab_size = 1024, c.hidden_size = 128, c.intermediate_size = 384;
+    c.num_attention_heads = 4, c.num_hidden_layers = 4, c.num_key_value_heads = 2, c.head_dim = 128;
+    c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 48;
+  } else if (name == "llama1b") {
+    c.model_type = "llama";
+    c.vocab_size = 32000, c.hidden_size = 2048, c.intermediate_size = 8192;
+    c.num_attention_heads = 16, c.num_hidden_layers = 16, c.num_key_value_heads = 8, c.head_dim = 128;
   } else if (name == "tiny") {
     c = demo::builtin_tiny_config();
   } else {
-    throw std::invalid_argument("unknown --model " + name + " (llama8b, qwen3moe30b, tiny)");
+    throw std::invalid_argument("unknown --model " + name +
+                                " (llama8b, qwen3moe30b, llama8b-e32, dsv3-count, moe-narrow, llama1b, tiny)");
   }
   return c;
 }

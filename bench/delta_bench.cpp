@@ -46,6 +46,7 @@
 // weights requantized without PWAL), host_us_per_tensor (the staging
 // thread's CPU time per patched tensor), exact, and more keys.
 #include "bench_args.h"
+#include "bench_models.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
 
@@ -83,44 +84,6 @@ double thread_cpu_ms() {
   return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
 }
 
-
-// The shapes of the models measured (Llama-3-8B; a Qwen3-30B-A3B-like MoE:
-// 48 layers, 128 experts, top 8), and the example engine's tiny model.
-demo::HfConfig model_config(const std::string& name) {
-  if (name == "tiny") return demo::builtin_tiny_config();
-  demo::HfConfig c;
-  c.rms_norm_eps = 1e-5;
-  c.max_position_embeddings = 8192;
-  c.dtype = at::kBFloat16;
-  c.num_attention_heads = 32;
-  c.head_dim = 128;
-  if (name == "llama8b") {
-    c.model_type = "llama";
-    c.rope_theta = 500000.0;
-    c.vocab_size = 128256, c.hidden_size = 4096, c.intermediate_size = 14336;
-    c.num_hidden_layers = 32, c.num_key_value_heads = 8;
-  } else if (name == "qwen3moe30b") {
-    c.model_type = "qwen3_moe";
-    c.rope_theta = 1000000.0;
-    c.vocab_size = 151936, c.hidden_size = 2048, c.intermediate_size = 6144;
-    c.num_hidden_layers = 48, c.num_key_value_heads = 4;
-    c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 768;
-  } else if (name == "llama1b") {  // a Llama of 1.1B parameters: whole-model costs (memory) on a CPU
-    c.model_type = "llama";
-    c.rope_theta = 500000.0;
-    c.vocab_size = 32000, c.hidden_size = 2048, c.intermediate_size = 8192;
-    c.num_attention_heads = 16, c.num_hidden_layers = 16, c.num_key_value_heads = 8;
-  } else if (name == "moe-narrow") {  // the 30B-A3B's tensor count per layer at 1/16 of its width: host costs on a CPU
-    c.model_type = "qwen3_moe";
-    c.rope_theta = 1000000.0;
-    c.vocab_size = 1024, c.hidden_size = 128, c.intermediate_size = 384;
-    c.num_attention_heads = 4, c.num_hidden_layers = 4, c.num_key_value_heads = 2;
-    c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 48;
-  } else {
-    throw std::invalid_argument("unknown --model " + name + " (llama8b, llama1b, qwen3moe30b, moe-narrow, tiny)");
-  }
-  return c;
-}
 
 // How T is made from B.
 struct Change {
@@ -291,7 +254,7 @@ int main(int argc, char** argv) {
     else if (k == "--warmup") warmup = std::stoi(val());
     else if (k == "--streaming-full") streaming_full = true;
     else {
-      std::fprintf(stderr, "usage: bench_delta [--model llama8b|llama1b|qwen3moe30b|moe-narrow|tiny] [--format dense|fp8|w4a16] "
+      std::fprintf(stderr, "usage: bench_delta [--model llama8b|qwen3moe30b|llama8b-e32|dsv3-count|moe-narrow|llama1b|tiny] [--format dense|fp8|w4a16] "
                            "[--device auto|cpu|cuda] [--densities adamw:LR,SHARE,...] [--batch B] [--max-batch N] "
                            "[--warmup STEPS] [--streaming-full] [--json FILE]\n");
       return 2;
@@ -301,7 +264,7 @@ int main(int argc, char** argv) {
     at::NoGradGuard no_grad;
     const bool cuda = device_name == "cuda" || (device_name == "auto" && gk::runtime::cuda_device_available());
     const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-    const demo::HfConfig cfg = model_config(model);
+    const demo::HfConfig cfg = gkbench::model_config(model);
     const demo::WeightFormat format = demo::parse_weight_format(format_name);
     std::vector<gk::CheckpointTensor> shapes;
     {

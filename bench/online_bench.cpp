@@ -44,8 +44,9 @@
 //   gk-online-bench --model llama8b --format dense --json out.json
 //   gk-online-bench --model tiny --device cpu        (a smoke run anywhere)
 //
-// Models: llama8b (Llama-3-8B shapes), qwen3moe30b (Qwen3-30B-A3B-like: 48
-// layers, 128 experts, top 8), tiny. One JSON object per run, appended as a
+// Models: bench/bench_models.h (llama8b, qwen3moe30b, tiny; llama8b-e32
+// and dsv3-count: the same bytes, or DeepSeek-V3's tensor count, in many
+// more tensors). One JSON object per run, appended as a
 // line to --json.
 #include "bench_args.h"
 #include "bench_models.h"
@@ -239,7 +240,7 @@ int main(int argc, char** argv) {
     else if (k == "--reps") reps = std::max(1, std::stoi(val()));
     else if (k == "--layers") layers = std::stoll(val());
     else {
-      std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|tiny] [--format dense|fp8|w4a16] "
+      std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|llama8b-e32|dsv3-count|tiny] [--format dense|fp8|w4a16] "
                            "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--min-stage-steps N] [--kv-len L] [--reps N] [--layers N] [--json FILE]\n");
       return 2;
     }

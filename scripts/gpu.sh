@@ -16,6 +16,7 @@
 #   bash scripts/gpu.sh python   the Python package: pip build, gpu pytest, audit cost
 #   bash scripts/gpu.sh delta    weight patches: GPU tests, bench_delta at 8B and 30B-A3B
 #   bash scripts/gpu.sh lora     LoRA adapters: the swap stress test on CUDA graphs, gk-lora-bench at 8B
+#   bash scripts/gpu.sh scaling  streaming reloads of the same bytes in more tensors (gk-online-bench)
 #
 # The GPU machine has PyTorch 2.11 (libtorch, CUDA 13, nvcc 13, g++ 13) but
 # no package index: run `deps` here first, then every other suite there
@@ -335,6 +336,22 @@ suite_lora() {
   echo "== exit $?"
   cd "$REPO" || return 1
   return "$rc"
+}
+
+# Cost per tensor or per byte: the streaming reload (trainer's tensors
+# adopted) of llama8b, of the same bytes in 11.6x the tensors (llama8b-e32)
+# and of DeepSeek-V3's tensor count at reduced width (dsv3-count), each
+# beside a device copy of its bytes; rows appended to $OUT/scaling_h200.json.
+#   GK_SCALING_MODELS  which (default "llama8b llama8b-e32 dsv3-count")
+suite_scaling() {
+  local m
+  build gk-online-bench || return 1
+  for m in ${GK_SCALING_MODELS:-llama8b llama8b-e32 dsv3-count}; do
+    echo "== gk-online-bench $m --streaming-only"
+    timeout 200 "$BUILD/bench/gk-online-bench" --model "$m" --format dense --streaming-only --reps 5 \
+      --json "$LOG/scaling_h200.json" | tail -6
+    echo "== exit $?"
+  done
 }
 
 # The recorded run: `test` (build everything, ctest -L gpu), the gpu tests
