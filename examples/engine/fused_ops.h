@@ -70,7 +70,7 @@ at::Tensor moe_grouped_mm(const at::Tensor& x, const at::Tensor& router_logits, 
                           const at::Tensor& w2, std::int64_t topk, bool norm_topk_prob);
 
 // LoRA's expand step and its add (Note [LoRA in the decode graphs] in
-// lora.cpp): y [T, N], t = x A^T [T, parts * rank], b [rows, rank] ->
+// lora_projection.cpp): y [T, N], t = x A^T [T, parts * rank], b [rows, rank] ->
 // y + scale * t_p b_p^T in the columns [offsets[p], offsets[p] + sizes[p])
 // of each part p (b_p: the next sizes[p] rows of b), in float32, rounded once.
 at::Tensor lora_expand(const at::Tensor& y, const at::Tensor& t, const at::Tensor& b,
