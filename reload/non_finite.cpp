@@ -24,7 +24,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -58,15 +60,21 @@ Bits bits_of(at::ScalarType t) {
   }
 }
 
-std::int64_t first_on_cpu(const at::Tensor& t, Bits b) {
-  const auto* p = static_cast<const unsigned char*>(t.const_data_ptr());
-  const std::int64_t n = t.numel();
+// The first element of p[0, n) whose exponent bits are all set, or -1: a
+// plain loop over words of the element's width (vectorized by the
+// compiler), in parallel chunks that each stop at their first hit.
+template <class W>
+std::int64_t first_set_exponent(const W* p, std::int64_t n, W mask) {
   std::atomic<std::int64_t> first{std::numeric_limits<std::int64_t>::max()};
   at::parallel_for(0, n, 1 << 16, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) {
-      std::uint64_t w = 0;
-      std::memcpy(&w, p + i * b.bytes, b.bytes);  // little-endian hosts
-      if ((w & b.mask) == b.mask) {
+    constexpr std::int64_t kStride = 1024;  // elements tested before looking for the hit
+    for (std::int64_t s = begin; s < end; s += kStride) {
+      const std::int64_t e = std::min(end, s + kStride);
+      bool any = false;
+      for (std::int64_t i = s; i < e; ++i) any |= (p[i] & mask) == mask;
+      if (!any) continue;
+      for (std::int64_t i = s; i < e; ++i) {
+        if ((p[i] & mask) != mask) continue;
         std::int64_t cur = first.load();
         while (i < cur && !first.compare_exchange_weak(cur, i)) {
         }
@@ -76,6 +84,17 @@ std::int64_t first_on_cpu(const at::Tensor& t, Bits b) {
   });
   const std::int64_t f = first.load();
   return f == std::numeric_limits<std::int64_t>::max() ? -1 : f;
+}
+
+std::int64_t first_on_cpu(const at::Tensor& t, Bits b) {
+  const void* p = t.const_data_ptr();
+  const std::int64_t n = t.numel();
+  switch (b.bytes) {
+    case 1: return first_set_exponent(static_cast<const std::uint8_t*>(p), n, static_cast<std::uint8_t>(b.mask));
+    case 2: return first_set_exponent(static_cast<const std::uint16_t*>(p), n, static_cast<std::uint16_t>(b.mask));
+    case 4: return first_set_exponent(static_cast<const std::uint32_t*>(p), n, static_cast<std::uint32_t>(b.mask));
+    default: return first_set_exponent(static_cast<const std::uint64_t*>(p), n, b.mask);
+  }
 }
 
 // Any other floating or complex dtype: torch's own test.

@@ -825,6 +825,27 @@ TEST_CASE("non-finite checkpoint values are refused by name before PWAL, in ever
     gk::InMemorySource ok(w);
     CHECK_NOTHROW(gk::load_weights(m, ok));
   }
+  SUBCASE("a large tensor: the first of several, across the CPU scan's parallel chunks and strides") {
+    // 614,400 elements: ten chunks of 65,536 for at::parallel_for, each
+    // tested in strides of 1,024 before the hit is looked for.
+    const std::int64_t rows = 1024, cols = 600, n = rows * cols;
+    for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kFloat8_e5m2}) {
+      for (const std::vector<std::int64_t>& bad : std::vector<std::vector<std::int64_t>>{
+               {400000, 200003, 70000}, {n - 1}, {65535, 65536}, {1023, 1024, 0}}) {
+        CAPTURE(c10::toString(t));
+        CAPTURE(bad.back());
+        torch::nn::Module m;
+        m.register_parameter("big", at::zeros({rows, cols}, at::TensorOptions().dtype(t)), false);
+        at::Tensor v = at::ones({rows, cols}).to(t);
+        for (std::int64_t e : bad) v.view({-1})[e] = std::nan("");
+        gk::InMemorySource src({{"big", v}});
+        const std::string msg = gk::testing::message_of<gk::WeightError>([&] { gk::load_weights(m, src); });
+        const std::int64_t first = *std::min_element(bad.begin(), bad.end());
+        CAPTURE(msg);
+        CHECK(msg.find(gk::detail::concat("(nan at element ", first, " of parameter")) != std::string::npos);
+      }
+    }
+  }
   SUBCASE("a reload and a stage refuse it, naming the checkpoint tensor of a fused parameter; nothing changes") {
     Rig<FusedModel> rig(adopting(gk::ReloadMode::transactional));
     const at::Tensor old = rig.replay();
