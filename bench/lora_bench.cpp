@@ -12,6 +12,9 @@
 //   stage_ms, swap_pause_ms    stage_adapter(2) and its commit (the pause),
 //                              the best of --swaps swaps back and forth
 //   adapter_bytes              one adapter's A and B
+//   parts_ms, parts_no_adapter_ms  the GPU time of one eager forward by part
+//                              (demo::PartTimer; "lora" is the adapter's
+//                              GEMMs and expands), with and without it
 //   exact                      after the swaps, the logits equal a fresh
 //                              engine's with the same adapter, and swapping
 //                              back gives adapter 1's logits, bit for bit
@@ -25,6 +28,7 @@
 #include "engine/compare.h"
 #include "engine/llm_engine.h"
 #include "engine/lora.h"
+#include "engine/part_timer.h"
 
 #include <graphkeep/core/stopwatch.h>
 #include <graphkeep/runtime/device.h>
@@ -35,6 +39,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,13 +105,31 @@ int main(int argc, char** argv) {
     };
     const at::Tensor tokens = at::arange(batch, at::kLong).mul(7).remainder(cfg.vocab_size);
     const at::Tensor pos = at::full({batch}, kv_len - 1, at::kLong);
+    // The GPU time of one eager forward by part (the second of two: the first warms up).
+    auto parts_of = [&](demo::LlmEngine& e) {
+      nlohmann::ordered_json parts = nlohmann::ordered_json::object();
+      if (!device.is_cuda()) return parts;
+      const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+      const at::Tensor ids = tokens.to(device), positions = pos.to(device), seqs = at::arange(batch, longs);
+      std::map<std::string, double> ms;
+      for (int rep = 0; rep < 2; ++rep) {
+        demo::PartTimer timer(device);
+        (void)e.model().forward(ids, {positions, seqs}, e.kv_caches(), e.rope_tables());
+        ms = timer.finish();
+      }
+      for (const auto& [part, t] : ms) parts[part] = gkbench::rounded(t, 4);
+      return parts;
+    };
     double plain_ms = 0;
+    nlohmann::ordered_json plain_parts;
     {
       auto eng = build("");
       plain_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
+      plain_parts = parts_of(*eng);
     }
     auto eng = build(dirs[0]);
     const double adapter_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
+    const nlohmann::ordered_json adapter_parts = parts_of(*eng);
     // The exactness checks decode at position 0, which attends only the row
     // the step itself writes: the rows below a later position hold what the
     // graphs' capture left there under the adapter of the engine's start.
@@ -151,6 +174,8 @@ int main(int argc, char** argv) {
         {"decode_step_ms", num(adapter_ms, 4)},
         {"decode_step_no_adapter_ms", num(plain_ms, 4)},
         {"adapter_over_no_adapter", num(adapter_ms / plain_ms, 3)},
+        {"parts_ms", adapter_parts},
+        {"parts_no_adapter_ms", plain_parts},
         {"exact", exact},
         {"swaps", 2 * swaps},
         {"device", device.str()},

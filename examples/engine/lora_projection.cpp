@@ -3,6 +3,7 @@
 
 #include "fused_ops.h"
 #include "layer_ops.h"
+#include "part_timer.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -71,7 +72,10 @@ void LoraProjection::append_tensors(const std::string& prefix, std::vector<gk::N
 // CPU the same arithmetic runs as ATen ops inside one captured op.
 at::Tensor LoraProjection::apply(const char* name, const at::Tensor& x, const at::Tensor& y) const {
   if (!active()) return y;
-  if (fused::supported(y)) return fused::lora_expand(y, at::mm(x, a_->t()), *b_, offsets_, sizes_, rank_, scale_);
+  if (fused::supported(y)) {
+    mark_part(demo::Part::lora);  // closed by the caller's next mark (part_timer.h)
+    return fused::lora_expand(y, at::mm(x, a_->t()), *b_, offsets_, sizes_, rank_, scale_);
+  }
   return layer_ops::op(name, {x, y, *a_, *b_}, y.sizes(), y.options(),
                        [offsets = offsets_, sizes = sizes_, r = rank_, s = scale_](auto& in, auto& out) {
                          out[0].copy_(in[1]);

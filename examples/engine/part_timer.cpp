@@ -25,6 +25,7 @@ const char* to_string(Part p) {
     case Part::moe: return "moe";
     case Part::lm_head: return "lm_head";
     case Part::sampling: return "sampling";
+    case Part::lora: return "lora";
     default: return "idle";
   }
 }

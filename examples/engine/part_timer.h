@@ -25,7 +25,7 @@
 
 namespace demo {
 
-enum class Part { idle, embedding, norm, gemm, attention, mlp_act, moe, lm_head, sampling };
+enum class Part { idle, embedding, norm, gemm, attention, mlp_act, moe, lm_head, sampling, lora };
 const char* to_string(Part p);
 
 // Closes the running part and opens `p` (idle: none) in the active timer, if any.

@@ -228,31 +228,47 @@ __global__ void silu_and_mul_kernel(const T* __restrict__ h, std::int64_t hs, T*
   }
 }
 
-// A thread per column and kLoraRows rows: B's row for the column is read
-// once per kLoraRows rows (from L1 after the first), t's row is the same for
-// the whole warp (a broadcast).
+// A thread per column and kLoraRows rows. The column's row of B is read
+// once into registers (R: the rank, unrolled; R = 0: any rank, read as it
+// goes), t's row is the same for the whole warp (a broadcast).
 constexpr int kLoraRows = 8;
-template <class T>
+template <class T, int R>
 __global__ void lora_expand_kernel(const T* __restrict__ y, const T* __restrict__ t, std::int64_t ts,
                                    const T* __restrict__ b, T* __restrict__ out, std::int64_t rows, std::int64_t n,
                                    std::int64_t rank, LoraParts parts, float scale) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= n) return;
   int p = -1;
-  for (int i = 0; i < parts.count; ++i)
-    if (c >= parts.offset[i] && c < parts.offset[i] + parts.size[i]) p = i;
+  std::int64_t brow = 0;
+#pragma unroll
+  for (int i = 0; i < LoraParts::kMax; ++i)
+    if (i < parts.count && c >= parts.offset[i] && c < parts.offset[i] + parts.size[i])
+      p = i, brow = parts.brow[i] + c - parts.offset[i];
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kLoraRows;
   const std::int64_t r1 = r0 + kLoraRows < rows ? r0 + kLoraRows : rows;
   if (p < 0) {
     for (std::int64_t r = r0; r < r1; ++r) out[r * n + c] = y[r * n + c];
     return;
   }
-  const T* brow = b + (parts.brow[p] + c - parts.offset[p]) * rank;
-  for (std::int64_t r = r0; r < r1; ++r) {
-    const T* trow = t + r * ts + p * rank;
-    float acc = 0.f;
-    for (std::int64_t j = 0; j < rank; ++j) acc += Io<T>::load(trow[j]) * Io<T>::load(brow[j]);
-    out[r * n + c] = Io<T>::store(Io<T>::load(y[r * n + c]) + scale * acc);
+  const T* bp = b + brow * rank;
+  if constexpr (R > 0) {
+    float bv[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) bv[j] = Io<T>::load(bp[j]);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const T* trow = t + r * ts + p * R;
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < R; ++j) acc += Io<T>::load(trow[j]) * bv[j];
+      out[r * n + c] = Io<T>::store(Io<T>::load(y[r * n + c]) + scale * acc);
+    }
+  } else {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const T* trow = t + r * ts + p * rank;
+      float acc = 0.f;
+      for (std::int64_t j = 0; j < rank; ++j) acc += Io<T>::load(trow[j]) * Io<T>::load(bp[j]);
+      out[r * n + c] = Io<T>::store(Io<T>::load(y[r * n + c]) + scale * acc);
+    }
   }
 }
 
@@ -381,9 +397,17 @@ int launch_lora_expand(Dtype dt, const void* y, const void* t, std::int64_t t_st
                   static_cast<unsigned>((rows + kLoraRows - 1) / kLoraRows));
   return dispatch(dt, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    lora_expand_kernel<T><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(y), static_cast<const T*>(t), t_stride, static_cast<const T*>(b), static_cast<T*>(out),
-        rows, n, rank, parts, scale);
+    const auto* yp = static_cast<const T*>(y);
+    const auto* tp = static_cast<const T*>(t);
+    const auto* bp = static_cast<const T*>(b);
+    auto* op = static_cast<T*>(out);
+    const auto s = static_cast<cudaStream_t>(stream);
+    switch (rank) {  // the ranks adapters use, unrolled
+      case 8: lora_expand_kernel<T, 8><<<grid, kThreads, 0, s>>>(yp, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
+      case 16: lora_expand_kernel<T, 16><<<grid, kThreads, 0, s>>>(yp, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
+      case 32: lora_expand_kernel<T, 32><<<grid, kThreads, 0, s>>>(yp, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
+      default: lora_expand_kernel<T, 0><<<grid, kThreads, 0, s>>>(yp, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
+    }
   });
 }
 
