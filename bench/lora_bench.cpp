@@ -12,6 +12,8 @@
 //   stage_ms, swap_pause_ms    stage_adapter(2) and its commit (the pause),
 //                              the best of --swaps swaps back and forth
 //   adapter_bytes              one adapter's A and B
+//   decode_step_fused_expand_ms  decode_step_ms with the expand as one CUDA
+//                              kernel (LoraProjection::set_fused_expand)
 //   parts_ms, parts_no_adapter_ms  the GPU time of one eager forward by part
 //                              (demo::PartTimer; "lora" is the adapter's
 //                              GEMMs and expands), with and without it
@@ -28,6 +30,7 @@
 #include "engine/compare.h"
 #include "engine/llm_engine.h"
 #include "engine/lora.h"
+#include "engine/lora_projection.h"
 #include "engine/part_timer.h"
 
 #include <graphkeep/core/stopwatch.h>
@@ -127,6 +130,16 @@ int main(int argc, char** argv) {
       plain_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
       plain_parts = parts_of(*eng);
     }
+    // The fused expand (Note [LoRA in the decode graphs]), in its own engine.
+    double fused_ms = 0;
+    nlohmann::ordered_json fused_parts;
+    if (device.is_cuda()) {
+      demo::LoraProjection::set_fused_expand(true);
+      auto e = build(dirs[0]);
+      demo::LoraProjection::set_fused_expand(false);
+      fused_ms = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
+      fused_parts = parts_of(*e);
+    }
     auto eng = build(dirs[0]);
     const double adapter_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
     const nlohmann::ordered_json adapter_parts = parts_of(*eng);
@@ -174,7 +187,9 @@ int main(int argc, char** argv) {
         {"decode_step_ms", num(adapter_ms, 4)},
         {"decode_step_no_adapter_ms", num(plain_ms, 4)},
         {"adapter_over_no_adapter", num(adapter_ms / plain_ms, 3)},
+        {"decode_step_fused_expand_ms", device.is_cuda() ? nlohmann::ordered_json(num(fused_ms, 4)) : nullptr},
         {"parts_ms", adapter_parts},
+        {"parts_fused_expand_ms", fused_parts},
         {"parts_no_adapter_ms", plain_parts},
         {"exact", exact},
         {"swaps", 2 * swaps},

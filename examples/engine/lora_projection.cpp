@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <atomic>
 #include <utility>
 
 namespace demo {
@@ -62,30 +63,40 @@ void LoraProjection::append_tensors(const std::string& prefix, std::vector<gk::N
 // Unmerged: y = x W^T + scale (x A^T) B^T, per targeted part of a fused
 // projection (q, k and v of qkv_proj). The A of every part are one
 // parameter, so the shrink is one GEMM for the projection: t = x A^T [T,
-// parts rank]. The expand and the add are then one pass over y: each output
-// element adds scale times a dot product of rank terms, in float32, rounded
-// to the model dtype once. On CUDA that pass is one kernel
-// (fused::lora_expand): two launches per projection instead of a copy and a
-// GEMM and an add per part (22 per Llama layer), which is what an adapter
-// costs a decode step at batch 64, where every launch is a few
-// microseconds and the adapter's bytes are nothing (docs/lora.md). On the
-// CPU the same arithmetic runs as ATen ops inside one captured op.
+// parts rank]. Then, by default, per part a GEMM t_p B_p^T and an add into
+// a copy of y, in the model's dtype (as PEFT computes it): 2 + 2 parts
+// launches per projection, 22 per Llama layer. At batch 64 on the H200 that
+// made a decode step 1.42x the step without the adapter: its bytes are
+// nothing (80 MiB beside 15 GiB), its launches are the cost (docs/lora.md).
+//
+// LoraProjection::set_fused_expand(true) makes the expand and the add one
+// CUDA kernel (fused::lora_expand: a dot product of rank terms per output
+// element in float32, rounded once): two launches per projection. Its first
+// version measured 1.58x, in another run on another host; it stays off
+// until gk-lora-bench, which measures both in one run
+// (decode_step_fused_expand_ms), shows it faster. The setting is read when
+// a graph is captured: set it before building an engine.
+namespace {
+std::atomic<bool> g_fused_expand{false};
+}  // namespace
+
+void LoraProjection::set_fused_expand(bool on) { g_fused_expand.store(on); }
+bool LoraProjection::fused_expand() { return g_fused_expand.load(); }
+
 at::Tensor LoraProjection::apply(const char* name, const at::Tensor& x, const at::Tensor& y) const {
   if (!active()) return y;
-  if (fused::supported(y)) {
-    mark_part(demo::Part::lora);  // closed by the caller's next mark (part_timer.h)
+  mark_part(demo::Part::lora);  // closed by the caller's next mark (part_timer.h)
+  if (fused_expand() && fused::supported(y))
     return fused::lora_expand(y, at::mm(x, a_->t()), *b_, offsets_, sizes_, rank_, scale_);
-  }
   return layer_ops::op(name, {x, y, *a_, *b_}, y.sizes(), y.options(),
                        [offsets = offsets_, sizes = sizes_, r = rank_, s = scale_](auto& in, auto& out) {
                          out[0].copy_(in[1]);
                          const at::Tensor t = at::mm(in[0], in[2].t());  // [T, parts * r]
                          std::int64_t brow = 0;
                          for (std::size_t p = 0; p < offsets.size(); ++p) {
-                           const at::Tensor d = at::mm(t.narrow(1, static_cast<std::int64_t>(p) * r, r).to(at::kFloat),
-                                                       in[3].narrow(0, brow, sizes[p]).to(at::kFloat).t());
-                           const at::Tensor part = out[0].narrow(1, offsets[p], sizes[p]);
-                           part.copy_(part.to(at::kFloat).add_(d, s));
+                           const at::Tensor d = at::mm(t.narrow(1, static_cast<std::int64_t>(p) * r, r),
+                                                       in[3].narrow(0, brow, sizes[p]).t());
+                           out[0].narrow(1, offsets[p], sizes[p]).add_(d, s);
                            brow += sizes[p];
                          }
                        });

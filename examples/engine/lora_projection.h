@@ -42,11 +42,15 @@ class LoraProjection {
   LoraProjection(torch::nn::Module& module, const std::string& param, const std::optional<LoraConfig>& config,
                  const std::vector<Part>& parts, std::int64_t in, at::TensorOptions options);
   bool active() const { return a_.has_value(); }
+  // On CUDA, the expand and its add as one kernel (fused::lora_expand)
+  // instead of ATen ops; process-wide, read when a graph is captured; off by
+  // default (Note [LoRA in the decode graphs]).
+  static void set_fused_expand(bool on);
+  static bool fused_expand();
   // Appends its two checkpoint parameters (nothing when inactive).
   void append_checkpoint_params(std::vector<gk::CheckpointParam>& out) const;
-  // y + scale * (x A_p^T) B_p^T in each targeted part's rows: two CUDA
-  // launches, or one captured op on the CPU (Note [LoRA in the decode graphs]
-  // in lora_projection.cpp).
+  // y + scale * (x A_p^T) B_p^T in each targeted part's rows, as one
+  // captured op (Note [LoRA in the decode graphs] in lora_projection.cpp).
   at::Tensor apply(const char* name, const at::Tensor& x, const at::Tensor& y) const;
   // The served A and B of each targeted part, as views of the parameters,
   // under their checkpoint names below `prefix` ("model.layers.0.self_attn").
