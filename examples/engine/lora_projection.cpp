@@ -63,21 +63,20 @@ void LoraProjection::append_tensors(const std::string& prefix, std::vector<gk::N
 // Unmerged: y = x W^T + scale (x A^T) B^T, per targeted part of a fused
 // projection (q, k and v of qkv_proj). The A of every part are one
 // parameter, so the shrink is one GEMM for the projection: t = x A^T [T,
-// parts rank]. Then, by default, per part a GEMM t_p B_p^T and an add into
-// a copy of y, in the model's dtype (as PEFT computes it): 2 + 2 parts
-// launches per projection, 22 per Llama layer. At batch 64 on the H200 that
-// made a decode step 1.42x the step without the adapter: its bytes are
-// nothing (80 MiB beside 15 GiB), its launches are the cost (docs/lora.md).
-//
-// LoraProjection::set_fused_expand(true) makes the expand and the add one
-// CUDA kernel (fused::lora_expand: a dot product of rank terms per output
-// element in float32, rounded once): two launches per projection. Its first
-// version measured 1.58x, in another run on another host; it stays off
-// until gk-lora-bench, which measures both in one run
-// (decode_step_fused_expand_ms), shows it faster. The setting is read when
-// a graph is captured: set it before building an engine.
+// parts rank]. On CUDA, the expand and the add are then one kernel
+// (fused::lora_expand: a dot product of rank terms per output element in
+// float32, rounded once): two launches per projection. Elsewhere, and with
+// LoraProjection::set_fused_expand(false), per part a GEMM t_p B_p^T and an
+// add into a copy of y in the model's dtype (as PEFT computes it): 2 + 2
+// parts launches, 22 per Llama layer. The adapter's bytes are nothing (80
+// MiB beside 15 GiB at 8B); its cost is its small GEMMs and launches. On the
+// H200 at batch 64 (docs/lora.md), in one run: the ATen ops 1.42x the step
+// without the adapter, the fused expand 1.32x; the eager part timer puts
+// 3.2 ms of GPU time in the LoRA part either way, so the shrink GEMMs
+// (cuBLAS on [64, K] x [K, parts rank]) are what is left to make fast. The
+// setting is read when a graph is captured: set it before building an engine.
 namespace {
-std::atomic<bool> g_fused_expand{false};
+std::atomic<bool> g_fused_expand{true};
 }  // namespace
 
 void LoraProjection::set_fused_expand(bool on) { g_fused_expand.store(on); }

@@ -43,7 +43,7 @@ class LoraProjection {
                  const std::vector<Part>& parts, std::int64_t in, at::TensorOptions options);
   bool active() const { return a_.has_value(); }
   // On CUDA, the expand and its add as one kernel (fused::lora_expand)
-  // instead of ATen ops; process-wide, read when a graph is captured; off by
+  // instead of ATen ops; process-wide, read when a graph is captured; on by
   // default (Note [LoRA in the decode graphs]).
   static void set_fused_expand(bool on);
   static bool fused_expand();
