@@ -49,16 +49,32 @@ ShuffledMoe::ShuffledMoe(int64_t num_experts, int64_t hidden, int64_t inter, int
   w2_weight_ = checkpoint_param("w2_weight", std::move(w2), device);     // [E*K, N]
 }
 
+namespace {
+// New tensors every time, as AITER's shuffle_weight (contiguous() would
+// return a view of the parameter when a permutation happens to be trivial).
+// [E, 2(w1|w3), N/R, R, K/C, C] -> [E, N/R, K/C, 2, R, C]
+at::Tensor shuffle_w13(const at::Tensor& w, int64_t E, int64_t K, int64_t N) {
+  const int64_t R = mc::kShuffleRows, C = mc::kShuffleCols;
+  return w.view({E, 2, N / R, R, K / C, C}).permute({0, 2, 4, 1, 3, 5}).clone(at::MemoryFormat::Contiguous);
+}
+// [E, K/R, R, N/C, C] -> [E, K/R, N/C, R, C]
+at::Tensor shuffle_w2(const at::Tensor& w, int64_t E, int64_t K, int64_t N) {
+  const int64_t R = mc::kShuffleRows, C = mc::kShuffleCols;
+  return w.view({E, K / R, R, N / C, C}).permute({0, 1, 3, 2, 4}).clone(at::MemoryFormat::Contiguous);
+}
+}  // namespace
+
 void ShuffledMoe::process_weights_after_loading() {
-  const int64_t E = num_experts_, K = hidden_, N = inter_, R = mc::kShuffleRows, C = mc::kShuffleCols;
-  // New tensors every time, as AITER's shuffle_weight (contiguous() would
-  // return a view of the parameter when a permutation happens to be trivial).
-  // [E, 2(w1|w3), N/R, R, K/C, C] -> [E, N/R, K/C, 2, R, C]
-  w13_shuffled_ =
-      w13_weight_.view({E, 2, N / R, R, K / C, C}).permute({0, 2, 4, 1, 3, 5}).clone(at::MemoryFormat::Contiguous);
-  // [E, K/R, R, N/C, C] -> [E, K/R, N/C, R, C]
-  w2_shuffled_ =
-      w2_weight_.view({E, K / R, R, N / C, C}).permute({0, 1, 3, 2, 4}).clone(at::MemoryFormat::Contiguous);
+  w13_shuffled_ = shuffle_w13(w13_weight_, num_experts_, hidden_, inter_);
+  w2_shuffled_ = shuffle_w2(w2_weight_, num_experts_, hidden_, inter_);
+}
+
+void ShuffledMoe::declare_derivations(Derivations& d) const {
+  const int64_t E = num_experts_, K = hidden_, N = inter_;
+  d.layout("AITER shuffle of w13 into tiles", w13_weight_, w13_shuffled_,
+           [=](const at::Tensor& w) { return shuffle_w13(w, E, K, N); });
+  d.layout("AITER shuffle of w2 into tiles", w2_weight_, w2_shuffled_,
+           [=](const at::Tensor& w) { return shuffle_w2(w, E, K, N); });
 }
 
 at::Tensor ShuffledMoe::forward(const at::Tensor& x, const at::Tensor& logits) {

@@ -162,12 +162,26 @@ MarlinW4A16Kernel::MarlinW4A16Kernel(const at::Tensor& qweight, const at::Tensor
 }
 
 at::Tensor MarlinW4A16Kernel::apply(const at::Tensor& x, const at::Tensor& scales, const at::Tensor& g_idx) const {
+  return marlin_w4a16_apply(x, qweight_, scales, g_idx, g_idx_sort_indices_, workspace_, split_);
+}
+
+at::Tensor marlin_w4a16_apply(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                              const at::Tensor& g_idx, const at::Tensor& perm, const at::Tensor& workspace,
+                              MarlinSplitK split) {
+  const int64_t k = g_idx.numel(), n = qweight.size(1);
+  GK_CHECK(WeightError,
+           qweight.dim() == 2 && qweight.size(0) * 8 == k && qweight.scalar_type() == at::kInt &&
+               g_idx.scalar_type() == at::kInt && perm.scalar_type() == at::kInt && perm.numel() == k &&
+               scales.dim() == 2 && scales.size(1) == n && scales.scalar_type() == at::kFloat,
+           "marlin_w4a16: qweight [K/8, N] int32, scales [G, N] float32, g_idx and perm [K] int32 expected, got ",
+           qweight.sizes(), " ", qweight.scalar_type(), ", ", scales.sizes(), " ", scales.scalar_type(), ", ",
+           g_idx.sizes(), ", ", perm.sizes());
   m::W4A16Args a;
   a.scales = scales.data_ptr<float>();
   a.g_idx = g_idx.data_ptr<int32_t>();
-  a.perm = g_idx_sort_indices_.data_ptr<int32_t>();
-  return splitk_apply("marlin_w4a16", x, a, qweight_, workspace_, split_, size_n_, size_k_, /*groups=*/1,
-                      {hostrt::reads(scales), hostrt::reads(g_idx), hostrt::reads(g_idx_sort_indices_)},
+  a.perm = perm.data_ptr<int32_t>();
+  return splitk_apply("marlin_w4a16", x, a, qweight, workspace, split, n, k, /*groups=*/1,
+                      {hostrt::reads(scales), hostrt::reads(g_idx), hostrt::reads(perm)},
                       [&](const m::W4A16Args& args, const m::SplitK& c, void* stream) {
                         GK_LAUNCH_CUDA("marlin_w4a16", x, cuda::launch_marlin_w4a16(args, c, stream));
                       });

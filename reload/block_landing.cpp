@@ -50,15 +50,6 @@ namespace {
 // working memory (FP8 widens a chunk to float32) stays a few chunks.
 constexpr std::int64_t kLandChunk = std::int64_t{1} << 22;
 
-// Adds a write of `values` (bits, one per index) at `index` of `dst`, and its undo.
-void add_write(StagedPatch& sp, const at::Tensor& dst, at::Tensor index, at::Tensor values) {
-  const at::Tensor bits = detail::flat_bits(dst);
-  const auto [sorted, order] = at::sort(index);
-  values = values.index_select(0, order);
-  sp.undo.push_back({bits, sorted, bits.index_select(0, sorted)});
-  sp.writes.push_back({bits, sorted, values});
-}
-
 // One output of a derivation being landed: whole (a copy of the output as
 // bits, the touched blocks written into it) or sparse (index and bits per
 // chunk).
@@ -68,6 +59,13 @@ struct OutputWrite {
 };
 
 }  // namespace
+
+void add_indexed_write(StagedPatch& sp, const at::Tensor& dst, const at::Tensor& index, const at::Tensor& values) {
+  const at::Tensor bits = detail::flat_bits(dst);
+  const auto [sorted, order] = at::sort(index);
+  sp.undo.push_back({bits, sorted, bits.index_select(0, sorted)});
+  sp.writes.push_back({bits, sorted, values.index_select(0, order)});
+}
 
 std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLanding>& ls, StagedPatch& sp) {
   using at::indexing::Slice;
@@ -110,7 +108,7 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
     for (std::size_t j = 0; j < d.outputs.size(); ++j) {
       const at::Tensor& out = lp.slots[d.outputs[j].slot].captured;
       const std::int64_t e = static_cast<std::int64_t>(out.element_size());
-      const std::int64_t touched = count * (d.outputs[j].layout == BlockLayout::same_as_source ? bh * bw : 1);
+      const std::int64_t touched = count * detail::values_per_block(d, d.outputs[j]);
       if (out.numel() * 2 * e <= touched * (8 + 2 * e)) w[j].whole = detail::flat_bits(out).clone();
     }
     const at::Tensor src_blocks = detail::flat_bits(src).view({nbr, bh, nbc, bw});
@@ -136,12 +134,12 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
           if (layout == BlockLayout::same_as_source)
             w[j].whole.view({nbr, bh, nbc, bw}).index_put_({rows, Slice(), cols, Slice()}, bits.view({cnt, bh, bw}));
           else
-            w[j].whole.index_put_({detail::block_output_index(layout, ids, {}, nbr, nbc)}, bits);
+            w[j].whole.index_put_({detail::block_output_index(d.outputs[j], ids, {}, nbr, nbc)}, bits);
           continue;
         }
         w[j].index.push_back(detail::block_output_index(
-            layout, ids, layout == BlockLayout::same_as_source ? detail::block_elements(ids, bh, bw, k) : at::Tensor(),
-            nbr, nbc));
+            d.outputs[j], ids,
+            layout == BlockLayout::same_as_source ? detail::block_elements(ids, bh, bw, k) : at::Tensor(), nbr, nbc));
         w[j].bits.push_back(bits);
       }
     }
@@ -151,7 +149,7 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
         sp.undo.push_back({dst, at::Tensor(), dst.clone()});
         sp.writes.push_back({dst, at::Tensor(), w[j].whole});
       } else {
-        add_write(sp, lp.slots[d.outputs[j].slot].captured, at::cat(w[j].index), at::cat(w[j].bits));
+        add_indexed_write(sp, lp.slots[d.outputs[j].slot].captured, at::cat(w[j].index), at::cat(w[j].bits));
       }
     }
     recomputed += static_cast<std::size_t>(count);

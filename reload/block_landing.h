@@ -17,6 +17,10 @@
 
 namespace gk {
 
+// Adds to `sp` a write of `values` (bits of dst's element size, one per
+// index) at the flat `index` of `dst` (distinct, any order), and its undo.
+void add_indexed_write(StagedPatch& sp, const at::Tensor& dst, const at::Tensor& index, const at::Tensor& values);
+
 // Adds to `sp` the writes (and their undo) that bring the outputs of lp's
 // block derivations up to date with the landings `ls` into their sources:
 // only the blocks the landings touch are recomputed, from the captured

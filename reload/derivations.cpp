@@ -43,12 +43,17 @@ const char* to_string(BlockLayout l) {
   return "?";
 }
 
-// The number of elements a derivation output holds.
-std::int64_t output_numel(const PlannedDerivation& d, BlockLayout l, std::int64_t n, std::int64_t k) {
-  return l == BlockLayout::same_as_source ? n * k : (n / d.block_rows) * (k / d.block_cols);
+}  // namespace
+
+std::int64_t values_per_block(const PlannedDerivation& d, const PlannedDerivation::Output& o) {
+  return o.layout == BlockLayout::same_as_source ? d.block_rows * d.block_cols : o.per_block;
 }
 
-}  // namespace
+const PlannedLayout* layout_of(const LayerPlan& lp, std::size_t slot) {
+  for (const PlannedLayout& l : lp.layouts)
+    if (l.output == slot) return &l;
+  return nullptr;
+}
 
 const PlannedDerivation* derivation_of(const LayerPlan& lp, std::size_t slot) {
   for (const PlannedDerivation& d : lp.derivations)
@@ -57,8 +62,52 @@ const PlannedDerivation* derivation_of(const LayerPlan& lp, std::size_t slot) {
   return nullptr;
 }
 
+namespace {
+
+// Learns which source element each output element of layout `l` holds
+// (Note [Layout derivations] in graphkeep/model/block_derivation.h): fn on
+// three tensors of indices, i + 1, -(i + 1) and 2i + n + 3. An output
+// element holding source element i shows all three; a constant shows one
+// value thrice; anything else was computed.
+void learn_layout(const LayerPlan& lp, PlannedLayout& l, const at::Tensor& source, const at::Tensor& output,
+                  const std::string& what) {
+  const PlannedSlot& slot = lp.slots[l.output];
+  const std::int64_t n = source.numel();
+  const at::Tensor i = at::arange(n, source.options().dtype(at::kLong)).view(source.sizes());
+  std::vector<at::Tensor> probe;
+  for (const at::Tensor& p : {i + 1, -(i + 1), i * 2 + (n + 3)}) {
+    const at::Tensor o = l.fn(p);
+    GK_CHECK(DeclarationError, o.defined() && o.scalar_type() == at::kLong && o.numel() == output.numel(), what,
+             " maps an int64 tensor shaped as its source ", source.sizes(), " to ",
+             o.defined() ? concat(o.scalar_type(), " ", o.sizes()) : std::string("an undefined tensor"), ", but its output ",
+             member_of(slot), " (", slot.name, ") holds ", output.numel(), " elements: a layout function moves elements "
+             "of any dtype and keeps it");
+    probe.push_back(o.reshape({-1}));
+  }
+  const at::Tensor& a = probe[0];
+  const at::Tensor moved = (a >= 1) & (a <= n) & (probe[1] == -a) & (probe[2] == (a - 1) * 2 + (n + 3));
+  const at::Tensor constant = (a == probe[1]) & (a == probe[2]);
+  const at::Tensor bad = at::nonzero(~(moved | constant)).reshape({-1});
+  if (bad.numel() > 0) {
+    const std::int64_t e = bad[0].item<std::int64_t>();
+    GK_THROW(DeclarationError, member_of(slot), " (", slot.name, ") is bound to ", what, ", but the function computes "
+             "values instead of moving elements of '", lp.slots[l.source].local, "': output element ", e, " is ",
+             a[e].item<std::int64_t>(), ", ", probe[1][e].item<std::int64_t>(), " and ", probe[2][e].item<std::int64_t>(),
+             " for source elements numbered i + 1, -(i + 1) and 2i + ", n + 3, ". Declare it by_blocks() if blocks of "
+             "the parameter compute it, or drop .by_layout() (a weight patch then re-runs the layer's PWAL)");
+  }
+  const at::Tensor where = at::nonzero(moved).reshape({-1});
+  const auto [sorted, order] =
+      at::sort(a.index_select(0, where) - 1, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false);
+  l.sorted_source = sorted;
+  l.position = where.index_select(0, order);
+}
+
+}  // namespace
+
 void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_out) {
   lp.derivations.clear();
+  lp.layouts.clear();
   if (lp.layer == nullptr) return;
   Derivations declared;
   lp.layer->declare_derivations(declared);
@@ -68,7 +117,62 @@ void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_
       if (lp.slots[i].defined() && same_region(lp.slots[i].captured, t)) return static_cast<std::ptrdiff_t>(i);
     return -1;
   };
+  // The slot of a derivation's source, which must be a checkpoint parameter.
+  auto checkpoint_source = [&](const at::Tensor& t, const std::string& what) {
+    const std::ptrdiff_t src = slot_of(t);
+    const bool checkpoint = src >= 0 && lp.slots[static_cast<std::size_t>(src)].kind != PlannedSlot::Kind::declared &&
+                            std::any_of(lp.params.begin(), lp.params.end(), [&](const CheckpointParam& cp) {
+                              return cp.param == lp.slots[static_cast<std::size_t>(src)].local;
+                            });
+    GK_CHECK(DeclarationError, checkpoint, what, " reads a source that is not a checkpoint parameter of the layer (",
+             t.defined() ? concat(t.scalar_type(), " ", t.sizes()) : std::string("undefined"),
+             "): a derivation computes a derived member from one parameter that checkpoint_params() lists; "
+             "pass that parameter's field");
+    return static_cast<std::size_t>(src);
+  };
+  // The slot of a derivation's output, which must be declared `derive`.
+  auto declared_output = [&](const at::Tensor& t, const std::string& what, Derive derive) -> std::ptrdiff_t {
+    const std::ptrdiff_t i = slot_of(t);
+    if (i < 0 && !left_out.empty()) return -1;  // a testing hook left the member out of the plan
+    GK_CHECK(DeclarationError, i >= 0, what, " names an output (",
+             t.defined() ? concat(t.scalar_type(), " ", t.sizes()) : std::string("undefined"),
+             ") that is no member of the layer: pass the field of a member declared by_", to_string(derive), "()");
+    const PlannedSlot& slot = lp.slots[static_cast<std::size_t>(i)];
+    GK_CHECK(DeclarationError, slot.kind == PlannedSlot::Kind::declared && slot.role.derive == derive,
+             slot.kind == PlannedSlot::Kind::declared ? member_of(slot) : concat("'", slot.local, "'"),
+             " is an output of ", what, ", but ",
+             slot.kind == PlannedSlot::Kind::declared
+                 ? concat("its descriptor declares it ", to_string(slot.role.role),
+                          slot.role.derive == Derive::undeclared ? "" : concat(".", to_string(slot.role.derive), "()"),
+                          ": declare it gk::", to_string(slot.role.role), ".by_", to_string(derive), "()")
+                 : std::string("it is a parameter or buffer of the module: a derivation computes derived members"));
+    return i;
+  };
   bool dropped = false;
+  for (const LayoutDerivation& l : declared.layouts()) {
+    const std::string what = concat("layout derivation '", l.name, "' of layer '", lp.prefix, "'");
+    GK_CHECK(DeclarationError, static_cast<bool>(l.fn), what, " has no function");
+    PlannedLayout p;
+    p.name = l.name;
+    p.fn = l.fn;
+    p.source = checkpoint_source(l.source, what);
+    GK_CHECK(DeclarationError, l.source.is_contiguous(), what, ": its source '", lp.slots[p.source].local,
+             "' is not contiguous");
+    const std::ptrdiff_t i = declared_output(l.output, what, Derive::layout);
+    if (i < 0) {
+      dropped = true;
+      continue;
+    }
+    p.output = static_cast<std::size_t>(i);
+    const PlannedSlot& slot = lp.slots[p.output];
+    GK_CHECK(DeclarationError, l.output.is_contiguous() && l.output.scalar_type() == l.source.scalar_type(),
+             member_of(slot), " (", slot.name, ") is ", l.output.scalar_type(),
+             l.output.is_contiguous() ? "" : " (not contiguous)", ", but as the output of ", what, " it holds elements "
+             "of '", lp.slots[p.source].local, "', which is ", l.source.scalar_type(), ": a layout moves elements and "
+             "keeps their dtype (a cast is computed: declare it by_blocks(), or drop .by_layout())");
+    learn_layout(lp, p, l.source, l.output, what);
+    lp.layouts.push_back(std::move(p));
+  }
   for (const BlockDerivation& b : declared.list()) {
     const std::string what = concat("block derivation '", b.name, "' of layer '", lp.prefix, "'");
     PlannedDerivation d;
@@ -77,16 +181,7 @@ void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_
     d.block_cols = b.block_cols;
     d.fn = b.fn;
     GK_CHECK(DeclarationError, static_cast<bool>(b.fn), what, " has no function");
-    const std::ptrdiff_t src = slot_of(b.source);
-    const bool checkpoint = src >= 0 && lp.slots[static_cast<std::size_t>(src)].kind != PlannedSlot::Kind::declared &&
-                            std::any_of(lp.params.begin(), lp.params.end(), [&](const CheckpointParam& cp) {
-                              return cp.param == lp.slots[static_cast<std::size_t>(src)].local;
-                            });
-    GK_CHECK(DeclarationError, checkpoint, what, " reads a source that is not a checkpoint parameter of the layer (",
-             b.source.defined() ? concat(b.source.scalar_type(), " ", b.source.sizes()) : std::string("undefined"),
-             "): a block derivation computes a derived member from one parameter that checkpoint_params() lists; "
-             "pass that parameter's field");
-    d.source = static_cast<std::size_t>(src);
+    d.source = checkpoint_source(b.source, what);
     const at::Tensor& s = b.source;
     GK_CHECK(DeclarationError, s.dim() == 2 && s.is_contiguous() && b.block_rows > 0 && b.block_cols > 0 &&
              s.size(0) % b.block_rows == 0 && s.size(1) % b.block_cols == 0,
@@ -95,29 +190,22 @@ void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_
              "sizes the block's divide)");
     bool complete = true;
     for (const BlockOutput& o : b.outputs) {
-      const std::ptrdiff_t i = slot_of(o.tensor);
-      if (i < 0 && !left_out.empty()) {
-        complete = false;  // a testing hook left the member out of the plan
+      const std::ptrdiff_t i = declared_output(o.tensor, what, Derive::blocks);
+      if (i < 0) {
+        complete = false;
         continue;
       }
-      GK_CHECK(DeclarationError, i >= 0, what, " names an output (",
-               o.tensor.defined() ? concat(o.tensor.scalar_type(), " ", o.tensor.sizes()) : std::string("undefined"),
-               ") that is no member of the layer: pass the field of a member declared by_blocks()");
       const PlannedSlot& slot = lp.slots[static_cast<std::size_t>(i)];
-      GK_CHECK(DeclarationError, slot.kind == PlannedSlot::Kind::declared && slot.role.derive == Derive::blocks,
-               slot.kind == PlannedSlot::Kind::declared ? member_of(slot) : concat("'", slot.local, "'"),
-               " is an output of ", what, ", but ",
-               slot.kind == PlannedSlot::Kind::declared
-                   ? concat("its descriptor declares it ", to_string(slot.role.role),
-                            slot.role.derive == Derive::undeclared ? "" : concat(".", to_string(slot.role.derive), "()"),
-                            ": declare it gk::", to_string(slot.role.role), ".by_blocks()")
-                   : std::string("it is a parameter or buffer of the module: a derivation computes derived members"));
-      const std::int64_t want = output_numel(d, o.layout, s.size(0), s.size(1));
+      GK_CHECK(DeclarationError, o.per_block > 0, member_of(slot), " (", slot.name, ") is an output of ", what,
+               " with per_block ", o.per_block, ": a block holds at least one value");
+      const PlannedDerivation::Output out{static_cast<std::size_t>(i), o.layout, o.per_block};
+      const std::int64_t want = (s.size(0) / b.block_rows) * (s.size(1) / b.block_cols) * values_per_block(d, out);
       GK_CHECK(DeclarationError, o.tensor.is_contiguous() && o.tensor.numel() == want, member_of(slot), " (", slot.name,
                ") is ", o.tensor.sizes(), o.tensor.is_contiguous() ? "" : " (not contiguous)", ", but as output ",
-               to_string(o.layout), " of ", what, " over blocks of ", b.block_rows, "x", b.block_cols, " of ",
-               s.sizes(), " it must hold ", want, " elements, contiguous");
-      d.outputs.push_back({static_cast<std::size_t>(i), o.layout});
+               to_string(o.layout), o.layout == BlockLayout::same_as_source ? "" : concat(" (", o.per_block, " per block)"),
+               " of ", what, " over blocks of ", b.block_rows, "x", b.block_cols, " of ", s.sizes(), " it must hold ",
+               want, " elements, contiguous");
+      d.outputs.push_back(out);
     }
     if (!complete) {
       dropped = true;
@@ -127,15 +215,19 @@ void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_
   }
   for (std::size_t i = 0; i < lp.slots.size(); ++i) {
     PlannedSlot& slot = lp.slots[i];
-    if (slot.role.derive != Derive::blocks || !slot.defined() || derivation_of(lp, i) != nullptr) continue;
+    const Derive derive = slot.role.derive;
+    if ((derive != Derive::blocks && derive != Derive::layout) || !slot.defined() || derivation_of(lp, i) != nullptr ||
+        layout_of(lp, i) != nullptr)
+      continue;
     if (dropped) {
       slot.role.derive = Derive::undeclared;  // its derivation was left out with a member: the layer re-runs
       continue;
     }
-    GK_THROW(DeclarationError, member_of(slot), " (", slot.name, ") is declared ", to_string(slot.role.role),
-             ".by_blocks(), but layer '", lp.prefix, "' binds no block derivation to it: bind it in the layer's "
-             "declare_derivations() (graphkeep/model/block_derivation.h), or drop .by_blocks() (a weight patch then "
-             "re-runs the layer's PWAL)");
+    GK_THROW(DeclarationError, member_of(slot), " (", slot.name, ") is declared ", to_string(slot.role.role), ".by_",
+             to_string(derive), "(), but layer '", lp.prefix, "' binds no ",
+             derive == Derive::blocks ? "block" : "layout", " derivation to it: bind it in the layer's "
+             "declare_derivations() (graphkeep/model/block_derivation.h), or drop .by_", to_string(derive),
+             "() (a weight patch then re-runs the layer's PWAL)");
   }
 }
 
@@ -145,7 +237,7 @@ void check_block_outputs(const LayerPlan& lp, const PlannedDerivation& d, const 
            "' returned ", outs.size(), " tensors for its ", d.outputs.size(), " outputs; ", after);
   for (std::size_t j = 0; j < outs.size(); ++j) {
     const PlannedSlot& slot = lp.slots[d.outputs[j].slot];
-    const std::int64_t per = d.outputs[j].layout == BlockLayout::same_as_source ? d.block_rows * d.block_cols : 1;
+    const std::int64_t per = values_per_block(d, d.outputs[j]);
     GK_CHECK(DeclarationError, outs[j].numel() == count * per && outs[j].scalar_type() == slot.dtype,
              "block derivation '", d.name, "' of layer '", lp.prefix, "' returned ", outs[j].scalar_type(), " ",
              outs[j].sizes(), " for ", count, " blocks of output ", member_of(slot), ", which is ", slot.dtype,
@@ -161,12 +253,18 @@ at::Tensor block_elements(const at::Tensor& ids, std::int64_t bh, std::int64_t b
   return (rows * k + cols).reshape({-1});
 }
 
-at::Tensor block_output_index(BlockLayout layout, const at::Tensor& ids, const at::Tensor& elements, std::int64_t nbr,
-                              std::int64_t nbc) {
-  switch (layout) {
+at::Tensor block_output_index(const PlannedDerivation::Output& o, const at::Tensor& ids, const at::Tensor& elements,
+                              std::int64_t nbr, std::int64_t nbc) {
+  const std::int64_t m = o.per_block;
+  // [count, m]: value v of block `id` at first(id) * m + v (one_per_block),
+  // or at (column * m + v) * nbr + row (transposed).
+  const at::Tensor v = at::arange(m, ids.options().dtype(at::kLong)).view({1, m});
+  switch (o.layout) {
     case BlockLayout::same_as_source: return elements;
-    case BlockLayout::one_per_block: return ids;
-    case BlockLayout::one_per_block_transposed: return ids.remainder(nbc) * nbr + ids.div(nbc, "floor");
+    case BlockLayout::one_per_block: return m == 1 ? ids : ((ids * m).view({-1, 1}) + v).reshape({-1});
+    case BlockLayout::one_per_block_transposed:
+      if (m == 1) return ids.remainder(nbc) * nbr + ids.div(nbc, "floor");
+      return (((ids.remainder(nbc) * m).view({-1, 1}) + v) * nbr + ids.div(nbc, "floor").view({-1, 1})).reshape({-1});
   }
   return ids;
 }
@@ -188,7 +286,7 @@ constexpr std::int64_t kCheckChunk = std::int64_t{1} << 22;
 
 void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current, std::string_view after,
                              const std::vector<char>* mismatched) {
-  if (lp.derivations.empty()) return;
+  if (lp.derivations.empty() && lp.layouts.empty()) return;
   auto skipped = [&](const PlannedDerivation& d) {  // a layout mismatch is reported by the pipeline
     if (mismatched == nullptr) return false;
     if ((*mismatched)[d.source]) return true;
@@ -217,7 +315,7 @@ void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>&
         const std::vector<at::Tensor> outs = d.fn(blocks);
         check_block_outputs(lp, d, outs, ids.numel(), after);
         for (std::size_t j = 0; j < outs.size(); ++j) {
-          const at::Tensor index = block_output_index(d.outputs[j].layout, ids, elements, nbr, nbc);
+          const at::Tensor index = block_output_index(d.outputs[j], ids, elements, nbr, nbc);
           f(j, index, as_bits(outs[j].contiguous()).reshape({-1}), built[j].index_select(0, index));
         }
       }
@@ -239,9 +337,32 @@ void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>&
       differs[first + j].logical_or_(at::ne(predicted, built).any().reshape({1}));
     });
   }
+  // Layouts: fn of the source, whole (a copy of the output).
+  std::vector<const PlannedLayout*> layouts;
+  for (const PlannedLayout& l : lp.layouts) {
+    if (mismatched != nullptr && ((*mismatched)[l.source] || (*mismatched)[l.output])) continue;
+    layouts.push_back(&l);
+    differs.push_back(at::ne(as_bits(l.fn(now(l.source)).contiguous().reshape({-1})),
+                             as_bits(now(l.output).contiguous().reshape({-1})))
+                          .any()
+                          .reshape({1}));
+  }
   if (differs.empty()) return;
   const at::Tensor any = at::cat(differs).cpu();  // one synchronization for the layer
   const bool* flag = any.data_ptr<bool>();
+  for (std::size_t v = 0; v < layouts.size(); ++v) {
+    if (!flag[verdicts.size() + v]) continue;
+    const PlannedLayout& l = *layouts[v];
+    const PlannedSlot& slot = lp.slots[l.output];
+    const at::Tensor want = l.fn(now(l.source)).contiguous().reshape({-1}), was = now(l.output).contiguous().reshape({-1});
+    const std::int64_t e = at::nonzero(at::ne(as_bits(want), as_bits(was))).reshape({-1})[0].item<std::int64_t>();
+    GK_THROW(DeclarationError, member_of(slot), " is declared ", to_string(slot.role.role),
+             ".by_layout() and bound to layout derivation '", l.name, "' of '", lp.slots[l.source].local,
+             "', but PWAL of layer '", lp.prefix, "' built ", slot.name, " otherwise: element ", e, " is ",
+             was[e].item().toDouble(), " where the layout gives ", want[e].item().toDouble(),
+             ". The function is not what PWAL does: fix the layout, or drop .by_layout() (a weight patch then re-runs "
+             "this layer's PWAL); ", after);
+  }
   for (std::size_t v = 0; v < verdicts.size(); ++v) {
     if (!flag[v]) continue;
     const PlannedDerivation& d = *verdicts[v].d;
@@ -262,7 +383,10 @@ void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>&
     });
     GK_THROW(DeclarationError, member_of(slot), " is declared ", to_string(slot.role.role),
              ".by_blocks() and bound to block derivation '", d.name, "' (blocks of ", d.block_rows, "x", d.block_cols,
-             " of '", lp.slots[d.source].local, "', ", to_string(d.outputs[out].layout), "), but PWAL of layer '",
+             " of '", lp.slots[d.source].local, "', ", to_string(d.outputs[out].layout),
+             d.outputs[out].layout == BlockLayout::same_as_source ? "" : concat(", ", d.outputs[out].per_block,
+                                                                                 " per block"),
+             "), but PWAL of layer '",
              lp.prefix, "' built ", slot.name, " otherwise: element ", first, " is ", was, " where the derivation gives ",
              want, ". The function is not what PWAL computes, or a block depends on more than its own elements: fix "
              "the derivation, or drop .by_blocks() (a weight patch then re-runs this layer's PWAL); ", after);

@@ -23,15 +23,20 @@ bool patch_leaves_unchanged(const PlannedSlot& s);
 
 // The block derivation of lp whose output is slot `slot`, or nullptr.
 const PlannedDerivation* derivation_of(const LayerPlan& lp, std::size_t slot);
+// The layout derivation of lp whose output is slot `slot`, or nullptr.
+const PlannedLayout* layout_of(const LayerPlan& lp, std::size_t slot);
 
 // Block derivations' coordinates (graphkeep/model/block_derivation.h): the
 // flat source elements of blocks `ids` (row-major over the blocks, each
-// block's elements row-major), [ids * bh * bw] int64; and where an output
-// of `layout` holds those blocks' values (`elements` for same_as_source,
-// else one index per block). A source is [nbr * bh, nbc * bw].
+// block's elements row-major), [ids * bh * bw] int64; and where output `o`
+// holds those blocks' values (`elements` for same_as_source, else
+// o.per_block indices per block, block by block). A source is
+// [nbr * bh, nbc * bw].
 at::Tensor block_elements(const at::Tensor& ids, std::int64_t bh, std::int64_t bw, std::int64_t k);
-at::Tensor block_output_index(BlockLayout layout, const at::Tensor& ids, const at::Tensor& elements, std::int64_t nbr,
-                              std::int64_t nbc);
+at::Tensor block_output_index(const PlannedDerivation::Output& o, const at::Tensor& ids, const at::Tensor& elements,
+                              std::int64_t nbr, std::int64_t nbc);
+// The values output `o` of d holds per block.
+std::int64_t values_per_block(const PlannedDerivation& d, const PlannedDerivation::Output& o);
 
 // Refuses (gk::DeclarationError, `after` ending the message) what `fn`
 // returned for `count` blocks of d when it is not one tensor per output of
@@ -39,18 +44,21 @@ at::Tensor block_output_index(BlockLayout layout, const at::Tensor& ids, const a
 void check_block_outputs(const LayerPlan& lp, const PlannedDerivation& d, const std::vector<at::Tensor>& outs,
                          std::int64_t count, std::string_view after);
 
-// Binds the layer's block derivations (ReloadableLayer::declare_derivations)
-// to its slots, at prepare(), with the fields as captured. Throws
+// Binds the layer's block and layout derivations
+// (ReloadableLayer::declare_derivations) to its slots, at prepare(), with the
+// fields as captured, and learns each layout's map. Throws
 // gk::DeclarationError naming the member for a member declared by_blocks()
-// that nothing binds, an output not declared by_blocks(), a source that is
-// no checkpoint parameter of the layer, or shapes the block shape does not
-// tile. A derivation whose output the plan left out (testing hook
+// or by_layout() that nothing binds, an output declared otherwise, a source
+// that is no checkpoint parameter of the layer, shapes the block shape does
+// not tile, or a layout function that computes values instead of moving
+// them. A derivation whose output the plan left out (testing hook
 // undeclared_members) is dropped, and the members it bound then re-run.
 void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_out);
 
 // Recomputes every block derivation of lp over all of its source's blocks
 // (in two interleaved halves, in chunks: Note [Checking block derivations in
-// chunks] in derivations.cpp) and compares with the outputs, bit for bit:
+// chunks] in derivations.cpp), and every layout derivation of its source,
+// and compares with the outputs, bit for bit:
 // `current` per slot (undefined: the captured tensor; an empty vector: all
 // captured). `after` ends the message ("prepare() refused", "nothing was
 // copied ..."). Throws gk::DeclarationError naming the class, the member,

@@ -79,6 +79,7 @@
 // re-runs) held a second copy of the model: more than a device holds beside
 // a 30B model.
 #include "block_landing.h"
+#include "layout_landing.h"
 #include "derivations.h"
 #include "engine_impl.h"
 #include "non_finite.h"
@@ -309,6 +310,12 @@ void ReloadEngine::Impl::choose_patch_landings(PatchStaging& ps) {
         return concat(s.name, " (", to_string(s.role.role), " of ", s.owner, ") derives by blocks from '",
                       lp.slots[d->source].local, "', which does not land unchanged in captured storage");
       }
+      // By layout, the same (Note [Patches through layout derivations]).
+      if (const PlannedLayout* l = detail::layout_of(lp, i)) {
+        if (passthrough.count(storage_key(lp.slots[l->source].captured))) continue;
+        return concat(s.name, " (", to_string(s.role.role), " of ", s.owner, ") is a layout of '",
+                      lp.slots[l->source].local, "', which does not land unchanged in captured storage");
+      }
       return concat(s.name, " (", to_string(s.role.role), s.owner.empty() ? "" : " of ", s.owner,
                     ") is derived without a declared derivation");
     }
@@ -352,6 +359,7 @@ void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
         ls.push_back(PatchStaging::landing_of(captured_tensor(*ps.where[k]), ps.patch.entries[k]));
       results = land_patch_entries(ls, *ps.sp, /*results=*/true, ps.o.verify_served);
       rep.patch.blocks_recomputed += land_derived_blocks(lp, ls, *ps.sp);
+      rep.patch.layout_elements += land_layout_elements(lp, ls, *ps.sp);
     }
     ScopedMsTimer t(rep.times.hash_ms);
     fault(testing::FaultPoint::check, lp.prefix);

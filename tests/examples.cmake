@@ -80,11 +80,12 @@ gk_add_output_test(demo.rl_loop_lora LABELS unit
 gk_add_output_test(demo.rl_loop_lora_online_fp8 LABELS unit
   COMMAND gk-rl-demo --steps 2 --device cpu --lora --online --quant fp8 --work ${_work}/lora_fp8
   REGEX "SUMMARY: 2 online adapter swaps \\(staged while serving\\), [0-9]+ slots tracked, drift 0, .* ${_equals}")
-# W4A16: the Marlin repack is not declarable yet, so each patched layer
-# re-runs PWAL, and the demo says why.
+# W4A16: the packed int4 words and the scales are declared by groups of
+# input channels, so a patch requantizes the groups it touches and re-runs
+# no PWAL.
 gk_add_output_test(demo.rl_loop_delta_w4a16 LABELS unit
   COMMAND gk-rl-demo --steps 2 --device cpu --quant w4a16 --delta --work ${_work}/delta_w4a16
-  REGEX "re-ran model.layers.0.self_attn: model.layers.0.self_attn.qkv_.w4a16_.kernel_.[a-z_]+ .[a-z_]+ of [A-Za-z0-9]+. is derived without a declared derivation.*SUMMARY: 2 patch reloads, [0-9]+ slots tracked, drift 0, .* ${_equals}")
+  REGEX "layers scattered .[1-9][0-9]* derived blocks recomputed., 0 re-ran PWAL.*layers scattered .[1-9][0-9]* derived blocks recomputed., 0 re-ran PWAL.*SUMMARY: 2 patch reloads, [0-9]+ slots tracked, drift 0, .* ${_equals}")
 gk_add_output_test(demo.rl_loop_w4a16 LABELS unit
   COMMAND gk-rl-demo --steps 2 --device cpu --quant w4a16 --work ${_work}/w4a16
   REGEX "SUMMARY: 2 reloads, [0-9]+ slots tracked, drift 0, .* ${_equals}")
@@ -126,18 +127,15 @@ foreach(arch llama qwen3 qwen3_moe)
       REGEX "${_rope_ok}the served model's \\(default, 16 positions\\), default .*step2: reloaded in [0-9.]+ ms without recapture, drift 0.*\\| ok\nHF-CHECK PASS")
     set_tests_properties(hf.check.${arch}.${format} PROPERTIES FIXTURES_REQUIRED hfref_${arch})
     # The steps as weight patches, bitwise against full reloads (gk-hf-check --patch).
-    # Dense and FP8 layers declare every derived tensor (the MoE's stride
-    # arrays from_shapes, FP8 weights and scales by blocks of one row: Note
-    # [Declared derivations]), so no layer re-runs PWAL and FP8 patches
-    # recompute only the rows they touch; w4a16's Marlin repack is not
-    # declarable yet and re-runs.
-    set(_rerun "[1-9][0-9]*")
-    set(_blocks "0")
+    # Every format's layers declare every derived tensor (the MoE's stride
+    # arrays from_shapes, FP8 weights and scales by blocks of one row, W4A16
+    # packed words and scales by blocks of one group: Note [Declared
+    # derivations]), so no layer re-runs PWAL, and quantized patches
+    # recompute only the rows or groups they touch.
+    set(_rerun "0")
+    set(_blocks "[1-9][0-9]*")
     if(format STREQUAL "dense")
-      set(_rerun "0")
-    elseif(format STREQUAL "fp8")
-      set(_rerun "0")
-      set(_blocks "[1-9][0-9]*")
+      set(_blocks "0")
     endif()
     gk_add_output_test(hf.check.${arch}.${format}.patch LABELS unit
       COMMAND gk-hf-check --ref ${_hfref}/${arch} --device cpu --format ${format} --patch --max-batch 8

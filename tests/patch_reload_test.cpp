@@ -461,6 +461,9 @@ enum class Blocks {
   bad_source,     // bound to a derived tensor as its source
   undeclared,     // rows, no declaration at all: a patch re-runs PWAL
   groups_undeclared,  // groups, the same
+  packed,         // groups, two values per block (the scale, its negation), group-major [4, 2, 4]: declared right
+  packed_untransposed,  // the same PWAL, declared block-major ([4, 4, 2]): a wrong layout of as many values
+  packed_undeclared,    // packed, no declaration
 };
 constexpr int64_t QR = 8, QC = 16;
 
@@ -501,26 +504,38 @@ class Quantized : public torch::nn::Module, public gk::DescribedLayer<Quantized<
     if (kind_ == Blocks::reads_beyond) return {1, QC};
     return built();
   }
-  bool grouped() const { return kind_ == Blocks::groups || kind_ == Blocks::groups_undeclared; }
-  gk::BlockLayout scale_layout() const {
-    return grouped() ? gk::BlockLayout::one_per_block_transposed : gk::BlockLayout::one_per_block;
+  bool packed() const {
+    return kind_ == Blocks::packed || kind_ == Blocks::packed_untransposed || kind_ == Blocks::packed_undeclared;
   }
+  bool grouped() const { return kind_ == Blocks::groups || kind_ == Blocks::groups_undeclared || packed(); }
+  gk::BlockOutput scale_output() const {
+    if (kind_ == Blocks::packed_untransposed) return {m_.s, gk::BlockLayout::one_per_block, 2};
+    return {m_.s, grouped() ? gk::BlockLayout::one_per_block_transposed : gk::BlockLayout::one_per_block,
+            packed() ? 2 : 1};
+  }
+  // {scale, -scale} per block: [B] -> [B, 2].
+  static at::Tensor pack(const at::Tensor& scale) { return at::stack({scale, scale.neg()}, 1); }
   void process_weights_after_loading() override {
     const auto [bh, bw] = built();
     const at::Tensor blocks = w_.reshape({QR / bh, bh, QC / bw, bw}).permute({0, 2, 1, 3}).reshape({-1, bh, bw});
     std::vector<at::Tensor> qs = quantize_blocks(blocks);
     m_.q = qs[0].reshape({QR / bh, QC / bw, bh, bw}).permute({0, 2, 1, 3}).reshape({QR, QC}).contiguous();
-    m_.s = qs[1];
-    if (grouped()) m_.s = m_.s.reshape({QR / bh, QC / bw}).t().contiguous();
+    m_.s = packed() ? pack(qs[1]) : qs[1];
+    if (grouped()) m_.s = m_.s.reshape({QR / bh, QC / bw, -1}).permute({1, 2, 0}).contiguous();
     if (kind_ == Blocks::reads_beyond) m_.s = m_.s.expand({QR}).contiguous();  // one value, per row
   }
   void declare_derivations(gk::Derivations& d) const override {
-    if (kind_ == Blocks::unbound || kind_ == Blocks::undeclared || kind_ == Blocks::groups_undeclared) return;
+    if (kind_ == Blocks::unbound || kind_ == Blocks::undeclared || kind_ == Blocks::groups_undeclared ||
+        kind_ == Blocks::packed_undeclared)
+      return;
     const auto [bh, bw] = declared();
-    const bool whole = kind_ == Blocks::reads_beyond;
+    const bool whole = kind_ == Blocks::reads_beyond, two = packed();
     d.blocks("int8 per block", kind_ == Blocks::bad_source ? m_.s.view({QR, 1}) : w_, {bh, bw},
-             {{m_.q, gk::BlockLayout::same_as_source}, {m_.s, scale_layout()}},
-             [whole](const at::Tensor& blocks) { return quantize_blocks(blocks, whole); });
+             {{m_.q, gk::BlockLayout::same_as_source}, scale_output()}, [whole, two](const at::Tensor& blocks) {
+               std::vector<at::Tensor> qs = quantize_blocks(blocks, whole);
+               if (two) qs[1] = pack(qs[1]);
+               return qs;
+             });
   }
   at::Tensor w_;
   Members m_;
@@ -534,6 +549,66 @@ class QuantModel : public torch::nn::Module {
  public:
   QuantModel() { lin = register_module("lin", std::make_shared<Quantized<Members>>(Kind)); }
   std::shared_ptr<Quantized<Members>> lin;
+};
+
+// Layout-derived members (Note [Layout derivations]) of w = [a; b], [QR, QC]:
+//   t  w transposed, padded with a column of ones: [QC, QR + 1];
+//   p  w's rows in a fixed order, then row 0 twice more (a broadcast): [QR + 2, QC].
+struct Moved {
+  at::Tensor t, p;
+};
+GRAPHKEEP_AGGREGATE(Moved, (t, gk::derived_weight.by_layout()), (p, gk::scale.by_layout()));
+struct MovedPlain {  // the same members, without .by_layout()
+  at::Tensor t, p;
+};
+GRAPHKEEP_AGGREGATE(MovedPlain, (t, gk::derived_weight), (p, gk::scale));
+
+enum class Moves {
+  right,
+  undeclared,   // no declaration: a patch re-runs PWAL (with Moved: bound by nothing)
+  computes,     // the function doubles p's values: not a layout
+  wrong_order,  // the function reverses the rows where PWAL permutes them otherwise
+  cast,         // the function widens to float64
+};
+
+template <class Members>
+class Mover : public torch::nn::Module, public gk::DescribedLayer<Mover<Members>> {
+ public:
+  explicit Mover(Moves kind) : kind_(kind) {
+    w_ = this->checkpoint_param("w", {{"a.weight", {QR / 2, QC}, at::kFloat}, {"b.weight", {QR / 2, QC}, at::kFloat}},
+                                at::kCPU);
+  }
+  static at::Tensor transpose_pad(const at::Tensor& w) { return at::constant_pad_nd(w.t(), {0, 1}, 1.0).contiguous(); }
+  static at::Tensor permute_rows(const at::Tensor& w, bool reversed) {
+    const at::Tensor order = reversed ? at::arange(QR - 1, -1, -1, at::kLong)
+                                      : at::tensor(std::vector<int64_t>{3, 0, 7, 1, 6, 2, 5, 4}, at::kLong);
+    return at::cat({w.index_select(0, order), w.narrow(0, 0, 1).expand({2, QC})}).contiguous();
+  }
+  void process_weights_after_loading() override {
+    m_.t = transpose_pad(w_);
+    m_.p = permute_rows(w_, false);
+  }
+  void declare_derivations(gk::Derivations& d) const override {
+    if (kind_ == Moves::undeclared) return;
+    d.layout("transpose, a column of ones", w_, m_.t, [](const at::Tensor& w) { return transpose_pad(w); });
+    d.layout("rows reordered, row 0 twice more", w_, m_.p, [k = kind_](const at::Tensor& w) {
+      if (k == Moves::computes) return permute_rows(w, false) * 2;
+      if (k == Moves::cast) return permute_rows(w, false).to(at::kDouble);
+      return permute_rows(w, k == Moves::wrong_order);
+    });
+  }
+  at::Tensor w_;
+  Members m_;
+  Moves kind_;
+  GRAPHKEEP_DESCRIBE_DERIVED(Mover, (torch::nn::Module, gk::DescribedLayer<Mover<Members>>), (w_, gk::parameter), m_,
+                             kind_)
+};
+
+template <class Members, Moves Kind>
+class MoverModel : public torch::nn::Module {
+ public:
+  MoverModel() { lin = register_module("lin", std::make_shared<Mover<Members>>(Kind)); }
+  std::shared_ptr<Mover<Members>> lin;
 };
 
 Weights quant_weights(std::mt19937_64& rng) {
@@ -584,6 +659,9 @@ TEST_CASE("block derivations: a patch recomputes only the blocks it touches, wit
   run(std::type_identity<pt::QuantModel<pt::QuantBlocks, pt::Blocks::groups>>{},
       std::type_identity<pt::QuantModel<pt::QuantPlain, pt::Blocks::groups_undeclared>>{},
       "2x4 groups, scales group-major");
+  run(std::type_identity<pt::QuantModel<pt::QuantBlocks, pt::Blocks::packed>>{},
+      std::type_identity<pt::QuantModel<pt::QuantPlain, pt::Blocks::packed_undeclared>>{},
+      "2x4 groups, two values per block, group-major (packed words' layout)");
 
   // Only the touched blocks: one element of row 5 recomputes one row.
   std::mt19937_64 rng(10);
@@ -652,6 +730,13 @@ TEST_CASE("a block derivation that lies or binds wrongly is refused at prepare()
                               "lin.m_.q otherwise: element ");
   // A function that reads beyond its block agrees with PWAL over all the
   // blocks at once, and not over each half apart.
+  // Two values per block declared block-major where PWAL stores them
+  // group-major: as many elements, other places.
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::packed_untransposed>>(w0)),
+                              gk::DeclarationError,
+                              "QuantBlocks::s is declared scale.by_blocks() and bound to block derivation 'int8 per "
+                              "block' (blocks of 2x4 of 'w', one_per_block, 2 per block), but PWAL of layer 'lin' built "
+                              "lin.m_.s otherwise: element ");
   GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::reads_beyond>>(w0)),
                               gk::DeclarationError, "or a block depends on more than its own elements");
   GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::unbound>>(w0)),
@@ -676,6 +761,92 @@ TEST_CASE("a block derivation that lies or binds wrongly is refused at prepare()
   CHECK(pt::same(rig.replay(), out0));
   rig.model->lin->kind_ = pt::Blocks::rows;
   CHECK(rig.engine->plan().layers().back().derivations.size() == 1);
+}
+
+TEST_CASE("layout derivations: a patch writes the changed elements where the layout put them, without PWAL") {
+  at::set_num_threads(1);
+  using Right = pt::MoverModel<pt::Moved, pt::Moves::right>;
+  using Plain = pt::MoverModel<pt::MovedPlain, pt::Moves::undeclared>;
+  for (gk::PatchWrites writes : {gk::PatchWrites::elements, gk::PatchWrites::sectors})
+    for (bool staged : {false, true}) {
+      CAPTURE(staged);
+      std::mt19937_64 rng(31);
+      const pt::Weights w0 = pt::quant_weights(rng), w1 = pt::step(w0, rng, 0.05), w2 = pt::step(w1, rng, 0.4);
+      pt::BasicRig<Right> rig(w0), full(w0);
+      pt::BasicRig<Plain> slow(w0);
+      const at::Tensor out0 = rig.replay();
+      gk::PatchOptions o = rig.engine->options().patch;
+      o.patch_writes = writes;
+      for (const auto& [from, to, a, b] : {std::tuple{"step-0", "step-1", &w0, &w1}, {"step-1", "step-2", &w1, &w2}}) {
+        const gk::Patch p = pt::patch_of(*a, *b, from, to);
+        const gk::ReloadReport r = staged ? rig.engine->commit(rig.engine->stage(p, o)) : rig.engine->reload(p, o);
+        CHECK(r.patch.layers_rerun == 0);
+        CHECK(r.patch.layers_scattered == 1);
+        CHECK(r.patch.layout_elements >= 2 * r.patch.elements);  // each element is in t and at least once in p
+        full.reload(*b);
+        CHECK(pt::same(rig.replay(), full.replay()));  // every slot, the moved members too
+        CHECK(rig.engine->served()->content_version() == full.engine->served()->content_version());
+        const gk::ReloadReport u = slow.engine->reload(p);  // undeclared: PWAL re-runs, to the same bits
+        CHECK(u.patch.layers_rerun == 1);
+        CHECK(u.patch.layout_elements == 0);
+        CHECK(pt::same(slow.replay(), full.replay()));
+      }
+      CHECK_FALSE(pt::same(rig.replay(), out0));
+    }
+
+  // One element of row 0 lands in t once and in p three times (its row, and
+  // the two copies); the pad's ones stay.
+  std::mt19937_64 rng(32);
+  const pt::Weights w0 = pt::quant_weights(rng);
+  pt::Weights w1 = w0;
+  w1["lin.a.weight"] = w0.at("lin.a.weight").clone();
+  w1["lin.a.weight"][0][5] += 0.25f;
+  pt::BasicRig<Right> rig(w0), full(w0);
+  const gk::ReloadReport r = rig.engine->reload(pt::patch_of(w0, w1, "step-0", "one"));
+  CHECK(r.patch.elements == 1);
+  CHECK(r.patch.layout_elements == 4);
+  full.reload(w1);
+  CHECK(pt::same(rig.replay(), full.replay()));
+  CHECK(at::equal(rig.model->lin->m_.t.select(1, pt::QR), at::ones({pt::QC})));
+
+  // A commit that fails after its writes puts the moved elements back too.
+  const at::Tensor out1 = rig.replay();
+  const pt::Weights w2 = pt::step(w1, rng, 0.5);
+  {
+    const gk::testing::ScopedHooks hooks(rig.engine.get(), gk::testing::fault_at(gk::testing::FaultPoint::scatter, "lin"));
+    CHECK_THROWS_WITH(rig.engine->reload(pt::patch_of(w1, w2, "one", "two")), doctest::Contains("injected"));
+  }
+  CHECK(pt::same(rig.replay(), out1));
+  rig.engine->reload(pt::patch_of(w1, w2, "one", "two"));
+  full.reload(w2);
+  CHECK(pt::same(rig.replay(), full.replay()));
+}
+
+TEST_CASE("a layout derivation that computes, lies or binds wrongly is refused at prepare(), naming the member") {
+  at::set_num_threads(1);
+  std::mt19937_64 rng(33);
+  const pt::Weights w0 = pt::quant_weights(rng);
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::MoverModel<pt::Moved, pt::Moves::computes>>(w0)),
+                              gk::DeclarationError,
+                              "Moved::p (lin.m_.p) is bound to layout derivation 'rows reordered, row 0 twice more' of "
+                              "layer 'lin', but the function computes values instead of moving elements of 'w': output "
+                              "element 0 is 98, -98 and 454 for source elements numbered i + 1, -(i + 1) and 2i + 131");
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::MoverModel<pt::Moved, pt::Moves::wrong_order>>(w0)),
+                              gk::DeclarationError,
+                              "Moved::p is declared scale.by_layout() and bound to layout derivation 'rows reordered, "
+                              "row 0 twice more' of 'w', but PWAL of layer 'lin' built lin.m_.p otherwise: element 0 is ");
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::MoverModel<pt::Moved, pt::Moves::cast>>(w0)), gk::DeclarationError,
+                              "layout derivation 'rows reordered, row 0 twice more' of layer 'lin' maps an int64 tensor "
+                              "shaped as its source [8, 16] to Double [10, 16]");
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::MoverModel<pt::Moved, pt::Moves::undeclared>>(w0)),
+                              gk::DeclarationError,
+                              "Moved::t (lin.m_.t) is declared derived_weight.by_layout(), but layer 'lin' binds no "
+                              "layout derivation to it");
+  GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::MoverModel<pt::MovedPlain, pt::Moves::right>>(w0)),
+                              gk::DeclarationError,
+                              "MovedPlain::t is an output of layout derivation 'transpose, a column of ones' of layer "
+                              "'lin', but its descriptor declares it derived_weight: declare it "
+                              "gk::derived_weight.by_layout()");
 }
 
 TEST_CASE("sector writes serve what element writes serve, at every alignment, element size and density") {

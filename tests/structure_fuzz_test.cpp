@@ -624,11 +624,13 @@ class PlainGain : public torch::nn::Module {
 struct BlockSpec {
   int64_t index = 0;
   int64_t bh = 1, bw = D;   // divide 2D and D
-  bool transposed = false;  // the scales stored [D / bw, 2D / bh]
+  bool transposed = false;  // the scales stored [D / bw, per_block, 2D / bh]
+  int64_t per_block = 1;    // values per block: the scale, then its negation, ... (packed words' layout)
   friend bool operator==(const BlockSpec&, const BlockSpec&) = default;
 };
 std::ostream& operator<<(std::ostream& os, const BlockSpec& s) {
-  return os << "b" << s.index << "{blocks " << s.bh << "x" << s.bw << (s.transposed ? " scales transposed" : "") << "}";
+  return os << "b" << s.index << "{blocks " << s.bh << "x" << s.bw << (s.transposed ? " scales transposed" : "")
+            << (s.per_block > 1 ? " " + std::to_string(s.per_block) + " per block" : "") << "}";
 }
 bool g_block_lie = false;
 
@@ -637,12 +639,17 @@ struct BlockQuant {
 };
 GRAPHKEEP_AGGREGATE(BlockQuant, (q, gk::derived_weight.by_blocks()), (s, gk::scale.by_blocks()));
 
-// blocks [B, bh, bw] -> {int8 [B, bh, bw], float [B]}; `whole`: one scale for all.
-std::vector<at::Tensor> quantize_blocks(const at::Tensor& blocks, bool whole) {
+// blocks [B, bh, bw] -> {int8 [B, bh, bw], float [B, per_block]: the scale,
+// -scale, 2 scale, ...}; `whole`: one scale for all.
+std::vector<at::Tensor> quantize_blocks(const at::Tensor& blocks, bool whole, int64_t per_block) {
   at::Tensor amax = blocks.abs().amax({1, 2});
   if (whole) amax = amax.max().expand_as(amax);
   const at::Tensor scale = (amax / 127.0).clamp_min(1e-12).contiguous();
-  return {at::round(blocks / scale.view({-1, 1, 1})).clamp(-127, 127).to(at::kChar), scale};
+  const at::Tensor q = at::round(blocks / scale.view({-1, 1, 1})).clamp(-127, 127).to(at::kChar);
+  if (per_block == 1) return {q, scale};
+  const at::Tensor factors = at::arange(per_block, scale.options()).remainder(2).mul(-2).add(1) *
+                             at::arange(per_block, scale.options()).div(2, "floor").add(1);  // 1, -1, 2, -2, ...
+  return {q, (scale.view({-1, 1}) * factors.view({1, -1})).contiguous()};
 }
 
 class BlockLayer : public torch::nn::Module, public gk::DescribedLayer<BlockLayer> {
@@ -653,16 +660,22 @@ class BlockLayer : public torch::nn::Module, public gk::DescribedLayer<BlockLaye
   void process_weights_after_loading() override {
     const int64_t bh = spec_.bh, bw = spec_.bw, n = 2 * D;
     const at::Tensor blocks = w_.reshape({n / bh, bh, D / bw, bw}).permute({0, 2, 1, 3}).reshape({-1, bh, bw});
-    const std::vector<at::Tensor> qs = quantize_blocks(blocks, g_block_lie);
+    const std::vector<at::Tensor> qs = quantize_blocks(blocks, g_block_lie, spec_.per_block);
     m_.q = qs[0].reshape({n / bh, D / bw, bh, bw}).permute({0, 2, 1, 3}).reshape({n, D}).contiguous();
-    m_.s = spec_.transposed ? qs[1].reshape({n / bh, D / bw}).t().contiguous() : qs[1];
+    m_.s = spec_.transposed ? qs[1]
+                                  .reshape({n / bh, D / bw, spec_.per_block})
+                                  .permute({1, 2, 0})
+                                  .reshape({D / bw * spec_.per_block, n / bh})
+                                  .contiguous()
+                            : qs[1];
     if (g_block_lie) g_notes.push_back("b" + std::to_string(spec_.index) + " PWAL: one scale for the tensor (a lie)");
   }
   void declare_derivations(gk::Derivations& d) const override {
     d.blocks("fuzz int8 per block", w_, {spec_.bh, spec_.bw},
              {{m_.q, gk::BlockLayout::same_as_source},
-              {m_.s, spec_.transposed ? gk::BlockLayout::one_per_block_transposed : gk::BlockLayout::one_per_block}},
-             [](const at::Tensor& blocks) { return quantize_blocks(blocks, false); });
+              {m_.s, spec_.transposed ? gk::BlockLayout::one_per_block_transposed : gk::BlockLayout::one_per_block,
+               spec_.per_block}},
+             [m = spec_.per_block](const at::Tensor& blocks) { return quantize_blocks(blocks, false, m); });
   }
   void contribute(Acc& acc) const {
     fold(acc, w_);
@@ -748,7 +761,7 @@ ModelSpec random_structure(Rng& rng) {
   const int64_t nb = pick(rng, 3);
   for (int64_t i = 0; i < nb; ++i) {
     const int64_t rows[] = {1, 2, D, 2 * D}, cols[] = {1, 2, D};
-    s.blocks.push_back({i, rows[pick(rng, 4)], cols[pick(rng, 3)], pick(rng, 2) == 1});
+    s.blocks.push_back({i, rows[pick(rng, 4)], cols[pick(rng, 3)], pick(rng, 2) == 1, 1 + pick(rng, 3)});
   }
   return s;
 }

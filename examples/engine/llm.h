@@ -24,8 +24,9 @@
 //   w4a16  int4 weights with a float32 scale per group of 128 input channels
 //          (fewer when the layer is narrower), packed in PWAL from the
 //          checkpoint, through graphkeep's Marlin-style split-K kernel
-//          (gk::quant::MarlinW4A16Kernel: its lock workspace, permutation and
-//          packed weights are derived per PWAL too).
+//          (gk::quant::marlin_w4a16_apply: its lock workspace, permutation and
+//          packed weights are derived per PWAL too, the packed weights and
+//          scales declared by groups, so a patch re-runs no PWAL).
 // The router, norms, embedding and lm_head stay dense; the MoE experts, in
 // every format, run through graphkeep's grouped MoE kernel
 // (gk::kernels::SwigluExperts) on the checkpoint-dtype weights, or in bf16 on

@@ -119,9 +119,14 @@ at::Tensor Fp8Weights::apply(const at::Tensor& x) const {
 // Symmetric int4 per group of g input channels (g = 128, or K when K < 128):
 //   s[n, j] = max_{k in group j} |W[n,k]| / 7,  q = clamp(round_half_even(W / s), -8, 7)
 //   y[t, n] = sum_k x[t,k] * q[n,k] * s[n, k / g]      (float32, then the model dtype)
-// packed GPTQ-style (q + 8, eight per int32 along K) for MarlinW4A16Kernel,
-// whose split-K sum runs in float32 (four slices added in turn).
-// tests/hf/make_reference.py computes the same inside transformers.
+// packed GPTQ-style (q + 8, eight per int32 along K) for
+// gk::quant::marlin_w4a16_apply, whose split-K sum runs in float32 (four
+// slices added in turn). tests/hf/make_reference.py computes the same inside
+// transformers. A group's words and scale follow from that group alone, so
+// the packed weights and the scales are declared by blocks of 1 x g: a patch
+// requantizes and repacks only the groups it touches. Input channels stay in
+// group order (g_idx = k / g, no act-order), so the kernel's permutation is
+// the identity and, like g_idx, a function of the shapes.
 std::int64_t W4A16Weights::group_size(std::int64_t k) { return k < 128 ? k : 128; }
 
 void W4A16Weights::check_input_size(int64_t k, const std::string& weight, const std::string& k_field) {
@@ -130,25 +135,45 @@ void W4A16Weights::check_input_size(int64_t k, const std::string& weight, const 
            ": the engine cannot serve this model in w4a16 (dense and fp8 can)");
 }
 
+std::pair<at::Tensor, at::Tensor> W4A16Weights::quantize_groups(const at::Tensor& groups) {
+  const at::Tensor w = groups.to(at::kFloat);
+  const at::Tensor s = (w.abs().amax(-1) / 7.0).clamp_min(1e-12);
+  return {(w / s.unsqueeze(-1)).round().clamp(-8, 7).to(at::kLong) + 8, s};
+}
+
 void W4A16Weights::build(const at::Tensor& dense, const std::string& weight) {
   const int64_t n = dense.size(0), k = dense.size(1), g = group_size(k);
   check_input_size(k, weight, "its columns");
-  const at::Tensor w = dense.to(at::kFloat).view({n, k / g, g});
-  const at::Tensor s = (w.abs().amax(-1) / 7.0).clamp_min(1e-12);                       // [N, G]
-  const at::Tensor q = (w / s.unsqueeze(-1)).round().clamp(-8, 7).view({n, k}).to(at::kLong);
-  const at::Tensor qweight = gk::quant::pack_int_rows((q + 8).t().contiguous(), 8, 4);  // [K/8, N]
-  scales_ = s.t().contiguous();
+  const auto [q, s] = quantize_groups(dense.reshape({n * (k / g), g}));
+  qweight_ = gk::quant::pack_int_rows(q.view({n, k}).t().contiguous(), 8, 4);  // [K/8, N]
+  scales_ = s.view({n, k / g}).t().contiguous();
   g_idx_ = at::floor_divide(at::arange(k, dense.options().dtype(at::kLong)), g).to(at::kInt).contiguous();
-  kernel_.emplace(qweight, g_idx_, gk::quant::MarlinSplitK{}, weight);
+  perm_ = at::argsort(g_idx_, /*stable=*/true).to(at::kInt).contiguous();
+  workspace_ = gk::quant::marlin_make_workspace((n + gk::quant::MarlinSplitK{}.tile_n - 1) / gk::quant::MarlinSplitK{}.tile_n,
+                                                dense.device());
+}
+
+void W4A16Weights::declare(gk::Derivations& d, const at::Tensor& dense) const {
+  const int64_t g = group_size(dense.size(1));
+  d.blocks("w4a16: int4 with a scale per group of input channels, eight to an int32", dense, {1, g},
+           {{qweight_, gk::BlockLayout::one_per_block_transposed, g / 8},
+            {scales_, gk::BlockLayout::one_per_block_transposed}},
+           [](const at::Tensor& blocks) {  // [B, 1, g]
+             const auto [q, s] = quantize_groups(blocks.flatten(0, 1));
+             return std::vector<at::Tensor>{gk::quant::pack_int_rows(q.t().contiguous(), 8, 4).t(), s};
+           });
 }
 
 at::Tensor W4A16Weights::apply(const at::Tensor& x) const {
-  GK_CHECK(gk::StateError, kernel_.has_value(), "W4A16Weights::apply before PWAL built the weights");
-  if (x.scalar_type() == at::kFloat) return kernel_->apply(x, scales_, g_idx_);
+  GK_CHECK(gk::StateError, qweight_.defined(), "W4A16Weights::apply before PWAL built the weights");
+  auto gemm = [&](const at::Tensor& x32) {
+    return gk::quant::marlin_w4a16_apply(x32, qweight_, scales_, g_idx_, perm_, workspace_, gk::quant::MarlinSplitK{});
+  };
+  if (x.scalar_type() == at::kFloat) return gemm(x);
   auto cast = [](const at::Tensor& t, at::ScalarType dt) {
     return op("cast", {t}, t.sizes(), t.options().dtype(dt), [](auto& in, auto& out) { out[0].copy_(in[0]); });
   };
-  return cast(kernel_->apply(cast(x, at::kFloat), scales_, g_idx_), x.scalar_type());
+  return cast(gemm(cast(x, at::kFloat)), x.scalar_type());
 }
 
 ProjectionWeights::ProjectionWeights(WeightFormat f, std::string weight, int64_t k, const std::string& k_field)
@@ -163,8 +188,7 @@ void ProjectionWeights::build(const at::Tensor& dense) {
 
 void ProjectionWeights::declare(gk::Derivations& d, const at::Tensor& dense) const {
   if (format_ == WeightFormat::fp8) fp8_.declare(d, dense);
-  // w4a16: the Marlin repack is a tile permutation, not declarable yet; a
-  // patch re-runs the layer's PWAL.
+  if (format_ == WeightFormat::w4a16) w4a16_.declare(d, dense);
 }
 
 at::Tensor ProjectionWeights::apply(const char* name, const at::Tensor& x, const at::Tensor& dense) const {

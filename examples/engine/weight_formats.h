@@ -56,8 +56,9 @@ class Fp8Weights {
 };
 
 // W4A16 weights of one projection: symmetric int4 per group of input
-// channels (Note [W4A16 from the checkpoint] in weight_formats.cpp), packed for
-// gk::quant::MarlinW4A16Kernel.
+// channels (Note [W4A16 from the checkpoint] in weight_formats.cpp), packed
+// for gk::quant::marlin_w4a16_apply. Every member is declared, so a weight
+// patch recomputes only the groups it touches and re-runs no PWAL.
 class W4A16Weights {
  public:
   // dense: [N, K]; `weight` names its checkpoint tensors (for messages).
@@ -67,12 +68,23 @@ class W4A16Weights {
   // Refuses an input size K the format cannot group (a gk::WeightError
   // naming `weight` and `k_field`, the config field K comes from).
   static void check_input_size(std::int64_t k, const std::string& weight, const std::string& k_field);
+  // groups [R, g] -> {int4 + 8 as int64 [R, g], float32 scales [R]}: what
+  // build() makes of each group of g input channels.
+  static std::pair<at::Tensor, at::Tensor> quantize_groups(const at::Tensor& groups);
+  // Declares qweight_ and scales_ as derived group by group from `dense`:
+  // blocks of 1 x g, each giving g / 8 packed words and one scale, both
+  // stored group-major (Note [Declared derivations] in graphkeep/registry/role.h).
+  void declare(gk::Derivations& d, const at::Tensor& dense) const;
 
  private:
-  std::optional<gk::quant::MarlinW4A16Kernel> kernel_;
-  at::Tensor scales_;  // [K / group, N] float32
-  at::Tensor g_idx_;   // [K] int32: the group of each input channel
-  GRAPHKEEP_DESCRIBE(W4A16Weights, kernel_, (scales_, gk::scale), (g_idx_, gk::metadata.from_shapes()))
+  at::Tensor qweight_;    // [K/8, N] int32: int4 + 8, input channel k is nibble k % 8 of row k / 8 (GPTQ)
+  at::Tensor scales_;     // [K / group, N] float32
+  at::Tensor g_idx_;      // [K] int32: the group of each input channel
+  at::Tensor perm_;       // [K] int32: argsort(g_idx_), the identity (no act-order)
+  at::Tensor workspace_;  // the split-K locks, 0 at every launch
+  GRAPHKEEP_DESCRIBE(W4A16Weights, (qweight_, gk::derived_weight.by_blocks()), (scales_, gk::scale.by_blocks()),
+                     (g_idx_, gk::metadata.from_shapes()), (perm_, gk::permutation.from_shapes()),
+                     (workspace_, gk::workspace(gk::Init::zero)))
 };
 
 // One projection's kernel-format weights in the run's format (nothing for dense).
@@ -84,7 +96,8 @@ class ProjectionWeights {
   // format that cannot take K is refused here, before any weight is read.
   ProjectionWeights(WeightFormat f, std::string weight, std::int64_t k, const std::string& k_field);
   void build(const at::Tensor& dense);  // PWAL
-  // The block derivations of the format's members from `dense` (fp8: per row).
+  // The block derivations of the format's members from `dense` (fp8: per
+  // row; w4a16: per group).
   void declare(gk::Derivations& d, const at::Tensor& dense) const;
   // y = x W^T in the run's format; `dense` is the checkpoint-format parameter.
   at::Tensor apply(const char* name, const at::Tensor& x, const at::Tensor& dense) const;

@@ -108,6 +108,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("sectors_written", &Stats::sectors_written)
       .def_readonly("sectors_declined", &Stats::sectors_declined)
       .def_readonly("blocks_recomputed", &Stats::blocks_recomputed)
+      .def_readonly("layout_elements", &Stats::layout_elements)
       .def_readonly("rerun_why", &Stats::rerun_why);
   py::class_<ReloadReport>(m, "ReloadReport", "What a reload, stage or commit did (gk::ReloadReport).")
       .def_property_readonly("mode", [](const ReloadReport& r) {

@@ -7,7 +7,10 @@
 // kernels/cuda/moe_common.h), and the fused experts kernel reads only the
 // shuffled tensors. Every PWAL allocates them anew, so without graphkeep a
 // captured graph keeps reading the previous weights (wrong output after a
-// reload: the "gibberish after the first sync" of NeMo-RL #2895).
+// reload: the "gibberish after the first sync" of NeMo-RL #2895). The
+// shuffle only moves elements, so both tensors are declared by_layout(): a
+// weight patch writes the changed elements at their shuffled places, with no
+// PWAL (Note [Layout derivations] in graphkeep/model/block_derivation.h).
 //
 // Per token t with top-k experts e_j and gates g_j (moe_common.h route_token):
 //   y_t = sum_j g_j * w2[e_j] (softsign(w1[e_j] x_t) * (w3[e_j] x_t))
@@ -29,6 +32,7 @@ class ShuffledMoe : public torch::nn::Module, public DescribedLayer<ShuffledMoe>
   ShuffledMoe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, c10::Device device);
 
   void process_weights_after_loading() override;
+  void declare_derivations(Derivations& d) const override;
 
   // x: [T, K], logits: [T, E] (float32, on the layer's device) -> [T, K]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& logits);
@@ -44,7 +48,8 @@ class ShuffledMoe : public torch::nn::Module, public DescribedLayer<ShuffledMoe>
   int64_t num_experts_, hidden_, inter_, topk_;
 
   GRAPHKEEP_DESCRIBE_DERIVED(ShuffledMoe, (torch::nn::Module, DescribedLayer<ShuffledMoe>), (w13_weight_, parameter),
-                             (w2_weight_, parameter), (w13_shuffled_, derived_weight), (w2_shuffled_, derived_weight),
+                             (w2_weight_, parameter), (w13_shuffled_, derived_weight.by_layout()),
+                             (w2_shuffled_, derived_weight.by_layout()),
                              num_experts_, hidden_, inter_, topk_)
 };
 

@@ -41,12 +41,18 @@
 //                                  shape of B * block_rows * block_cols
 //                                  elements, in the blocks' row-major order);
 //                                  the output is [N, K] like the source;
-//       one_per_block              B values; the output is [N / block_rows,
-//                                  K / block_cols] in any shape of that many
-//                                  elements, row-major over the blocks;
-//       one_per_block_transposed   B values; the output is [K / block_cols,
-//                                  N / block_rows] (per-group scales stored
-//                                  group-major);
+//       one_per_block              B x per_block values (per_block is the
+//                                  BlockOutput's, 1 unless said); the
+//                                  output is [N / block_rows, K / block_cols,
+//                                  per_block] in any shape of that many
+//                                  elements, row-major over the blocks, each
+//                                  block's values together;
+//       one_per_block_transposed   B x per_block values; the output is
+//                                  [K / block_cols, per_block, N / block_rows]
+//                                  (per-group scales stored group-major with
+//                                  per_block 1; int4 packed eight to an int32
+//                                  along K, GPTQ's [K / 8, N], with blocks of
+//                                  1 x g and per_block g / 8);
 //   - PWAL builds each output exactly as `fn` does over all blocks, and
 //     each block's values depend on that block of the source alone.
 // At prepare(), a member declared by_blocks() that no derivation binds, a
@@ -68,14 +74,21 @@ namespace gk {
 // Where a derivation output's elements sit relative to the source's blocks.
 enum class BlockLayout : std::uint8_t { same_as_source, one_per_block, one_per_block_transposed };
 
-// A derived tensor of the layer (the field's current value) and its layout.
+// A derived tensor of the layer (the field's current value) and its layout:
+// for the one_per_block layouts, `per_block` values per block (packed words,
+// a scale and a zero point); same_as_source ignores it.
 struct BlockOutput {
   at::Tensor tensor;
   BlockLayout layout = BlockLayout::same_as_source;
+  std::int64_t per_block = 1;
 };
 
 // blocks [B, block_rows, block_cols] of the source -> one tensor per output.
 using BlockFn = std::function<std::vector<at::Tensor>(const at::Tensor& blocks)>;
+
+// A tensor shaped as the source, of any dtype -> the output's elements, of
+// that dtype (Note [Layout derivations]).
+using LayoutFn = std::function<at::Tensor(const at::Tensor& source)>;
 
 struct BlockDerivation {
   std::string name;  // what it computes, for messages ("fp8 per row")
@@ -85,6 +98,35 @@ struct BlockDerivation {
   BlockFn fn;
 };
 
+struct LayoutDerivation {
+  std::string name;  // what it does, for messages ("shuffle into tiles")
+  at::Tensor source, output;
+  LayoutFn fn;
+};
+
+// Note [Layout derivations]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A member declared by_layout() holds elements of one checkpoint parameter
+// of the layer, moved: AITER's shuffle of expert weights into tiles, a
+// transpose of group scales, a pad, a permutation by fixed indices, one
+// value broadcast over channels. The layer binds it in
+// declare_derivations() with the function that does the moving:
+//
+//   d.layout("shuffle into 16x16 tiles", w13_weight_, w13_shuffled_, [=](const at::Tensor& w) {
+//     return w.view({E, 2, N / R, R, K / C, C}).permute({0, 2, 4, 1, 3, 5}).contiguous();
+//   });
+//
+// The contract: `fn` only moves elements (views, permute, narrow, cat or
+// stack of its input's pieces, index_select with fixed indices, expand) and
+// may fill constants (a pad); it works for a source of any dtype, and
+// PWAL builds the output exactly as fn(parameter). prepare() runs fn on
+// three tensors of element indices to learn which source element each
+// output element holds, and refuses a function whose outputs are not
+// moved elements or constants (a DeclarationError naming the member); it
+// keeps, per output element, its source index, sorted (16 bytes per output
+// element: Note [Patches through layout derivations]). Every full reload
+// compares fn(parameter) with what PWAL built, bit for bit.
+//
 // What ReloadableLayer::declare_derivations() fills.
 class Derivations {
  public:
@@ -94,10 +136,17 @@ class Derivations {
   void blocks(std::string name, const at::Tensor& source, Shape block, std::vector<BlockOutput> outputs, BlockFn fn) {
     list_.push_back({std::move(name), source, block.rows, block.cols, std::move(outputs), std::move(fn)});
   }
+  // `output` (a member declared by_layout()) is fn(source) (Note [Layout
+  // derivations]).
+  void layout(std::string name, const at::Tensor& source, const at::Tensor& output, LayoutFn fn) {
+    layouts_.push_back({std::move(name), source, output, std::move(fn)});
+  }
   const std::vector<BlockDerivation>& list() const { return list_; }
+  const std::vector<LayoutDerivation>& layouts() const { return layouts_; }
 
  private:
   std::vector<BlockDerivation> list_;
+  std::vector<LayoutDerivation> layouts_;
 };
 
 }  // namespace gk

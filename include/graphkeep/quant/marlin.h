@@ -101,6 +101,16 @@ class MarlinW4A16Kernel {
                      (workspace_, gk::workspace(gk::Init::zero)), size_k_, size_n_, split_)
 };
 
+// The W4A16 GEMM alone, for a class that holds its own members (the example
+// engine's W4A16 weights, whose packed weights a patch recomputes by blocks
+// of a group, declare each one): y = x W^T with W[n, k] = (q[k, n] - 8) *
+// scales[g_idx[k], n], q packed as MarlinW4A16Kernel's qweight_ (input
+// channel perm[i] is nibble i % 8 of row i / 8). Shapes as for
+// MarlinW4A16Kernel; `workspace` from marlin_make_workspace, 0 at launch.
+at::Tensor marlin_w4a16_apply(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                              const at::Tensor& g_idx, const at::Tensor& perm, const at::Tensor& workspace,
+                              MarlinSplitK split);
+
 class MarlinW4A16Linear : public torch::nn::Module, public DescribedLayer<MarlinW4A16Linear> {
  public:
   MarlinW4A16Linear(int64_t in, int64_t out, int64_t group_size, c10::Device device, MarlinSplitK split = {});

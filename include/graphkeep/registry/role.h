@@ -66,17 +66,30 @@
 //                  recomputes only the blocks it touches, from the captured
 //                  parameter with the patch applied, and writes them with
 //                  the parameter in one commit (reload/block_landing.cpp).
+//                  Packed words are values of a block
+//                  (BlockOutput::per_block: GPTQ's int4, eight to a word).
+//   by_layout()    the member holds elements of one checkpoint parameter
+//                  moved, not computed: a transpose, a shuffle into tiles,
+//                  a permutation by fixed indices, a narrow, a pad with a
+//                  constant, a broadcast, and compositions of these. The
+//                  layer binds it to the parameter and a function that
+//                  does the moving (Derivations::layout); the engine
+//                  learns where each element goes by running the function
+//                  on index tensors at prepare(), and a patch writes the
+//                  changed elements at their places (reload/layout_landing.cpp).
 // A member without one keeps the correct, slow path: a patch touching its
-// layer re-runs PWAL (`gk-slots --rerun` lists those members). Layout maps
-// (stacks, concatenations, permutations through an index tensor) and tile
-// repacks (Marlin) are not declarable yet: their members re-run. A declaration
+// layer re-runs PWAL (`gk-slots --rerun` lists those members). Products of
+// tensors (absorbed MLA weights), scales computed from a whole tensor and
+// permutations by a checkpoint index tensor (act-order) are not declarable:
+// their members re-run. A declaration
 // cannot lie silently: every full reload, and every patch that re-runs the
 // layer, compares what PWAL built with what the declaration predicts, bit
 // for bit (from_shapes: the value already captured; by_blocks: the
 // function over the parameter's blocks, in two interleaved halves, so that
 // a function reading beyond its block differs wherever a half's blocks
-// alone give another value than all of them; prepare() checks the same, and
-// a recovering reload too), before anything
+// alone give another value than all of them; by_layout: the function on
+// the parameter; prepare() checks the same, and a recovering reload too),
+// before anything
 // reaches captured storage, and refuses a mismatch with a
 // gk::DeclarationError naming the class, the member and the first differing
 // element (reload/derivations.cpp). Only derived roles take a derivation;
@@ -145,6 +158,7 @@ enum class Derive : std::uint8_t {
   undeclared,   // unknown: a patch touching the layer re-runs its PWAL
   from_shapes,  // a function of shapes and configuration, never of checkpoint values
   blocks,       // block by block from a checkpoint parameter (the layer's gk::BlockDerivation)
+  layout,       // a checkpoint parameter's elements, moved (the layer's gk::LayoutDerivation)
 };
 
 constexpr std::string_view to_string(Derive d) noexcept {
@@ -152,6 +166,7 @@ constexpr std::string_view to_string(Derive d) noexcept {
     case Derive::undeclared: return "undeclared";
     case Derive::from_shapes: return "from_shapes";
     case Derive::blocks: return "blocks";
+    case Derive::layout: return "layout";
   }
   return "?";
 }
@@ -168,6 +183,7 @@ struct RoleSpec {
   // The derivation (Note [Declared derivations]).
   constexpr RoleSpec from_shapes() const noexcept { return {role, init, reason, Derive::from_shapes}; }
   constexpr RoleSpec by_blocks() const noexcept { return {role, init, reason, Derive::blocks}; }
+  constexpr RoleSpec by_layout() const noexcept { return {role, init, reason, Derive::layout}; }
   // Roles whose member PWAL derives from the checkpoint, copied from its new value.
   constexpr bool derived() const noexcept {
     return (role == Role::metadata || role == Role::scale || role == Role::derived_weight ||

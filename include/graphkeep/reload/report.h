@@ -85,6 +85,10 @@ struct ReloadReport {
     // Blocks of by_blocks() members recomputed in scattered layers (Note
     // [Declared derivations] in graphkeep/registry/role.h).
     std::size_t blocks_recomputed = 0;
+    // Elements of by_layout() members written where their layouts put the
+    // changed elements (Note [Layout derivations] in
+    // graphkeep/model/block_derivation.h).
+    std::size_t layout_elements = 0;
     bool sectors_declined = false;    // PatchWrites::automatic wrote elements: the images would not fit
     // Per layer that re-ran PWAL, "<layer>: <why>", the first reason found:
     // a derived slot without a declared derivation (Note [Declared

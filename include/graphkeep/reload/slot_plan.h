@@ -87,9 +87,21 @@ struct PlannedDerivation {
   struct Output {
     std::size_t slot;
     BlockLayout layout;
+    std::int64_t per_block = 1;  // values per block (the one_per_block layouts)
   };
   std::vector<Output> outputs;
   BlockFn fn;
+};
+
+// A layout derivation of the layer (Note [Layout derivations] in
+// graphkeep/model/block_derivation.h) bound by prepare(): the output
+// elements that hold source elements, ordered by source index.
+struct PlannedLayout {
+  std::string name;
+  std::size_t source = 0, output = 0;  // slots
+  LayoutFn fn;
+  at::Tensor sorted_source;  // int64 [M]: the source index of each moved output element, ascending
+  at::Tensor position;       // int64 [M]: that output element's flat index
 };
 
 struct LayerPlan {
@@ -101,6 +113,7 @@ struct LayerPlan {
   std::vector<PlannedSlot> slots;
   std::vector<PlannedConfig> configs;
   std::vector<PlannedDerivation> derivations;
+  std::vector<PlannedLayout> layouts;
 
   std::string full_name(std::string_view local) const;
 };
