@@ -446,9 +446,16 @@ int main(int argc, char** argv) {
         std::printf("%s; %zu layers scattered (%zu derived blocks recomputed), %zu re-ran PWAL; serving %s\n",
                     delta_note.c_str(), r.patch.layers_scattered, r.patch.blocks_recomputed, r.patch.layers_rerun,
                     eng.reload_engine().served()->describe().c_str());
-        // Each layer's landing: why a re-run layer could not take the scatter.
-        for (std::size_t k = 0; k < r.patch.rerun_why.size() && (step == 1 || k < 3); ++k)
-          std::printf("  re-ran %s\n", r.patch.rerun_why[k].c_str());
+        // Each layer's landing at the first step (later: the re-runs only):
+        // the scatter with what it wrote in derived members, or why PWAL ran.
+        std::size_t reruns = 0;
+        for (const auto& l : r.patch.landings) {
+          if (l.rerun && (step == 1 || ++reruns <= 3))
+            std::printf("  re-ran %s: %s\n", l.layer.c_str(), l.why.c_str());
+          else if (step == 1)
+            std::printf("  scatter %s: %zu derived blocks recomputed, %zu layout elements written\n", l.layer.c_str(),
+                        l.blocks_recomputed, l.layout_elements);
+        }
         all_equal = all_equal && eng.reload_engine().served()->label() == "step" + std::to_string(step);
       }
       std::fflush(stdout);

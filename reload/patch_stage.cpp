@@ -325,6 +325,7 @@ void ReloadEngine::Impl::choose_patch_landings(PatchStaging& ps) {
     if (ps.by_layer[li].empty()) continue;
     sp.touched[li] = 1;
     std::string why = rerun_why(li);
+    ps.rep.patch.landings.push_back({plan.layers()[li].prefix, !why.empty(), 0, 0, why});
     if (why.empty()) {
       ps.rep.patch.layers_scattered += 1;
       continue;
@@ -358,8 +359,12 @@ void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
       for (std::size_t k : ps.by_layer[li])
         ls.push_back(PatchStaging::landing_of(captured_tensor(*ps.where[k]), ps.patch.entries[k]));
       results = land_patch_entries(ls, *ps.sp, /*results=*/true, ps.o.verify_served);
-      rep.patch.blocks_recomputed += land_derived_blocks(lp, ls, *ps.sp);
-      rep.patch.layout_elements += land_layout_elements(lp, ls, *ps.sp);
+      ReloadReport::PatchStats::Landing& landing = *std::find_if(
+          rep.patch.landings.begin(), rep.patch.landings.end(), [&](const auto& l) { return l.layer == lp.prefix; });
+      landing.blocks_recomputed = land_derived_blocks(lp, ls, *ps.sp);
+      landing.layout_elements = land_layout_elements(lp, ls, *ps.sp);
+      rep.patch.blocks_recomputed += landing.blocks_recomputed;
+      rep.patch.layout_elements += landing.layout_elements;
     }
     ScopedMsTimer t(rep.times.hash_ms);
     fault(testing::FaultPoint::check, lp.prefix);

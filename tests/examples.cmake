@@ -231,3 +231,12 @@ gk_add_output_test(hf.check.llama.nonfinite_logits_inf LABELS unit EXIT 1
 set_tests_properties(hf.check.llama.nonfinite_weights hf.check.llama.nonfinite_weights_refused
                      hf.check.llama.nonfinite_logits_nan
                      hf.check.llama.nonfinite_logits_inf PROPERTIES FIXTURES_REQUIRED hfref_bad)
+
+# The RL demo's patches on the Qwen3-MoE reference checkpoint in FP8: every
+# layer, the MoE layers included, takes the scatter (the experts' stride
+# arrays from_shapes, the FP8 rows by blocks), and the demo prints each
+# layer's landing.
+gk_add_output_test(demo.rl_loop_delta_moe_fp8 LABELS unit
+  COMMAND gk-rl-demo --steps 2 --device cpu --delta --quant fp8 --model ${_hfref}/qwen3_moe/step0 --work ${_work}/delta_moe
+  REGEX "0 re-ran PWAL.*scatter model.layers.0.self_attn: [1-9][0-9]* derived blocks recomputed.*scatter model.layers.[01].mlp: 0 derived blocks recomputed.*0 re-ran PWAL.*SUMMARY: 2 patch reloads, [0-9]+ slots tracked, drift 0, .* ${_equals}")
+set_tests_properties(demo.rl_loop_delta_moe_fp8 PROPERTIES FIXTURES_REQUIRED hfref_qwen3_moe)

@@ -789,6 +789,9 @@ TEST_CASE("layout derivations: a patch writes the changed elements where the lay
         const gk::ReloadReport u = slow.engine->reload(p);  // undeclared: PWAL re-runs, to the same bits
         CHECK(u.patch.layers_rerun == 1);
         CHECK(u.patch.layout_elements == 0);
+        REQUIRE(u.patch.landings.size() == 1);
+        CHECK(u.patch.landings[0].rerun);
+        CHECK(u.patch.landings[0].why.find("is derived without a declared derivation") != std::string::npos);
         CHECK(pt::same(slow.replay(), full.replay()));
       }
       CHECK_FALSE(pt::same(rig.replay(), out0));
@@ -805,6 +808,11 @@ TEST_CASE("layout derivations: a patch writes the changed elements where the lay
   const gk::ReloadReport r = rig.engine->reload(pt::patch_of(w0, w1, "step-0", "one"));
   CHECK(r.patch.elements == 1);
   CHECK(r.patch.layout_elements == 4);
+  REQUIRE(r.patch.landings.size() == 1);  // the layer's landing, as the report gives it per layer
+  CHECK(r.patch.landings[0].layer == "lin");
+  CHECK_FALSE(r.patch.landings[0].rerun);
+  CHECK(r.patch.landings[0].layout_elements == 4);
+  CHECK(r.patch.landings[0].blocks_recomputed == 0);
   full.reload(w1);
   CHECK(pt::same(rig.replay(), full.replay()));
   CHECK(at::equal(rig.model->lin->m_.t.select(1, pt::QR), at::ones({pt::QC})));

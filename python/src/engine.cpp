@@ -97,6 +97,12 @@ void bind_engine(py::module_& m) {
       .def_readonly("stage_ms", &PhaseTimes::stage_ms)
       .def_readonly("commit_ms", &PhaseTimes::commit_ms);
   using Stats = ReloadReport::PatchStats;
+  py::class_<Stats::Landing>(m, "PatchLanding", "How a weight patch landed in one layer (gk::ReloadReport::PatchStats::Landing).")
+      .def_readonly("layer", &Stats::Landing::layer)
+      .def_readonly("rerun", &Stats::Landing::rerun)
+      .def_readonly("blocks_recomputed", &Stats::Landing::blocks_recomputed)
+      .def_readonly("layout_elements", &Stats::Landing::layout_elements)
+      .def_readonly("why", &Stats::Landing::why);
   py::class_<Stats>(m, "PatchStats", "What a weight patch did (gk::ReloadReport::PatchStats).")
       .def_readonly("applied", &Stats::applied)
       .def_readonly("tensors", &Stats::tensors)
@@ -109,7 +115,8 @@ void bind_engine(py::module_& m) {
       .def_readonly("sectors_declined", &Stats::sectors_declined)
       .def_readonly("blocks_recomputed", &Stats::blocks_recomputed)
       .def_readonly("layout_elements", &Stats::layout_elements)
-      .def_readonly("rerun_why", &Stats::rerun_why);
+      .def_readonly("rerun_why", &Stats::rerun_why)
+      .def_readonly("landings", &Stats::landings);
   py::class_<ReloadReport>(m, "ReloadReport", "What a reload, stage or commit did (gk::ReloadReport).")
       .def_property_readonly("mode", [](const ReloadReport& r) {
         return r.mode == gk::ReloadMode::streaming ? "streaming" : "transactional";

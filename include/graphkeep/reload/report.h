@@ -95,6 +95,15 @@ struct ReloadReport {
     // derivations] in graphkeep/registry/role.h), a parameter PWAL
     // transforms, a layer's own load_weight(), configuration checks off.
     std::vector<std::string> rerun_why;
+    // Each touched layer's landing, in model order: the scatter (with the
+    // derived blocks and layout elements it wrote) or a PWAL re-run (why).
+    struct Landing {
+      std::string layer;
+      bool rerun = false;
+      std::size_t blocks_recomputed = 0, layout_elements = 0;
+      std::string why;  // rerun: the first reason found
+    };
+    std::vector<Landing> landings;
   } patch;
   PhaseTimes times;
 
