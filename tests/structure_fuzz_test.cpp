@@ -615,29 +615,47 @@ class PlainGain : public torch::nn::Module {
 
 // Block-derived members (Note [Declared derivations]): int8 values and a
 // float scale per block of a checkpoint parameter w = [a; b], [2D, D],
-// declared by_blocks with the seed's block shape and scale layout. A patch
-// touching the layer recomputes the touched blocks instead of running PWAL.
-// A lying PWAL (g_block_lie, per operation) uses one scale for the whole
-// tensor: a full reload must refuse it wherever that changes a value (the
-// declared function stays honest, so what a patch computes is a fresh
-// model's).
+// declared by_blocks with the seed's block shape and scale layout (values
+// per block, transposed or not), and maybe a member t declared by_layout
+// (a transpose padded with ones, reversed rows with a broadcast row, 2x2
+// tiles). A patch touching the layer recomputes the touched blocks and
+// writes the moved elements instead of running PWAL. A lying PWAL
+// (g_block_lie, per operation) uses one scale for the whole tensor and
+// pads with 2 or reverses t's rows: a full reload must refuse it wherever
+// that changes a value (the declared functions stay honest, so what a patch
+// computes is a fresh model's).
 struct BlockSpec {
   int64_t index = 0;
   int64_t bh = 1, bw = D;   // divide 2D and D
   bool transposed = false;  // the scales stored [D / bw, per_block, 2D / bh]
   int64_t per_block = 1;    // values per block: the scale, then its negation, ... (packed words' layout)
+  int64_t layout = 0;       // a layout-derived member t of w: none, transposed + a column of ones,
+                            // rows reversed + row 0 twice more, 2x2 tiles
   friend bool operator==(const BlockSpec&, const BlockSpec&) = default;
 };
 std::ostream& operator<<(std::ostream& os, const BlockSpec& s) {
   return os << "b" << s.index << "{blocks " << s.bh << "x" << s.bw << (s.transposed ? " scales transposed" : "")
-            << (s.per_block > 1 ? " " + std::to_string(s.per_block) + " per block" : "") << "}";
+            << (s.per_block > 1 ? " " + std::to_string(s.per_block) + " per block" : "")
+            << (s.layout > 0 ? " layout " + std::to_string(s.layout) : "") << "}";
 }
 bool g_block_lie = false;
 
 struct BlockQuant {
-  at::Tensor q, s;
+  at::Tensor q, s, t;
 };
-GRAPHKEEP_AGGREGATE(BlockQuant, (q, gk::derived_weight.by_blocks()), (s, gk::scale.by_blocks()));
+GRAPHKEEP_AGGREGATE(BlockQuant, (q, gk::derived_weight.by_blocks()), (s, gk::scale.by_blocks()),
+                    (t, gk::derived_weight.by_layout()));
+
+// The layout-derived member (Note [Layout derivations]) of w [2D, D];
+// `pad` is the constant a transpose pads with (a lying PWAL pads with 2).
+at::Tensor moved(const at::Tensor& w, int64_t kind, double pad = 1.0) {
+  switch (kind) {
+    case 1: return at::constant_pad_nd(w.t(), {0, 1}, pad).contiguous();                    // [D, 2D + 1]
+    case 2: return at::cat({w.flip({0}), w.narrow(0, 0, 1).expand({2, D})}).contiguous();  // [2D + 2, D]
+    case 3: return w.reshape({D, 2, D / 2, 2}).permute({0, 2, 1, 3}).reshape({2 * D, D}).contiguous();
+    default: return {};
+  }
+}
 
 // blocks [B, bh, bw] -> {int8 [B, bh, bw], float [B, per_block]: the scale,
 // -scale, 2 scale, ...}; `whole`: one scale for all.
@@ -668,6 +686,9 @@ class BlockLayer : public torch::nn::Module, public gk::DescribedLayer<BlockLaye
                                   .reshape({D / bw * spec_.per_block, n / bh})
                                   .contiguous()
                             : qs[1];
+    // A lying PWAL reverses a tiled or reversed layout's rows back, or pads with 2.
+    m_.t = g_block_lie && spec_.layout > 1 ? moved(w_, spec_.layout).flip({0}).contiguous()
+                                           : moved(w_, spec_.layout, g_block_lie ? 2.0 : 1.0);
     if (g_block_lie) g_notes.push_back("b" + std::to_string(spec_.index) + " PWAL: one scale for the tensor (a lie)");
   }
   void declare_derivations(gk::Derivations& d) const override {
@@ -676,11 +697,15 @@ class BlockLayer : public torch::nn::Module, public gk::DescribedLayer<BlockLaye
               {m_.s, spec_.transposed ? gk::BlockLayout::one_per_block_transposed : gk::BlockLayout::one_per_block,
                spec_.per_block}},
              [m = spec_.per_block](const at::Tensor& blocks) { return quantize_blocks(blocks, false, m); });
+    if (spec_.layout > 0)
+      d.layout("fuzz layout " + std::to_string(spec_.layout), w_, m_.t,
+               [k = spec_.layout](const at::Tensor& w) { return moved(w, k); });
   }
   void contribute(Acc& acc) const {
     fold(acc, w_);
     fold(acc, m_.q);
     fold(acc, m_.s);
+    fold(acc, m_.t);
   }
 
  private:
@@ -761,7 +786,7 @@ ModelSpec random_structure(Rng& rng) {
   const int64_t nb = pick(rng, 3);
   for (int64_t i = 0; i < nb; ++i) {
     const int64_t rows[] = {1, 2, D, 2 * D}, cols[] = {1, 2, D};
-    s.blocks.push_back({i, rows[pick(rng, 4)], cols[pick(rng, 3)], pick(rng, 2) == 1, 1 + pick(rng, 3)});
+    s.blocks.push_back({i, rows[pick(rng, 4)], cols[pick(rng, 3)], pick(rng, 2) == 1, 1 + pick(rng, 3), pick(rng, 4)});
   }
   return s;
 }
@@ -1178,6 +1203,7 @@ Outcome patch_once(gk::ReloadEngine& engine, const Op& op, const gk::Patch& patc
     g_counts["patch: layers re-run"] += static_cast<int64_t>(rep.patch.layers_rerun);
     g_counts["patch: sectors written"] += static_cast<int64_t>(rep.patch.sectors_written);
     g_counts["patch: derived blocks recomputed"] += static_cast<int64_t>(rep.patch.blocks_recomputed);
+    g_counts["patch: layout elements written"] += static_cast<int64_t>(rep.patch.layout_elements);
   } catch (const gk::Error& e) {
     const char* kinds[] = {"DeclarationError", "WeightError", "MismatchError", "DriftError", "StateError", "InternalError"};
     r.label = kinds[static_cast<int>(e.kind())];
