@@ -37,6 +37,7 @@
 // One JSON object per run, appended as a line to --json.
 #include "bench_args.h"
 #include "bench_models.h"
+#include "bench_parts.h"
 #include "engine/llm_engine.h"
 #include "engine/part_timer.h"
 #include "engine/sampler.h"
@@ -186,21 +187,13 @@ int main(int argc, char** argv) {
     // Per part: one eager step behind a sleep kernel, then the samplers.
     std::map<std::string, double> parts;
     if (device.is_cuda()) {
-      const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
-      const at::Tensor ids = tokens.to(device), positions = pos.to(device), seqs = at::arange(batch, longs);
-      const demo::SamplingRows rows = [&] {
-        demo::SamplingRows r = demo::SamplingRows::make(batch, device);
-        r.set(sampling, batch);
-        return r;
-      }();
-      for (int rep = 0; rep < 2; ++rep) {  // the first warms up
-        demo::PartTimer timer(device);
-        const at::Tensor logits = eng.model().forward(ids, {positions, seqs}, eng.kv_caches(), eng.rope_tables());
+      demo::SamplingRows rows = demo::SamplingRows::make(batch, device);
+      rows.set(sampling, batch);
+      parts = gkbench::eager_parts(eng, device, tokens, pos, [&](const at::Tensor& logits, const at::Tensor& positions) {
         demo::mark_part(demo::Part::sampling);
         (void)demo::greedy_tokens(logits);
         (void)demo::sample_tokens(logits, positions, rows);
-        parts = timer.finish();
-      }
+      });
     }
     double parts_sum = 0;
     for (const auto& [_, ms] : parts) parts_sum += ms;

@@ -28,11 +28,11 @@
 // One JSON object per run, appended as a line to --json.
 #include "bench_args.h"
 #include "bench_models.h"
+#include "bench_parts.h"
 #include "engine/compare.h"
 #include "engine/llm_engine.h"
 #include "engine/lora.h"
 #include "engine/lora_projection.h"
-#include "engine/part_timer.h"
 
 #include <graphkeep/core/stopwatch.h>
 #include <graphkeep/runtime/device.h>
@@ -112,16 +112,7 @@ int main(int argc, char** argv) {
     // The GPU time of one eager forward by part (the second of two: the first warms up).
     auto parts_of = [&](demo::LlmEngine& e) {
       nlohmann::ordered_json parts = nlohmann::ordered_json::object();
-      if (!device.is_cuda()) return parts;
-      const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
-      const at::Tensor ids = tokens.to(device), positions = pos.to(device), seqs = at::arange(batch, longs);
-      std::map<std::string, double> ms;
-      for (int rep = 0; rep < 2; ++rep) {
-        demo::PartTimer timer(device);
-        (void)e.model().forward(ids, {positions, seqs}, e.kv_caches(), e.rope_tables());
-        ms = timer.finish();
-      }
-      for (const auto& [part, t] : ms) parts[part] = gkbench::rounded(t, 4);
+      for (const auto& [part, t] : gkbench::eager_parts(e, device, tokens, pos)) parts[part] = gkbench::rounded(t, 4);
       return parts;
     };
     double plain_ms = 0;
