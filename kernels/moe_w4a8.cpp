@@ -11,6 +11,13 @@
 namespace gk::kernels {
 using namespace detail;
 
+namespace {
+// [E, R, G] -> [E, G, R]. clone, not contiguous(): with a single group the
+// transpose is trivial and contiguous() would return a view of the
+// checkpoint parameter.
+at::Tensor transpose_scales(const at::Tensor& s) { return s.transpose(1, 2).clone(at::MemoryFormat::Contiguous); }
+}  // namespace
+
 // --- the experts object: a/c/s stride arrays, grouped W4A8 pipeline ------------------
 
 CutlassW4A8Experts::CutlassW4A8Experts(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk,
@@ -73,11 +80,24 @@ void W4A8Moe::process_weights_after_loading() {
   // vLLM: cutlass_encode_and_reorder_int4b / cutlass_pack_scale_fp8, then a new experts object.
   w13_packed_ = pack_int4(w13_qweight_);
   w2_packed_ = pack_int4(w2_qweight_);
-  // clone, not contiguous(): with a single group the transpose is trivial and
-  // contiguous() would return a view of the checkpoint parameter.
-  w13_scales_t_ = w13_scales_.transpose(1, 2).clone(at::MemoryFormat::Contiguous);  // [E, K/G, 2N]
-  w2_scales_t_ = w2_scales_.transpose(1, 2).clone(at::MemoryFormat::Contiguous);    // [E, N/G, K]
+  w13_scales_t_ = transpose_scales(w13_scales_);  // [E, K/G, 2N]
+  w2_scales_t_ = transpose_scales(w2_scales_);    // [E, N/G, K]
   experts_ = std::make_unique<CutlassW4A8Experts>(num_experts_, hidden_, inter_, topk_, group_, w13_qweight_.device());
+}
+
+void W4A8Moe::declare_derivations(Derivations& d) const {
+  // A word from four bytes of a row: the qweight [E, R, C/2] seen as rows
+  // [E * R, C/2], in blocks of 1 x 4, one int32 per block.
+  auto words = [&](const char* name, const at::Tensor& q, const at::Tensor& packed) {
+    d.blocks(name, q.view({q.size(0) * q.size(1), q.size(2)}), {1, 4}, {{packed, BlockLayout::one_per_block}},
+             [](const at::Tensor& blocks) {  // [B, 1, 4] uint8
+               return std::vector<at::Tensor>{pack_int4(blocks.view({1, blocks.size(0), 4}))};
+             });
+  };
+  words("int4 pairs into interleaved words (w13)", w13_qweight_, w13_packed_);
+  words("int4 pairs into interleaved words (w2)", w2_qweight_, w2_packed_);
+  d.layout("w13 group scales transposed per expert", w13_scales_, w13_scales_t_, transpose_scales);
+  d.layout("w2 group scales transposed per expert", w2_scales_, w2_scales_t_, transpose_scales);
 }
 
 at::Tensor W4A8Moe::forward(const at::Tensor& x, const at::Tensor& logits) {

@@ -71,8 +71,8 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
   using at::indexing::Slice;
   std::size_t recomputed = 0;
   for (const PlannedDerivation& d : lp.derivations) {
-    const at::Tensor& src = lp.slots[d.source].captured;
-    const std::int64_t n = src.size(0), k = src.size(1), bh = d.block_rows, bw = d.block_cols;
+    const at::Tensor src = lp.slots[d.source].captured.view({d.rows, d.cols});
+    const std::int64_t n = d.rows, k = d.cols, bh = d.block_rows, bw = d.block_cols;
     const std::int64_t nbr = n / bh, nbc = k / bw;
     const auto longs = src.options().dtype(at::kLong);
     // 1. The entries in the source's flat coordinates.

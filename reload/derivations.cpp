@@ -117,9 +117,17 @@ void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_
       if (lp.slots[i].defined() && same_region(lp.slots[i].captured, t)) return static_cast<std::ptrdiff_t>(i);
     return -1;
   };
-  // The slot of a derivation's source, which must be a checkpoint parameter.
+  // The slot of a derivation's source, which must be a checkpoint parameter:
+  // its field, or a contiguous view of all of it (a 3-D expert stack seen as
+  // 2-D rows).
   auto checkpoint_source = [&](const at::Tensor& t, const std::string& what) {
-    const std::ptrdiff_t src = slot_of(t);
+    std::ptrdiff_t src = slot_of(t);
+    for (std::size_t i = 0; src < 0 && t.defined() && t.has_storage() && t.is_contiguous() && i < lp.slots.size(); ++i) {
+      const at::Tensor& c = lp.slots[i].captured;
+      if (lp.slots[i].defined() && c.is_contiguous() && c.storage().unsafeGetStorageImpl() == t.storage().unsafeGetStorageImpl() &&
+          c.storage_offset() == t.storage_offset() && c.numel() == t.numel() && c.scalar_type() == t.scalar_type())
+        src = static_cast<std::ptrdiff_t>(i);
+    }
     const bool checkpoint = src >= 0 && lp.slots[static_cast<std::size_t>(src)].kind != PlannedSlot::Kind::declared &&
                             std::any_of(lp.params.begin(), lp.params.end(), [&](const CheckpointParam& cp) {
                               return cp.param == lp.slots[static_cast<std::size_t>(src)].local;
@@ -183,6 +191,8 @@ void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_
     GK_CHECK(DeclarationError, static_cast<bool>(b.fn), what, " has no function");
     d.source = checkpoint_source(b.source, what);
     const at::Tensor& s = b.source;
+    d.rows = s.dim() == 2 ? s.size(0) : 0;
+    d.cols = s.dim() == 2 ? s.size(1) : 0;
     GK_CHECK(DeclarationError, s.dim() == 2 && s.is_contiguous() && b.block_rows > 0 && b.block_cols > 0 &&
              s.size(0) % b.block_rows == 0 && s.size(1) % b.block_cols == 0,
              what, ": its source '", lp.slots[d.source].local, "' is ", s.sizes(), (s.is_contiguous() ? "" : " (not contiguous)"),
@@ -300,8 +310,8 @@ void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>&
   // Calls f(output, index into the output, predicted bits, built bits) for
   // every chunk of d's blocks.
   auto for_each_chunk = [&](const PlannedDerivation& d, const auto& f) {
-    const at::Tensor src = now(d.source);
-    const std::int64_t n = src.size(0), k = src.size(1), bh = d.block_rows, bw = d.block_cols;
+    const at::Tensor src = now(d.source).reshape({d.rows, d.cols});
+    const std::int64_t n = d.rows, k = d.cols, bh = d.block_rows, bw = d.block_cols;
     const std::int64_t nbr = n / bh, nbc = k / bw, nb = nbr * nbc;
     const std::int64_t per_call = std::max<std::int64_t>(1, kCheckChunk / (bh * bw));
     const at::Tensor flat_src = detail::flat_bits(src.contiguous());

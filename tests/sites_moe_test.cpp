@@ -386,9 +386,10 @@ TEST_SUITE("cpu") {
 
   // Site 10
   TEST_CASE("site 10 W4A8 grouped-GEMM a/c/s strides: positive") {
-    // Its strides are from_shapes, but its packed weights and transposed
-    // scales are undeclared: a patch re-runs the layer.
-    sites::positive<W4A8Model>(sites::cpu(), true, /*rerun=*/1);
+    // Its strides are from_shapes, its packed words by blocks of four
+    // checkpoint bytes, its transposed scales by_layout: a patch re-runs
+    // nothing.
+    sites::positive<W4A8Model>(sites::cpu(), true, /*rerun=*/0);
   }
   TEST_CASE("site 10 W4A8 grouped-GEMM a/c/s strides: negative (copy-back disabled)") {
     sites::negative_unprotected<W4A8Model>(sites::cpu(), "moe.w13_packed_");

@@ -7,6 +7,10 @@
 // kernel's [groups, rows] layout, and rebuilds the experts object,
 // CutlassW4A8Experts, with its a/c/s stride arrays. The kernel dequantizes
 // in its inner loop and reads every stride per group from device memory.
+// Every derived member is declared (Note [Declared derivations]): the
+// strides from_shapes, each packed word by blocks of four checkpoint bytes
+// (its eight nibbles), the transposed scales by_layout; a weight patch
+// re-runs no PWAL.
 //
 //   gk::kernels::W4A8Moe moe(/*experts=*/4, /*hidden=*/16, /*inter=*/8, /*topk=*/2, /*group=*/8, at::kCPU);
 //   at::Tensor y = moe.forward(x, logits);   // x: [T, K], logits: [T, E] -> y: [T, K]
@@ -62,6 +66,7 @@ class W4A8Moe : public torch::nn::Module, public DescribedLayer<W4A8Moe> {
   W4A8Moe(int64_t num_experts, int64_t hidden, int64_t inter, int64_t topk, int64_t group, c10::Device device);
 
   void process_weights_after_loading() override;
+  void declare_derivations(Derivations& d) const override;
 
   // x: [T, K], logits: [T, E] (float32, on the layer's device) -> [T, K]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& logits);
@@ -82,8 +87,9 @@ class W4A8Moe : public torch::nn::Module, public DescribedLayer<W4A8Moe> {
 
   GRAPHKEEP_DESCRIBE_DERIVED(W4A8Moe, (torch::nn::Module, DescribedLayer<W4A8Moe>), (w13_qweight_, parameter),
                              (w13_scales_, parameter), (w2_qweight_, parameter), (w2_scales_, parameter),
-                             (w13_packed_, derived_weight), (w2_packed_, derived_weight), (w13_scales_t_, scale),
-                             (w2_scales_t_, scale), experts_, num_experts_, hidden_, inter_, topk_, group_)
+                             (w13_packed_, derived_weight.by_blocks()), (w2_packed_, derived_weight.by_blocks()),
+                             (w13_scales_t_, scale.by_layout()), (w2_scales_t_, scale.by_layout()), experts_,
+                             num_experts_, hidden_, inter_, topk_, group_)
 };
 
 }  // namespace gk::kernels

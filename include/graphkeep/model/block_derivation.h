@@ -33,8 +33,10 @@
 // The contract, which the engine checks bit for bit at prepare() and after
 // every full reload's PWAL (a gk::DeclarationError naming the class, the
 // member and the first differing element):
-//   - the source is a 2-D checkpoint parameter of the layer, [N, K], that
-//     PWAL leaves as loaded, and block_rows divides N, block_cols K;
+//   - the source is a 2-D checkpoint parameter of the layer, [N, K], or a
+//     contiguous 2-D view of all of one (a stack of experts [E, R, C] seen
+//     as [E * R, C]), that PWAL leaves as loaded, and block_rows divides
+//     N, block_cols K;
 //   - `fn` takes B blocks of the source, [B, block_rows, block_cols], in any
 //     order and any number, and returns one tensor per output, in order:
 //       same_as_source             B blocks of the output's elements (any

@@ -83,6 +83,7 @@ struct PlannedConfig {
 struct PlannedDerivation {
   std::string name;
   std::size_t source = 0;  // the checkpoint parameter's slot
+  std::int64_t rows = 0, cols = 0;  // the source as the derivation sees it (a 2-D view of all of it)
   std::int64_t block_rows = 1, block_cols = 1;
   struct Output {
     std::size_t slot;
