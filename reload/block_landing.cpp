@@ -109,7 +109,9 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
       const at::Tensor& out = lp.slots[d.outputs[j].slot].captured;
       const std::int64_t e = static_cast<std::int64_t>(out.element_size());
       const std::int64_t touched = count * detail::values_per_block(d, d.outputs[j]);
-      if (out.numel() * 2 * e <= touched * (8 + 2 * e)) w[j].whole = detail::flat_bits(out).clone();
+      // Whole: every block touched needs no copy of the old output to start from.
+      if (out.numel() * 2 * e <= touched * (8 + 2 * e))
+        w[j].whole = count == nbr * nbc ? at::empty_like(detail::flat_bits(out)) : detail::flat_bits(out).clone();
     }
     const at::Tensor src_blocks = detail::flat_bits(src).view({nbr, bh, nbc, bw});
     for (std::int64_t ci = 0; ci < starts.numel(); ++ci) {

@@ -56,7 +56,11 @@
 //                                  along K, GPTQ's [K / 8, N], with blocks of
 //                                  1 x g and per_block g / 8);
 //   - PWAL builds each output exactly as `fn` does over all blocks, and
-//     each block's values depend on that block of the source alone.
+//     each block's values depend on that block of the source alone;
+//   - PWAL refuses no values of the source: a patch lands through `fn`
+//     without PWAL, so a check PWAL makes of the values (a scale that must
+//     be positive) would not run. Declare such a member only if `fn` gives
+//     a usable output for every input, or leave it undeclared.
 // At prepare(), a member declared by_blocks() that no derivation binds, a
 // derivation output that is not declared by_blocks(), and a source that is
 // not a checkpoint parameter are refused, naming the member. The function
@@ -121,7 +125,8 @@ struct LayoutDerivation {
 // The contract: `fn` only moves elements (views, permute, narrow, cat or
 // stack of its input's pieces, index_select with fixed indices, expand) and
 // may fill constants (a pad); it works for a source of any dtype, and
-// PWAL builds the output exactly as fn(parameter). prepare() runs fn on
+// PWAL builds the output exactly as fn(parameter) and refuses no values
+// (a patch moves them without PWAL). prepare() runs fn on
 // three tensors of element indices to learn which source element each
 // output element holds, and refuses a function whose outputs are not
 // moved elements or constants (a DeclarationError naming the member); it
