@@ -296,7 +296,7 @@ suite_decode() {
 # graphs replayed across patch commits), then bench_delta at the 8B shape in
 # bf16 and FP8 and at the 30B-A3B MoE shape (its full reload streamed: a
 # staged copy does not fit beside it), rows appended to $OUT/delta_h200.json.
-#   GK_DELTA_MODELS  which runs (default "dense fp8 moe")
+#   GK_DELTA_MODELS  which runs (default "dense fp8 moe"; also "w4a16")
 suite_delta() {
   local json=$LOG/delta_h200.json m rc
   build test_content_hash test_delta test_patch_reload bench_delta || return 1
@@ -310,6 +310,9 @@ suite_delta() {
                --densities adamw:1e-6,adamw:3e-6,0.01,0.1 --json "$json" ;;
       fp8)   echo '== bench_delta llama8b fp8'
              timeout 150 ./bench/bench_delta --model llama8b --format fp8 \
+               --densities adamw:3e-6,0.01 --json "$json" ;;
+      w4a16) echo '== bench_delta llama8b w4a16'
+             timeout 150 ./bench/bench_delta --model llama8b --format w4a16 \
                --densities adamw:3e-6,0.01 --json "$json" ;;
       moe)   echo '== bench_delta qwen3moe30b dense (streaming full reload)'
              timeout 200 ./bench/bench_delta --model qwen3moe30b --format dense --streaming-full \
