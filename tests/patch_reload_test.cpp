@@ -616,6 +616,23 @@ Weights quant_weights(std::mt19937_64& rng) {
           {"lin.b.weight", random_tensor(rng, {QR / 2, QC}, false)}};
 }
 
+// A patch w1 -> w2 whose commit fails after its writes (an injected fault)
+// leaves `rig` serving w1's bits, the derived members too; the same patch
+// then lands as `full` serves w2 after a full reload.
+template <class Rig>
+void check_failed_commit_restores(Rig& rig, Rig& full, const Weights& w1, std::mt19937_64& rng) {
+  const at::Tensor out1 = rig.replay();
+  const Weights w2 = step(w1, rng, 0.5);
+  {
+    const gk::testing::ScopedHooks hooks(rig.engine.get(), gk::testing::fault_at(gk::testing::FaultPoint::scatter, "lin"));
+    CHECK_THROWS_WITH(rig.engine->reload(patch_of(w1, w2, "one", "two")), doctest::Contains("injected"));
+  }
+  CHECK(same(rig.replay(), out1));
+  rig.engine->reload(patch_of(w1, w2, "one", "two"));
+  full.reload(w2);
+  CHECK(same(rig.replay(), full.replay()));
+}
+
 }  // namespace pt
 
 TEST_CASE("block derivations: a patch recomputes only the blocks it touches, without PWAL, to a full reload's bits") {
@@ -706,16 +723,7 @@ TEST_CASE("block derivations: a patch recomputes only the blocks it touches, wit
   }
 
   // A commit that fails after its writes puts the derived blocks back too.
-  const at::Tensor out1 = rig.replay();
-  const pt::Weights w2 = pt::step(w1, rng, 0.5);
-  {
-    const gk::testing::ScopedHooks hooks(rig.engine.get(), gk::testing::fault_at(gk::testing::FaultPoint::scatter, "lin"));
-    CHECK_THROWS_WITH(rig.engine->reload(pt::patch_of(w1, w2, "one", "two")), doctest::Contains("injected"));
-  }
-  CHECK(pt::same(rig.replay(), out1));
-  rig.engine->reload(pt::patch_of(w1, w2, "one", "two"));
-  full.reload(w2);
-  CHECK(pt::same(rig.replay(), full.replay()));
+  pt::check_failed_commit_restores(rig, full, w1, rng);
 }
 
 TEST_CASE("a block derivation that lies or binds wrongly is refused at prepare() and at full reloads, naming the member") {
@@ -728,8 +736,6 @@ TEST_CASE("a block derivation that lies or binds wrongly is refused at prepare()
                               "QuantBlocks::q is declared derived_weight.by_blocks() and bound to block derivation "
                               "'int8 per block' (blocks of 2x8 of 'w', same_as_source), but PWAL of layer 'lin' built "
                               "lin.m_.q otherwise: element ");
-  // A function that reads beyond its block agrees with PWAL over all the
-  // blocks at once, and not over each half apart.
   // Two values per block declared block-major where PWAL stores them
   // group-major: as many elements, other places.
   GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::packed_untransposed>>(w0)),
@@ -737,6 +743,8 @@ TEST_CASE("a block derivation that lies or binds wrongly is refused at prepare()
                               "QuantBlocks::s is declared scale.by_blocks() and bound to block derivation 'int8 per "
                               "block' (blocks of 2x4 of 'w', one_per_block, 2 per block), but PWAL of layer 'lin' built "
                               "lin.m_.s otherwise: element ");
+  // A function that reads beyond its block agrees with PWAL over all the
+  // blocks at once, and not over each half apart.
   GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::reads_beyond>>(w0)),
                               gk::DeclarationError, "or a block depends on more than its own elements");
   GK_CHECK_THROWS_WITH_SUBSTR((pt::BasicRig<pt::QuantModel<pt::QuantBlocks, pt::Blocks::unbound>>(w0)),
@@ -818,16 +826,7 @@ TEST_CASE("layout derivations: a patch writes the changed elements where the lay
   CHECK(at::equal(rig.model->lin->m_.t.select(1, pt::QR), at::ones({pt::QC})));
 
   // A commit that fails after its writes puts the moved elements back too.
-  const at::Tensor out1 = rig.replay();
-  const pt::Weights w2 = pt::step(w1, rng, 0.5);
-  {
-    const gk::testing::ScopedHooks hooks(rig.engine.get(), gk::testing::fault_at(gk::testing::FaultPoint::scatter, "lin"));
-    CHECK_THROWS_WITH(rig.engine->reload(pt::patch_of(w1, w2, "one", "two")), doctest::Contains("injected"));
-  }
-  CHECK(pt::same(rig.replay(), out1));
-  rig.engine->reload(pt::patch_of(w1, w2, "one", "two"));
-  full.reload(w2);
-  CHECK(pt::same(rig.replay(), full.replay()));
+  pt::check_failed_commit_restores(rig, full, w1, rng);
 }
 
 TEST_CASE("a layout derivation that computes, lies or binds wrongly is refused at prepare(), naming the member") {
