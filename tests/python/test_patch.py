@@ -207,6 +207,12 @@ def test_rl_loop_publishes_a_patch_each_step(tmp_path, quant):
         assert report.patch.applied and report.patch.layers_rerun == 0
         assert report.patch.tensors == len(patch)
         assert (report.patch.blocks_recomputed > 0) == (quant == "fp8")
+        # Per layer: every touched layer took the scatter; the FP8 rows were
+        # recomputed in the attention and MLP layers, nowhere else.
+        landings = report.patch.landings
+        assert landings and not any(l.rerun or l.why for l in landings)
+        assert sum(l.blocks_recomputed for l in landings) == report.patch.blocks_recomputed
+        assert all(l.blocks_recomputed == 0 for l in landings if not l.layer.endswith(("self_attn", "mlp")))
         assert eng.served.label == f"step-{step}"
         got = eng.generate(PROMPTS, NEW_TOKENS)
         fresh = engine(publication_weights(pub, model)).generate(PROMPTS, NEW_TOKENS)
