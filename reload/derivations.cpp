@@ -99,8 +99,10 @@ void learn_layout(const LayerPlan& lp, PlannedLayout& l, const at::Tensor& sourc
   const at::Tensor where = at::nonzero(moved).reshape({-1});
   const auto [sorted, order] =
       at::sort(a.index_select(0, where) - 1, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false);
-  l.sorted_source = sorted;
-  l.position = where.index_select(0, order);
+  // int32 where the numbers fit: 8 bytes per moved output element, not 16.
+  const bool narrow = n < (std::int64_t{1} << 31) && output.numel() < (std::int64_t{1} << 31);
+  l.sorted_source = narrow ? sorted.to(at::kInt) : sorted;
+  l.position = narrow ? where.index_select(0, order).to(at::kInt) : where.index_select(0, order);
 }
 
 }  // namespace

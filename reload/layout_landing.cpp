@@ -5,9 +5,10 @@
 // A member declared by_layout() holds elements of one checkpoint parameter,
 // moved (Note [Layout derivations] in graphkeep/model/block_derivation.h).
 // prepare() learned, for every output element that holds a source element,
-// the source index, and sorted those: `sorted_source` and `position`, 16
-// bytes per output element (a shuffled expert weight in bf16 costs eight
-// times its bytes; per-group scales, strides and permutations are small).
+// the source index, and sorted those: `sorted_source` and `position`, 8
+// bytes per output element (int32; 16 past 2^31 elements): a shuffled
+// expert weight in bf16 costs four times its bytes, per-group scales,
+// strides and permutations are small.
 // A patch then lands without PWAL:
 //   1. the entries landing in the source are put in its flat coordinates,
 //      as for block derivations;
@@ -51,7 +52,7 @@ std::size_t land_layout_elements(const LayerPlan& lp, const std::vector<PatchLan
       values.push_back(e.values);
     }
     if (flat.empty() || l.sorted_source.numel() == 0) continue;
-    const at::Tensor f = at::cat(flat);
+    const at::Tensor f = at::cat(flat).to(l.sorted_source.scalar_type());
     // 2. Each element's run of output positions.
     const at::Tensor lo = at::searchsorted(l.sorted_source, f);
     const at::Tensor counts = at::searchsorted(l.sorted_source, f, /*out_int32=*/false, /*right=*/true) - lo;
@@ -70,7 +71,7 @@ std::size_t land_layout_elements(const LayerPlan& lp, const std::vector<PatchLan
     const at::Tensor starts = at::cumsum(u.counts, 0) - u.counts;
     const at::Tensor at_run = at::repeat_interleave(u.lo - starts, u.counts, /*dim=*/0, n) +
                               at::arange(n, u.lo.options());
-    const at::Tensor positions = u.layout->position.index_select(0, at_run);
+    const at::Tensor positions = u.layout->position.index_select(0, at_run).to(at::kLong);
     const at::Tensor bits = u.values.index_select(0, at::repeat_interleave(
                                                          at::arange(u.counts.numel(), u.lo.options()), u.counts, 0, n));
     add_indexed_write(sp, lp.slots[u.layout->output].captured, positions, bits);

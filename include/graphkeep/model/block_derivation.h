@@ -130,7 +130,7 @@ struct LayoutDerivation {
 // three tensors of element indices to learn which source element each
 // output element holds, and refuses a function whose outputs are not
 // moved elements or constants (a DeclarationError naming the member); it
-// keeps, per output element, its source index, sorted (16 bytes per output
+// keeps, per output element, its source index, sorted (8 bytes per output
 // element: Note [Patches through layout derivations]). Every full reload
 // compares fn(parameter) with what PWAL built, bit for bit.
 //

@@ -101,8 +101,9 @@ struct PlannedLayout {
   std::string name;
   std::size_t source = 0, output = 0;  // slots
   LayoutFn fn;
-  at::Tensor sorted_source;  // int64 [M]: the source index of each moved output element, ascending
-  at::Tensor position;       // int64 [M]: that output element's flat index
+  // int32 where the source's and the output's element counts fit, else int64:
+  at::Tensor sorted_source;  // [M]: the source index of each moved output element, ascending
+  at::Tensor position;       // [M]: that output element's flat index
 };
 
 struct LayerPlan {
