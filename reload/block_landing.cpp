@@ -60,6 +60,21 @@ struct OutputWrite {
 
 }  // namespace
 
+SourceEntries entries_in_source(const at::Tensor& src, const std::vector<PatchLanding>& ls) {
+  std::vector<at::Tensor> flat, values;
+  for (const PatchLanding& l : ls) {
+    if (!l.dst.has_storage() || storage_key(l.dst) != storage_key(src)) continue;
+    const std::int64_t off = l.dst.storage_offset() - src.storage_offset();
+    if (off < 0 || off + l.dst.numel() > src.numel()) continue;
+    GK_INTERNAL_ASSERT(l.dst.is_contiguous(), "a landing in a derivation's source is not contiguous");
+    flat.push_back(l.indices.defined() ? l.indices.to(at::kLong) + off
+                                       : at::arange(off, off + l.dst.numel(), src.options().dtype(at::kLong)));
+    values.push_back(l.values);
+  }
+  if (flat.empty()) return {};
+  return {at::cat(flat), at::cat(values)};
+}
+
 void add_indexed_write(StagedPatch& sp, const at::Tensor& dst, const at::Tensor& index, const at::Tensor& values) {
   const at::Tensor bits = detail::flat_bits(dst);
   const auto [sorted, order] = at::sort(index);
@@ -76,23 +91,14 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
     const std::int64_t nbr = n / bh, nbc = k / bw;
     const auto longs = src.options().dtype(at::kLong);
     // 1. The entries in the source's flat coordinates.
-    std::vector<at::Tensor> flat, values;
-    for (const PatchLanding& l : ls) {
-      if (!l.dst.has_storage() || storage_key(l.dst) != storage_key(src)) continue;
-      const std::int64_t off = l.dst.storage_offset() - src.storage_offset();
-      if (off < 0 || off + l.dst.numel() > src.numel()) continue;
-      GK_INTERNAL_ASSERT(l.dst.is_contiguous(), "a landing in a block derivation's source is not contiguous");
-      flat.push_back(l.indices.defined() ? l.indices.to(at::kLong) + off : at::arange(off, off + l.dst.numel(), longs));
-      values.push_back(l.values);
-    }
-    if (flat.empty()) continue;
-    const at::Tensor f = at::cat(flat);
+    const auto [f, values] = entries_in_source(src, ls);
+    if (!f.defined()) continue;
     // 2. The touched blocks, and the entries sorted by block.
     const at::Tensor r = f.div(k, "floor"), c = f - r * k;
     const at::Tensor b = r.div(bh, "floor") * nbc + c.div(bw, "floor");
     const auto [by_block, order] = at::sort(b, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false);
     const at::Tensor in_block = (r.remainder(bh) * bw + c.remainder(bw)).index_select(0, order);
-    const at::Tensor v = at::cat(values).index_select(0, order);
+    const at::Tensor v = values.index_select(0, order);
     const at::Tensor u = std::get<0>(at::_unique(b, /*sorted=*/true));
     const std::int64_t count = u.numel(), per_call = std::max<std::int64_t>(1, kLandChunk / (bh * bw));
     if (count == 0) continue;  // entries that change nothing

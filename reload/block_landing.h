@@ -17,6 +17,14 @@
 
 namespace gk {
 
+// The landings of `ls` into the elements of `src` (a contiguous tensor: a
+// derivation's source), in src's flat coordinates: int64 indices and their
+// values (bits), the landings concatenated; both undefined when none lands there.
+struct SourceEntries {
+  at::Tensor flat, values;
+};
+SourceEntries entries_in_source(const at::Tensor& src, const std::vector<PatchLanding>& ls);
+
 // Adds to `sp` a write of `values` (bits of dst's element size, one per
 // index) at the flat `index` of `dst` (distinct, any order), and its undo.
 void add_indexed_write(StagedPatch& sp, const at::Tensor& dst, const at::Tensor& index, const at::Tensor& values);

@@ -40,23 +40,14 @@ std::size_t land_layout_elements(const LayerPlan& lp, const std::vector<PatchLan
   std::vector<Touched> touched;
   std::vector<at::Tensor> totals;
   for (const PlannedLayout& l : lp.layouts) {
-    const at::Tensor& src = lp.slots[l.source].captured;
     // 1. The entries in the source's flat coordinates.
-    std::vector<at::Tensor> flat, values;
-    for (const PatchLanding& e : ls) {
-      if (!e.dst.has_storage() || storage_key(e.dst) != storage_key(src)) continue;
-      const std::int64_t off = e.dst.storage_offset() - src.storage_offset();
-      if (off < 0 || off + e.dst.numel() > src.numel()) continue;
-      flat.push_back(e.indices.defined() ? e.indices.to(at::kLong) + off
-                                         : at::arange(off, off + e.dst.numel(), src.options().dtype(at::kLong)));
-      values.push_back(e.values);
-    }
-    if (flat.empty() || l.sorted_source.numel() == 0) continue;
-    const at::Tensor f = at::cat(flat).to(l.sorted_source.scalar_type());
+    const auto [flat, values] = entries_in_source(lp.slots[l.source].captured, ls);
+    if (!flat.defined() || l.sorted_source.numel() == 0) continue;
+    const at::Tensor f = flat.to(l.sorted_source.scalar_type());
     // 2. Each element's run of output positions.
     const at::Tensor lo = at::searchsorted(l.sorted_source, f);
     const at::Tensor counts = at::searchsorted(l.sorted_source, f, /*out_int32=*/false, /*right=*/true) - lo;
-    touched.push_back({&l, lo, counts, at::cat(values)});
+    touched.push_back({&l, lo, counts, values});
     totals.push_back(counts.sum().reshape({1}));
   }
   if (touched.empty()) return 0;
