@@ -37,6 +37,7 @@
 //
 //   bench_delta --model llama8b --format dense --densities adamw:1e-6,adamw:3e-6,0.01,0.1 --json out.json
 //   bench_delta --model tiny --device cpu --densities 0.01          (a smoke run anywhere)
+//   bench_delta ... --trace t.json   (a Kineto trace of the first stage and commit; bench/trace_summary.py)
 //
 // One JSON object per density, appended as a line to --json (and printed):
 // model, format, density, patch_bytes, model_bytes, make_patch_ms, stage_ms,
@@ -47,6 +48,7 @@
 // thread's CPU time per patched tensor), exact, and more keys.
 #include "bench_args.h"
 #include "bench_models.h"
+#include "bench_trace.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
 
@@ -71,6 +73,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -245,6 +248,7 @@ int main(int argc, char** argv) {
   std::int64_t max_batch = 0;
   int warmup = 3;
   bool streaming_full = false;  // the full baseline by a streaming reload (no staged copy of the model)
+  std::string trace;            // a Kineto trace of the first density's stage and commit
   for (gkbench::ArgWalker a(argc, argv); a.next();) {
     if (a.common(common)) continue;
     const std::string k = a.flag();
@@ -253,10 +257,11 @@ int main(int argc, char** argv) {
     else if (k == "--max-batch") max_batch = std::stoll(val());
     else if (k == "--warmup") warmup = std::stoi(val());
     else if (k == "--streaming-full") streaming_full = true;
+    else if (k == "--trace") trace = val();
     else {
       std::fprintf(stderr, "usage: bench_delta [--model llama8b|qwen3moe30b|llama8b-e32|dsv3-count|moe-narrow|llama1b|tiny] [--format dense|fp8|w4a16] "
                            "[--device auto|cpu|cuda] [--densities adamw:LR,SHARE,...] [--batch B] [--max-batch N] "
-                           "[--warmup STEPS] [--streaming-full] [--json FILE]\n");
+                           "[--warmup STEPS] [--streaming-full] [--json FILE] [--trace FILE]\n");
       return 2;
     }
   }
@@ -344,6 +349,8 @@ int main(int argc, char** argv) {
       // copies]).
       DeviceMemory::reset_peak(device);
       const double before_stage_gib = DeviceMemory::now_and_peak_gib(device).first;
+      std::optional<gkbench::KinetoTrace> tracing;
+      if (&c == &changes.front()) tracing.emplace(trace);
       const double cpu0 = thread_cpu_ms();
       gk::StagedReload sp = eng.stage(patch);
       // The staging thread's CPU time per patched tensor: its own work and
@@ -353,6 +360,7 @@ int main(int argc, char** argv) {
       const double stage_peak_gib = DeviceMemory::now_and_peak_gib(device).second - before_stage_gib;
       const double staged_gib = static_cast<double>(sp.staged_bytes()) / (1 << 30);
       gk::ReloadReport staged = timed_commit([&] { return eng.commit(std::move(sp)); }, device);
+      tracing.reset();
       const at::Tensor by_patch = eng.decode_logits(tokens, pos);
       const std::uint64_t patched_version = eng.reload_engine().served()->content_version();
       // 4. B again, and the patch with verify_served (it must serve the same).
