@@ -15,6 +15,9 @@
 //   decode_step_aten_expand_ms  decode_step_ms with the expand as ATen ops
 //                              instead of one CUDA kernel
 //                              (LoraProjection::set_fused_expand(false))
+//   decode_step_cublas_shrink_ms  decode_step_ms with the fused expand but
+//                              the shrink as at::mm (cuBLAS) instead of
+//                              fused::lora_shrink (set_fused_shrink(false))
 //   parts_ms, parts_no_adapter_ms  the GPU time of one eager forward by part
 //                              (demo::PartTimer; "lora" is the adapter's
 //                              GEMMs and expands), with and without it
@@ -132,6 +135,16 @@ int main(int argc, char** argv) {
       aten_ms = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
       aten_parts = parts_of(*e);
     }
+    // The shrink as at::mm (cuBLAS) under the fused expand, in its own engine.
+    double cublas_ms = 0;
+    nlohmann::ordered_json cublas_parts;
+    if (device.is_cuda()) {
+      demo::LoraProjection::set_fused_shrink(false);
+      auto e = build(dirs[0]);
+      demo::LoraProjection::set_fused_shrink(true);
+      cublas_ms = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
+      cublas_parts = parts_of(*e);
+    }
     auto eng = build(dirs[0]);
     const double adapter_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
     const nlohmann::ordered_json adapter_parts = parts_of(*eng);
@@ -182,6 +195,8 @@ int main(int argc, char** argv) {
         {"decode_step_aten_expand_ms", device.is_cuda() ? nlohmann::ordered_json(num(aten_ms, 4)) : nullptr},
         {"parts_ms", adapter_parts},
         {"parts_aten_expand_ms", aten_parts},
+        {"decode_step_cublas_shrink_ms", device.is_cuda() ? nlohmann::ordered_json(num(cublas_ms, 4)) : nullptr},
+        {"parts_cublas_shrink_ms", cublas_parts},
         {"parts_no_adapter_ms", plain_parts},
         {"exact", exact},
         {"swaps", 2 * swaps},

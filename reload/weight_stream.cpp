@@ -13,6 +13,7 @@
 // arrived: a missing one fails the reload, naming it (partial shards
 // included), before anything of a transactional reload is committed.
 #include "engine_impl.h"
+#include "non_finite.h"
 #include "reload_internal.h"
 #include "served_state.h"
 
@@ -22,6 +23,8 @@
 #include <algorithm>
 #include <functional>
 #include <optional>
+#include <span>
+#include <vector>
 
 namespace gk {
 namespace {
@@ -34,6 +37,54 @@ std::string whole_note(const SlotPlan& plan, const std::unordered_map<std::strin
   const std::string full = lp.full_name(lp.params[e.param].param);
   return expected_params.count(full) ? concat(" (or as part of parameter '", full, "', delivered whole)")
                                      : std::string();
+}
+// Note [Scanning a resident source first]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A streaming reload commits layer by layer, so a non-finite value found
+// in layer L (Note [Refusing non-finite weights]) used to leave layers
+// before L committed: the model mixed two weight sets and replay stayed
+// refused until a recovery reload. A diverged trainer makes exactly such
+// checkpoints. When the source is resident (WeightSource::resident(): a
+// trainer's tensors handed over in memory) on the device, the reload scans
+// all of it first, in one batched read, and refuses before it copies
+// anything: the old weights stay served, as in the staged and
+// transactional modes. The per-layer scans are then skipped, so the bytes
+// are read once either way. A source resident on the host for a model on a
+// GPU, and a source read as it goes (a safetensors file), keep the
+// per-layer scan: scanning them first would read host memory on the CPU
+// (or the file twice), far slower than the reload; stage() or a
+// transactional reload refuses them with nothing changed (docs/reload.md).
+//
+// True when it scanned the whole source (nothing was non-finite); throws
+// gk::WeightError naming the first non-finite tensor.
+bool refuse_non_finite_source(const WeightSource& source, bool model_on_cuda) {
+  const std::span<const NamedTensor> all = source.resident();
+  if (all.empty()) return false;
+  std::vector<at::Tensor> values;
+  values.reserve(all.size());
+  for (const NamedTensor& nt : all) {
+    if (!nt.value.defined()) return false;  // refused by name when it arrives
+    if (model_on_cuda && !nt.value.is_cuda()) return false;
+    values.push_back(nt.value);
+  }
+  const std::vector<std::int64_t> first = detail::first_non_finite(values);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (first[i] < 0) continue;
+    const at::Tensor& t = values[i];
+    const double value = t.reshape({-1})[first[i]].item<double>();
+    GK_THROW(WeightError, "weight '", all[i].name, "'",
+             all[i].shard != 0 ? concat(" shard ", all[i].shard) : std::string(), " from ", source.describe(),
+             " holds a non-finite value (", value, " at element ", first[i], " of ", t.sizes(),
+             "): refused before any layer was copied: the model's weights are unchanged. A diverged trainer writes "
+             "such checkpoints; to serve them anyway, set ReloadOptions::allow_non_finite");
+  }
+  return true;
+}
+bool any_cuda_slot(const SlotPlan& plan) {
+  for (const LayerPlan& lp : plan.layers())
+    for (const PlannedSlot& s : lp.slots)
+      if (s.defined() && s.device.is_cuda()) return true;
+  return false;
 }
 void count_loaded(LayerRun& run) {
   std::size_t done = 0;
@@ -109,8 +160,19 @@ std::vector<LayerRun> ReloadEngine::Impl::new_runs() const {
   for (const auto& [name, e] : expected) runs[e.layer].shards[e.flat].assign(e.num_shards, false);
   return runs;
 }
-void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::RunOptions& o, PwalGuard& guard,
-                                          std::vector<LayerRun>& runs, ReloadReport& rep, bool& any_committed) {
+void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::RunOptions& options,
+                                          PwalGuard& guard, std::vector<LayerRun>& runs, ReloadReport& rep,
+                                          bool& any_committed) {
+  // Note [Scanning a resident source first]: scanned here, not per layer.
+  detail::RunOptions scanned;
+  if (options.mode == ReloadMode::streaming && !options.allow_non_finite) {
+    ScopedMsTimer t(rep.times.finite_ms);
+    if (refuse_non_finite_source(source, any_cuda_slot(plan))) {
+      scanned = options;
+      scanned.allow_non_finite = true;
+    }
+  }
+  const detail::RunOptions& o = scanned.allow_non_finite && !options.allow_non_finite ? scanned : options;
   {
     ScopedMsTimer t(rep.times.detach_ms);
     for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], guard);

@@ -809,7 +809,7 @@ TEST_CASE("non-finite checkpoint values are refused by name before PWAL, in ever
           const std::string msg = gk::testing::message_of<gk::WeightError>([&] { gk::load_weights(m, src); });
           CHECK(msg.find("weight '" + Dtypes::name(t) + "' from weights.safetensors holds a non-finite value") !=
                 std::string::npos);
-          CHECK(msg.find(gk::detail::concat(" at element ", at_element, " of parameter")) != std::string::npos);
+          CHECK(msg.find(gk::detail::concat(" at element ", at_element, " of ")) != std::string::npos);
           CHECK(msg.find("ReloadOptions::allow_non_finite") != std::string::npos);
         }
       }
@@ -842,7 +842,7 @@ TEST_CASE("non-finite checkpoint values are refused by name before PWAL, in ever
         const std::string msg = gk::testing::message_of<gk::WeightError>([&] { gk::load_weights(m, src); });
         const std::int64_t first = *std::min_element(bad.begin(), bad.end());
         CAPTURE(msg);
-        CHECK(msg.find(gk::detail::concat("(nan at element ", first, " of parameter")) != std::string::npos);
+        CHECK(msg.find(gk::detail::concat("(nan at element ", first, " of ")) != std::string::npos);
       }
     }
   }
@@ -869,6 +869,39 @@ TEST_CASE("non-finite checkpoint values are refused by name before PWAL, in ever
         CHECK(rig.engine->state() == gk::EngineState::ready);
         CHECK(equal_bits(rig.replay(), old));
       }
+    }
+  }
+  SUBCASE("streaming: a resident source is scanned before any copy; one read as it goes is not") {
+    // Note [Scanning a resident source first]: a NaN in the last checkpoint
+    // tensor, after every other layer could have committed.
+    Rig<> rig;
+    const at::Tensor old = rig.replay();
+    auto ck = rig.model->checkpoint(1);
+    ck.back().value.view({-1})[3] = std::nan("");
+    const std::string bad = ck.back().name;
+    {  // handed over in memory: refused before anything is copied, the old weights served
+      gk::InMemorySource src(ck);
+      const std::string msg = gk::testing::message_of<gk::WeightError>([&] { (void)rig.engine->reload(src); });
+      CHECK(msg.find("weight '" + bad + "' from in-memory weights holds a non-finite value (nan at element 3 of ") !=
+            std::string::npos);
+      CHECK(msg.find("refused before any layer was copied: the model's weights are unchanged") != std::string::npos);
+      CHECK(rig.engine->state() == gk::EngineState::ready);
+      CHECK(equal_bits(rig.replay(), old));
+    }
+    {  // negative: the same tensors read one at a time (a file) are scanned per layer; the layers before
+       // the bad one are committed by then, and replay is refused until a good reload
+      struct OneByOne final : gk::WeightSource {
+        gk::InMemorySource inner;
+        explicit OneByOne(std::vector<gk::NamedTensor> t) : inner(std::move(t), "a checkpoint file") {}
+        std::optional<gk::NamedTensor> next() override { return inner.next(); }
+        std::string describe() const override { return inner.describe(); }
+      } src(ck);
+      const std::string msg = gk::testing::message_of<gk::WeightError>([&] { (void)rig.engine->reload(src); });
+      CHECK(msg.find("weight '" + bad + "' from a checkpoint file holds a non-finite value") != std::string::npos);
+      CHECK(rig.engine->state() == gk::EngineState::inconsistent);
+      GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->check_replay_allowed(), gk::StateError, "inconsistent");
+      rig.reload(2);
+      CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
     }
   }
   SUBCASE("allowed: NaN weights are served, and the next good reload serves a fresh model's output") {

@@ -13,8 +13,7 @@ audits each one:
     graphkeep.guard_compiled(audit, model)     # raises graphkeep.DriftError naming paths
     compiled(x)
 
-What PyTorch checks on its own, and what it does not (Note [What the graph
-trees check]; docs/torch_compile_audit.md):
+What PyTorch checks on its own, and what it does not (docs/torch_compile_audit.md):
 
 * Before each replay a tree compares the data pointers of the static inputs it
   recorded (the parameters and buffers dynamo lifted as inputs) with the

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,12 @@ class WeightSource {
   virtual std::optional<NamedTensor> next() = 0;
   // A short description for error messages ("safetensors file 'x.safetensors'").
   virtual std::string describe() const = 0;
+  // Every tensor next() has yet to yield, when they are all in memory already
+  // (reading them holds nothing more); empty otherwise. A streaming reload
+  // checks a resident source on the device for non-finite values before it
+  // copies anything (Note [Scanning a resident source first] in
+  // reload/weight_stream.cpp).
+  virtual std::span<const NamedTensor> resident() const { return {}; }
 };
 
 // Yields a fixed list of tensors in order. The tensors are not copied.
@@ -63,6 +70,9 @@ class InMemorySource final : public WeightSource {
     return std::move(tensors_[pos_++]);
   }
   std::string describe() const override { return label_; }
+  std::span<const NamedTensor> resident() const override {
+    return std::span<const NamedTensor>(tensors_).subspan(pos_);
+  }
 
  private:
   std::vector<NamedTensor> tensors_;
