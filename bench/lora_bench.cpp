@@ -125,26 +125,20 @@ int main(int argc, char** argv) {
       plain_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
       plain_parts = parts_of(*eng);
     }
-    // The expand as ATen ops (Note [LoRA in the decode graphs]), in its own engine.
-    double aten_ms = 0;
-    nlohmann::ordered_json aten_parts;
-    if (device.is_cuda()) {
-      demo::LoraProjection::set_fused_expand(false);
+    // Adapter 1 served with one of the fused kernels off (Note [LoRA in the
+    // decode graphs]), in an engine of its own: its step and its parts.
+    auto without = [&](void (*set)(bool)) {
+      std::pair<double, nlohmann::ordered_json> out{0.0, nlohmann::ordered_json()};
+      if (!device.is_cuda()) return out;
+      set(false);
       auto e = build(dirs[0]);
-      demo::LoraProjection::set_fused_expand(true);
-      aten_ms = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
-      aten_parts = parts_of(*e);
-    }
-    // The shrink as at::mm (cuBLAS) under the fused expand, in its own engine.
-    double cublas_ms = 0;
-    nlohmann::ordered_json cublas_parts;
-    if (device.is_cuda()) {
-      demo::LoraProjection::set_fused_shrink(false);
-      auto e = build(dirs[0]);
-      demo::LoraProjection::set_fused_shrink(true);
-      cublas_ms = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
-      cublas_parts = parts_of(*e);
-    }
+      set(true);
+      out.first = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
+      out.second = parts_of(*e);
+      return out;
+    };
+    const auto [aten_ms, aten_parts] = without(&demo::LoraProjection::set_fused_expand);    // the expand as ATen ops
+    const auto [cublas_ms, cublas_parts] = without(&demo::LoraProjection::set_fused_shrink);  // the shrink as at::mm
     auto eng = build(dirs[0]);
     const double adapter_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
     const nlohmann::ordered_json adapter_parts = parts_of(*eng);
