@@ -37,7 +37,7 @@
 //
 //   bench_delta --model llama8b --format dense --densities adamw:1e-6,adamw:3e-6,0.01,0.1 --json out.json
 //   bench_delta --model tiny --device cpu --densities 0.01          (a smoke run anywhere)
-//   bench_delta ... --trace t.json   (a Kineto trace of the first stage and commit; bench/trace_summary.py)
+//   bench_delta ... --trace t.json   (a Kineto trace of the last density's stage and commit; bench/trace_summary.py)
 //
 // One JSON object per density, appended as a line to --json (and printed):
 // model, format, density, patch_bytes, model_bytes, make_patch_ms, stage_ms,
@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
   std::int64_t max_batch = 0;
   int warmup = 3;
   bool streaming_full = false;  // the full baseline by a streaming reload (no staged copy of the model)
-  std::string trace;            // a Kineto trace of the first density's stage and commit
+  std::string trace;            // a Kineto trace of the last density's stage and commit
   for (gkbench::ArgWalker a(argc, argv); a.next();) {
     if (a.common(common)) continue;
     const std::string k = a.flag();
@@ -350,7 +350,7 @@ int main(int argc, char** argv) {
       DeviceMemory::reset_peak(device);
       const double before_stage_gib = DeviceMemory::now_and_peak_gib(device).first;
       std::optional<gkbench::KinetoTrace> tracing;
-      if (&c == &changes.front()) tracing.emplace(trace);
+      if (&c == &changes.back()) tracing.emplace(trace);  // the last: kernels loaded, caches warm
       const double cpu0 = thread_cpu_ms();
       gk::StagedReload sp = eng.stage(patch);
       // The staging thread's CPU time per patched tensor: its own work and

@@ -15,9 +15,6 @@
 //   decode_step_aten_expand_ms  decode_step_ms with the expand as ATen ops
 //                              instead of one CUDA kernel
 //                              (LoraProjection::set_fused_expand(false))
-//   decode_step_cublas_shrink_ms  decode_step_ms with the fused expand but
-//                              the shrink as at::mm (cuBLAS) instead of
-//                              fused::lora_shrink (set_fused_shrink(false))
 //   parts_ms, parts_no_adapter_ms  the GPU time of one eager forward by part
 //                              (demo::PartTimer; "lora" is the adapter's
 //                              GEMMs and expands), with and without it
@@ -125,20 +122,16 @@ int main(int argc, char** argv) {
       plain_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
       plain_parts = parts_of(*eng);
     }
-    // Adapter 1 served with one of the fused kernels off (Note [LoRA in the
-    // decode graphs]), in an engine of its own: its step and its parts.
-    auto without = [&](void (*set)(bool)) {
-      std::pair<double, nlohmann::ordered_json> out{0.0, nlohmann::ordered_json()};
-      if (!device.is_cuda()) return out;
-      set(false);
+    // The expand as ATen ops (Note [LoRA in the decode graphs]), in its own engine.
+    double aten_ms = 0;
+    nlohmann::ordered_json aten_parts;
+    if (device.is_cuda()) {
+      demo::LoraProjection::set_fused_expand(false);
       auto e = build(dirs[0]);
-      set(true);
-      out.first = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
-      out.second = parts_of(*e);
-      return out;
-    };
-    const auto [aten_ms, aten_parts] = without(&demo::LoraProjection::set_fused_expand);    // the expand as ATen ops
-    const auto [cublas_ms, cublas_parts] = without(&demo::LoraProjection::set_fused_shrink);  // the shrink as at::mm
+      demo::LoraProjection::set_fused_expand(true);
+      aten_ms = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
+      aten_parts = parts_of(*e);
+    }
     auto eng = build(dirs[0]);
     const double adapter_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
     const nlohmann::ordered_json adapter_parts = parts_of(*eng);
@@ -189,8 +182,6 @@ int main(int argc, char** argv) {
         {"decode_step_aten_expand_ms", device.is_cuda() ? nlohmann::ordered_json(num(aten_ms, 4)) : nullptr},
         {"parts_ms", adapter_parts},
         {"parts_aten_expand_ms", aten_parts},
-        {"decode_step_cublas_shrink_ms", device.is_cuda() ? nlohmann::ordered_json(num(cublas_ms, 4)) : nullptr},
-        {"parts_cublas_shrink_ms", cublas_parts},
         {"parts_no_adapter_ms", plain_parts},
         {"exact", exact},
         {"swaps", 2 * swaps},

@@ -26,7 +26,6 @@
 #include <limits>
 #include <numbers>
 #include <random>
-#include <tuple>
 #include <vector>
 
 namespace {
@@ -479,42 +478,6 @@ TEST_CASE("gpu: LoRA's fused expand is y + scale t_p B_p^T rounded once in each 
   GK_CHECK_THROWS_WITH_SUBSTR(
       demo::fused::lora_expand(at::zeros({2, 16}, o), at::zeros({2, 4}, o), at::zeros({20, 4}, o), {0}, {20}, 4, 1.0),
       gk::StateError, "part 0 (columns 0 + 20) is outside y");
-}
-
-TEST_CASE("gpu: LoRA's fused shrink is x A^T summed in float32 over K slices and rounded once") {
-  at::NoGradGuard no_grad;
-  const c10::Device cuda(c10::kCUDA, 0);
-  at::manual_seed(43);
-  // Rows and columns that fill no tile exactly, K across several slices
-  // (and a last partial one), and a row stride wider than K (a view).
-  for (const auto& [T, m, K] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
-           {37, 48, 1000}, {64, 16, 4096}, {1, 7, 300}, {130, 32, 256}}) {
-    for (const at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
-      CAPTURE(dt);
-      CAPTURE(T);
-      CAPTURE(m);
-      CAPTURE(K);
-      const auto o = at::TensorOptions().dtype(dt).device(cuda);
-      const at::Tensor wide = at::randn({T, K + 5}, o), a = at::randn({m, K}, o);
-      const at::Tensor x = wide.narrow(1, 0, K);
-      const at::Tensor got = demo::fused::lora_shrink(x, a).cpu();
-      REQUIRE(got.sizes() == at::IntArrayRef({T, m}));
-      // The oracle in float64 on the CPU; the float32 sum's error is bounded by
-      // K ulps of the absolute sum, and bf16 adds one rounding of the result.
-      const at::Tensor x64 = x.cpu().to(at::kDouble), a64 = a.cpu().to(at::kDouble);
-      const at::Tensor want = at::mm(x64, a64.t());
-      const at::Tensor mag = at::mm(x64.abs(), a64.abs().t());
-      const double ulp = dt == at::kFloat ? 0.0 : 1.0 / 256;
-      const at::Tensor bound = want.abs() * ulp + mag * (static_cast<double>(K) * 6e-8) + 1e-6;
-      const at::Tensor diff = (got.to(at::kDouble) - want).abs();
-      CHECK(at::isfinite(got).all().item<bool>());
-      CHECK((diff <= bound).all().item<bool>());
-    }
-  }
-  // What the projection would run on a strided x is refused, naming the shapes.
-  const auto o = at::TensorOptions().dtype(at::kBFloat16).device(cuda);
-  GK_CHECK_THROWS_WITH_SUBSTR(demo::fused::lora_shrink(at::zeros({4, 8}, o).t(), at::zeros({2, 4}, o)),
-                              gk::StateError, "fused op lora_shrink: x [8, 4]");
 }
 
 TEST_CASE("gpu: the CUDA sampler draws what the CPU draws from the same logits") {

@@ -205,26 +205,6 @@ at::Tensor lora_expand(const at::Tensor& y, const at::Tensor& t, const at::Tenso
   return out;
 }
 
-at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& a) {
-  check_input("lora_shrink", x, x, 2);
-  GK_CHECK(gk::StateError, x.stride(1) == 1 && a.dim() == 2 && a.is_contiguous() && a.size(1) == x.size(1) &&
-                               a.scalar_type() == x.scalar_type() && a.device() == x.device(),
-           "fused op lora_shrink: x ", x.sizes(), " and a ", a.sizes(), " are not [T, K] (rows contiguous) and [m, K] ",
-           "(contiguous) of one dtype and device");
-  at::Tensor t = gk::runtime::empty({x.size(0), a.size(0)}, x.options());
-  at::Tensor partials;  // float32 [splits, T, m]
-#ifdef GRAPHKEEP_WITH_CUDA
-  partials = gk::runtime::empty({cuda::lora_shrink_splits(dtype_of(x), x.size(1)), x.size(0), a.size(0)},
-                                x.options().dtype(at::kFloat));
-#endif
-  GK_LAUNCH_CUDA("lora_shrink", x,
-                 check_launch("lora_shrink", cuda::launch_lora_shrink(
-                                                 dtype_of(x), x.data_ptr(), x.stride(0), a.data_ptr(),
-                                                 partials.data_ptr<float>(), t.data_ptr(), t.stride(0), x.size(0),
-                                                 a.size(0), x.size(1), gk::runtime::cuda_stream(x, "lora_shrink"))));
-  return t;
-}
-
 at::Tensor gumbel_noise(const at::Tensor& ids, const at::Tensor& row_keys) {
   check_input("gumbel_noise", ids, ids, 2);
   GK_CHECK(gk::StateError, ids.scalar_type() == at::kLong && ids.stride(1) == 1 && row_keys.scalar_type() == at::kLong &&

@@ -77,11 +77,6 @@ at::Tensor lora_expand(const at::Tensor& y, const at::Tensor& t, const at::Tenso
                        const std::vector<std::int64_t>& offsets, const std::vector<std::int64_t>& sizes,
                        std::int64_t rank, double scale);
 
-// LoRA's shrink step (Note [LoRA in the decode graphs]): x [T, K] (rows
-// contiguous), a [m, K] contiguous, one dtype -> t = x a^T [T, m], summed in
-// float32 and rounded once (cuda::launch_lora_shrink).
-at::Tensor lora_shrink(const at::Tensor& x, const at::Tensor& a);
-
 // The Gumbel noise of the sampler (Note [Sampling on the device] in
 // sampler.cpp): ids [B, V] int64 token ids, row_keys [B] int64 -> [B, V] float32.
 at::Tensor gumbel_noise(const at::Tensor& ids, const at::Tensor& row_keys);

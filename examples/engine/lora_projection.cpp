@@ -73,28 +73,24 @@ void LoraProjection::append_tensors(const std::string& prefix, std::vector<gk::N
 // H200 at batch 64 (docs/lora.md), in one run: the ATen ops 1.42x the step
 // without the adapter, the fused expand 1.32x; the eager part timer puts
 // 3.2 ms of GPU time in the LoRA part either way, so the shrink GEMMs
-// (cuBLAS on [64, K] x [K, parts rank], about 25 us each) were what was
-// left. With the fused expand, the shrink is fused::lora_shrink too (split
-// over K, two launches; LoraProjection::set_fused_shrink(false): at::mm).
-// The settings are read when a graph is captured: set them before building
-// an engine. docs/lora.md has the measured steps.
+// (cuBLAS on [64, K] x [K, parts rank]) are what is left to make fast. A
+// split-K shrink kernel of our own (two launches: partial sums over slices
+// of K, then their sum) was slower than cuBLAS's one launch on the H100
+// (docs/lora.md): the next try should be one launch, fused with the expand.
+// The setting is read when a graph is captured: set it before building an
+// engine.
 namespace {
 std::atomic<bool> g_fused_expand{true};
-std::atomic<bool> g_fused_shrink{true};
 }  // namespace
 
 void LoraProjection::set_fused_expand(bool on) { g_fused_expand.store(on); }
 bool LoraProjection::fused_expand() { return g_fused_expand.load(); }
-void LoraProjection::set_fused_shrink(bool on) { g_fused_shrink.store(on); }
-bool LoraProjection::fused_shrink() { return g_fused_shrink.load(); }
 
 at::Tensor LoraProjection::apply(const char* name, const at::Tensor& x, const at::Tensor& y) const {
   if (!active()) return y;
   mark_part(demo::Part::lora);  // closed by the caller's next mark (part_timer.h)
-  if (fused_expand() && fused::supported(y)) {
-    const at::Tensor t = fused_shrink() && x.stride(1) == 1 ? fused::lora_shrink(x, *a_) : at::mm(x, a_->t());
-    return fused::lora_expand(y, t, *b_, offsets_, sizes_, rank_, scale_);
-  }
+  if (fused_expand() && fused::supported(y))
+    return fused::lora_expand(y, at::mm(x, a_->t()), *b_, offsets_, sizes_, rank_, scale_);
   return layer_ops::op(name, {x, y, *a_, *b_}, y.sizes(), y.options(),
                        [offsets = offsets_, sizes = sizes_, r = rank_, s = scale_](auto& in, auto& out) {
                          out[0].copy_(in[1]);

@@ -47,10 +47,6 @@ class LoraProjection {
   // default (Note [LoRA in the decode graphs]).
   static void set_fused_expand(bool on);
   static bool fused_expand();
-  // With the fused expand, the shrink x A^T as fused::lora_shrink instead of
-  // at::mm (cuBLAS); process-wide, read at capture; on by default.
-  static void set_fused_shrink(bool on);
-  static bool fused_shrink();
   // Appends its two checkpoint parameters (nothing when inactive).
   void append_checkpoint_params(std::vector<gk::CheckpointParam>& out) const;
   // y + scale * (x A_p^T) B_p^T in each targeted part's rows, as one

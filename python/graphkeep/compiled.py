@@ -76,7 +76,9 @@ def _graph_class() -> type:
         """``torch.cuda.CUDAGraph`` kept readable while a graph tree records (graphkeep)."""
 
         def __init__(self, keep_graph: bool = False) -> None:
-            super().__init__(bool(keep_graph) or _recording())
+            kept = bool(keep_graph) or _recording()
+            super().__init__(kept)
+            self._graphkeep_kept = kept
 
     KeptGraph.__name__ = KeptGraph.__qualname__ = "CUDAGraph"
     KeptGraph.__module__ = base.__module__
@@ -127,11 +129,11 @@ def keep_compiled_graphs(enable: bool = True) -> None:
 
 
 def _kept(graph: Any) -> bool:
-    try:
-        graph.raw_cuda_graph()
-        return True
-    except RuntimeError:
-        return False
+    """Whether ``graph`` kept its cudaGraph_t: only graphs made through
+    keep_compiled_graphs' class say so. (raw_cuda_graph() is not asked: whether it
+    refuses a graph that was not kept, or returns the destroyed handle, depends on
+    the PyTorch version.)"""
+    return bool(getattr(graph, "_graphkeep_kept", False))
 
 
 @dataclasses.dataclass

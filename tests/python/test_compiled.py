@@ -112,7 +112,7 @@ def _fake_tree(monkeypatch, layer):
         return graphkeep.build_manifest(scan, collection, static_io=static_io, segments=segs, graph=1)
 
     node = FakeNode(
-        graph=types.SimpleNamespace(raw_cuda_graph=lambda: 1), id=types.SimpleNamespace(id=0), children={},
+        graph=types.SimpleNamespace(raw_cuda_graph=lambda: 1, _graphkeep_kept=True), id=types.SimpleNamespace(id=0), children={},
         wrapped_function=types.SimpleNamespace(model=types.SimpleNamespace(__name__="fn0"), constants=(),
                                                placeholders=(types.SimpleNamespace(name="l_self_weight"),)),
         static_input_data_ptrs=[layer.weight.data_ptr()], reconstructed_inputs=[])
@@ -175,11 +175,7 @@ def test_audit_compiled_refuses_a_graph_not_kept(monkeypatch):
     layer = OpaqueLayer()
     node, _ = _fake_tree(monkeypatch, layer)
 
-    def not_kept():
-        raise RuntimeError("You cannot access the raw cudaGraph_t instance unless CUDAGraph was initialized with "
-                           "keep_graph=true")
-
-    node.graph = types.SimpleNamespace(raw_cuda_graph=not_kept)
+    node.graph = types.SimpleNamespace(raw_cuda_graph=lambda: 1)  # a plain CUDAGraph: not made kept
     with pytest.raises(graphkeep.StateError, match=r"without keep_graph.*keep_compiled_graphs\(\).*reset_cudagraph"):
         graphkeep.audit_compiled(layer, device=0)
 

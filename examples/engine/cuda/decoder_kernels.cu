@@ -272,60 +272,6 @@ __global__ void lora_expand_kernel(const T* __restrict__ y, const T* __restrict_
   }
 }
 
-// LoRA's shrink, split over K: block (s, j, i) multiplies rows [i R, i R +
-// R) of x by rows [j C, j C + C) of A over columns [s K, s K + K) of both,
-// from shared memory, and writes the float32 partial sums; the reduce adds
-// the splits in order (deterministic) and rounds once. cuBLAS spends ~25 us
-// on these [64, K] x [K, 48] products (Note [LoRA in the decode graphs]).
-// The K slice is 256 elements of 2 bytes, 128 of 4: 24 KiB of shared memory.
-constexpr int kShrinkRows = 32, kShrinkCols = 16, kShrinkThreads = 256;
-constexpr int shrink_k(int bytes) { return bytes == 4 ? 128 : 256; }
-template <class T>
-__global__ void __launch_bounds__(kShrinkThreads)
-    lora_shrink_partial_kernel(const T* __restrict__ x, std::int64_t xs, const T* __restrict__ a,
-                               float* __restrict__ part, std::int64_t rows, std::int64_t m, std::int64_t k) {
-  constexpr int kShrinkK = shrink_k(sizeof(T));
-  constexpr int kShrinkPad = kShrinkK + 2;  // rows of A in shared memory on distinct banks
-  __shared__ T xsh[kShrinkRows][kShrinkPad];
-  __shared__ T ash[kShrinkCols][kShrinkPad];
-  const std::int64_t k0 = static_cast<std::int64_t>(blockIdx.x) * kShrinkK;
-  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.y) * kShrinkCols;
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.z) * kShrinkRows;
-  const T zero = Io<T>::store(0.f);
-  for (int i = threadIdx.x; i < kShrinkRows * kShrinkK; i += kShrinkThreads) {
-    const int r = i / kShrinkK, kk = i % kShrinkK;
-    xsh[r][kk] = r0 + r < rows && k0 + kk < k ? x[(r0 + r) * xs + k0 + kk] : zero;
-  }
-  for (int i = threadIdx.x; i < kShrinkCols * kShrinkK; i += kShrinkThreads) {
-    const int c = i / kShrinkK, kk = i % kShrinkK;
-    ash[c][kk] = c0 + c < m && k0 + kk < k ? a[(c0 + c) * k + k0 + kk] : zero;
-  }
-  __syncthreads();
-  const int r = threadIdx.x / (kShrinkCols / 2), c = 2 * (threadIdx.x % (kShrinkCols / 2));
-  float acc0 = 0.f, acc1 = 0.f;
-#pragma unroll 8
-  for (int kk = 0; kk < kShrinkK; ++kk) {
-    const float xv = Io<T>::load(xsh[r][kk]);
-    acc0 += xv * Io<T>::load(ash[c][kk]);
-    acc1 += xv * Io<T>::load(ash[c + 1][kk]);
-  }
-  if (r0 + r >= rows) return;
-  float* out = part + (static_cast<std::int64_t>(blockIdx.x) * rows + r0 + r) * m + c0 + c;
-  if (c0 + c < m) out[0] = acc0;
-  if (c0 + c + 1 < m) out[1] = acc1;
-}
-template <class T>
-__global__ void lora_shrink_reduce_kernel(const float* __restrict__ part, T* __restrict__ t, std::int64_t ts,
-                                          std::int64_t rows, std::int64_t m, std::int64_t splits) {
-  const std::int64_t total = rows * m;
-  for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    float sum = 0.f;
-    for (std::int64_t s = 0; s < splits; ++s) sum += part[s * total + idx];
-    t[(idx / m) * ts + idx % m] = Io<T>::store(sum);
-  }
-}
-
 __device__ __forceinline__ std::uint32_t mix32(std::uint32_t x) {
   x ^= x >> 16;
   x *= 0x7feb352du;
@@ -462,29 +408,6 @@ int launch_lora_expand(Dtype dt, const void* y, const void* t, std::int64_t t_st
       case 32: lora_expand_kernel<T, 32><<<grid, kThreads, 0, s>>>(yp, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
       default: lora_expand_kernel<T, 0><<<grid, kThreads, 0, s>>>(yp, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
     }
-  });
-}
-
-std::int64_t lora_shrink_splits(Dtype dt, std::int64_t k) {
-  const int slice = shrink_k(dt == Dtype::f32 ? 4 : 2);
-  return (k + slice - 1) / slice;
-}
-
-int launch_lora_shrink(Dtype dt, const void* x, std::int64_t x_stride, const void* a, float* partials, void* t,
-                       std::int64_t t_stride, std::int64_t rows, std::int64_t m, std::int64_t k, void* stream) {
-  if (rows * m == 0) return 0;
-  const std::int64_t splits = lora_shrink_splits(dt, k);
-  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>((m + kShrinkCols - 1) / kShrinkCols),
-                  static_cast<unsigned>((rows + kShrinkRows - 1) / kShrinkRows));
-  if (grid.y > 65535 || grid.z > 65535) return static_cast<int>(cudaErrorInvalidValue);
-  return dispatch(dt, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const auto s = static_cast<cudaStream_t>(stream);
-    lora_shrink_partial_kernel<T><<<grid, kShrinkThreads, 0, s>>>(static_cast<const T*>(x), x_stride,
-                                                                 static_cast<const T*>(a), partials, rows, m, k);
-    constexpr int kThreads = 256;
-    lora_shrink_reduce_kernel<T><<<grid_for(rows * m, kThreads), kThreads, 0, s>>>(partials, static_cast<T*>(t),
-                                                                                   t_stride, rows, m, splits);
   });
 }
 

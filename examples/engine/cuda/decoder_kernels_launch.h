@@ -62,14 +62,6 @@ int launch_lora_expand(Dtype dt, const void* y, const void* t, std::int64_t t_st
                        std::int64_t rows, std::int64_t n, std::int64_t rank, const LoraParts& parts, float scale,
                        void* stream);
 
-// LoRA's shrink step: t [rows, m] (row stride t_stride) = dtype(x [rows, k]
-// (row stride x_stride) A^T), A [m, k] contiguous, summed in float32 in
-// lora_shrink_splits(k) slices of k whose partial sums go to `partials`
-// (float32, splits * rows * m), added in order and rounded once. Two launches.
-std::int64_t lora_shrink_splits(Dtype dt, std::int64_t k);
-int launch_lora_shrink(Dtype dt, const void* x, std::int64_t x_stride, const void* a, float* partials, void* t,
-                       std::int64_t t_stride, std::int64_t rows, std::int64_t m, std::int64_t k, void* stream);
-
 // out [rows, vocab] float32 = -log(-log(u)), u = ((mix32(key[r] ^ id) >> 8) + 1/2) / 2^24
 // with id = ids[r * ids_stride + v] (Note [Sampling on the device] in sampler.cpp).
 int launch_gumbel_noise(const std::int64_t* ids, std::int64_t ids_stride, const std::int64_t* row_keys, float* out,
