@@ -41,6 +41,16 @@ at::Tensor whole_storage(const at::Tensor& t) {
   return at::empty({0}, t.options()).set_(t.storage(), 0, {n}, {1});
 }
 
+// Host numbers on `device` without waiting for it: a copy from pageable
+// memory synchronizes the stream (everything queued before it), one from
+// pinned memory does not (the pinned allocator keeps the block until the
+// copy is done).
+at::Tensor to_device(const std::vector<std::int64_t>& v, c10::Device device) {
+  const at::Tensor host = at::tensor(v, at::TensorOptions().dtype(at::kLong));
+  if (device.is_cpu()) return host;
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 }  // namespace
 
 std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bool results,
@@ -96,8 +106,7 @@ std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, 
       counts.push_back(ls[i].indices.numel());
       total += counts.back();
     }
-    const auto host = at::TensorOptions().dtype(at::kLong);
-    const at::Tensor off = at::tensor(offsets, host).to(span.device()), cnt = at::tensor(counts, host).to(span.device());
+    const at::Tensor off = to_device(offsets, span.device()), cnt = to_device(counts, span.device());
     at::Tensor merged = at::cat(idx).to(at::kLong) + at::repeat_interleave(off, cnt, 0, total);
     if (span.numel() <= std::numeric_limits<std::int32_t>::max()) merged = merged.to(at::kInt);
     const at::Tensor values = at::cat(val);

@@ -34,9 +34,12 @@ struct ScatterItem {
 // values applied, so the result is exact only while dst holds what it holds
 // now: a staged patch's commit is refused when the served weights changed
 // since staging. An item with no whole sector to write comes back as it is.
-// O(changed) work and memory; synchronizes with dst's device twice (the
-// split at the whole sectors' edges, the count of touched sectors).
+// O(changed) work and memory. The batched form converts many items with
+// two synchronizations per device in all (the split at the whole sectors'
+// edges, the count of touched sectors; Note [Sector images in three
+// passes] in patch_scatter.cpp); its result keeps the items' order.
 std::vector<ScatterItem> sector_images(const ScatterItem& item);
+std::vector<ScatterItem> sector_images(const std::vector<ScatterItem>& items);
 
 // At most the bytes sector_images(item) allocates (32 per touched sector
 // and its index; a sector per changed element, or every whole sector of
