@@ -633,52 +633,65 @@ void check_failed_commit_restores(Rig& rig, Rig& full, const Weights& w1, std::m
   CHECK(same(rig.replay(), full.replay()));
 }
 
+// A chain of two patches (a small step, then a large one) on a model of
+// class Declared, by reload() and by stage() + commit(), with element and
+// sector writes: each serves what a full reload serves, bit for bit, the
+// served content version too, and the same patch on Undeclared re-runs
+// PWAL to the same bits. `check(r, u)` adds the checks of the declared
+// landing's report r and the undeclared one's u.
+template <class Declared, class Undeclared, class Check>
+void check_patch_chain(std::uint64_t seed, double small, double large, const Check& check) {
+  for (gk::PatchWrites writes : {gk::PatchWrites::elements, gk::PatchWrites::sectors})
+    for (bool staged : {false, true}) {
+      CAPTURE(staged);
+      std::mt19937_64 rng(seed);
+      const Weights w0 = quant_weights(rng), w1 = step(w0, rng, small), w2 = step(w1, rng, large);
+      BasicRig<Declared> rig(w0), full(w0);
+      BasicRig<Undeclared> slow(w0);
+      const at::Tensor out0 = rig.replay();
+      gk::PatchOptions o = rig.engine->options().patch;
+      o.patch_writes = writes;
+      for (const auto& [from, to, a, b] : {std::tuple{"step-0", "step-1", &w0, &w1}, {"step-1", "step-2", &w1, &w2}}) {
+        const gk::Patch p = patch_of(*a, *b, from, to);
+        const gk::ReloadReport r = staged ? rig.engine->commit(rig.engine->stage(p, o)) : rig.engine->reload(p, o);
+        CHECK(r.patch.layers_rerun == 0);
+        CHECK(r.patch.rerun_why.empty());
+        CHECK(r.patch.layers_scattered == 1);
+        full.reload(*b);
+        CHECK(same(rig.replay(), full.replay()));  // the graph reads every slot, the derived members too
+        CHECK(rig.engine->served()->content_version() == full.engine->served()->content_version());
+        const gk::ReloadReport u = slow.engine->reload(p);
+        CHECK(u.patch.layers_rerun == 1);
+        CHECK(same(slow.replay(), full.replay()));
+        check(r, u);
+      }
+      CHECK_FALSE(same(rig.replay(), out0));
+    }
+}
+
 }  // namespace pt
 
 TEST_CASE("block derivations: a patch recomputes only the blocks it touches, without PWAL, to a full reload's bits") {
   at::set_num_threads(1);
-  auto run = [](auto right, auto undeclared, const std::string& what) {
-    using Right = typename decltype(right)::type;
-    using Undeclared = typename decltype(undeclared)::type;
-    CAPTURE(what);
-    for (gk::PatchWrites writes : {gk::PatchWrites::elements, gk::PatchWrites::sectors})
-      for (bool staged : {false, true}) {
-        CAPTURE(staged);
-        std::mt19937_64 rng(9);
-        const pt::Weights w0 = pt::quant_weights(rng), w1 = pt::step(w0, rng, 0.02), w2 = pt::step(w1, rng, 0.3);
-        pt::BasicRig<Right> rig(w0), full(w0);
-        pt::BasicRig<Undeclared> slow(w0);
-        const at::Tensor out0 = rig.replay();
-        gk::PatchOptions o = rig.engine->options().patch;
-        o.patch_writes = writes;
-        for (const auto& [from, to, a, b] : {std::tuple{"step-0", "step-1", &w0, &w1}, {"step-1", "step-2", &w1, &w2}}) {
-          const gk::Patch p = pt::patch_of(*a, *b, from, to);
-          const gk::ReloadReport r = staged ? rig.engine->commit(rig.engine->stage(p, o)) : rig.engine->reload(p, o);
-          CHECK(r.patch.layers_rerun == 0);
-          CHECK(r.patch.rerun_why.empty());
-          CHECK(r.patch.layers_scattered == 1);
-          CHECK(r.patch.blocks_recomputed > 0);
-          full.reload(*b);
-          // The graph reads every slot: the quantized weights and the scales too.
-          CHECK(pt::same(rig.replay(), full.replay()));
-          CHECK(rig.engine->served()->content_version() == full.engine->served()->content_version());
-          // Undeclared, the same patch re-runs PWAL, to the same bits.
-          const gk::ReloadReport u = slow.engine->reload(p);
-          CHECK(u.patch.layers_rerun == 1);
-          CHECK(u.patch.blocks_recomputed == 0);
-          CHECK(pt::same(slow.replay(), full.replay()));
-        }
-        CHECK_FALSE(pt::same(rig.replay(), out0));
-      }
+  auto blocks = [](const gk::ReloadReport& r, const gk::ReloadReport& u) {
+    CHECK(r.patch.blocks_recomputed > 0);
+    CHECK(u.patch.blocks_recomputed == 0);
   };
-  run(std::type_identity<pt::QuantModel<pt::QuantBlocks, pt::Blocks::rows>>{},
-      std::type_identity<pt::QuantModel<pt::QuantPlain, pt::Blocks::undeclared>>{}, "per row");
-  run(std::type_identity<pt::QuantModel<pt::QuantBlocks, pt::Blocks::groups>>{},
-      std::type_identity<pt::QuantModel<pt::QuantPlain, pt::Blocks::groups_undeclared>>{},
-      "2x4 groups, scales group-major");
-  run(std::type_identity<pt::QuantModel<pt::QuantBlocks, pt::Blocks::packed>>{},
-      std::type_identity<pt::QuantModel<pt::QuantPlain, pt::Blocks::packed_undeclared>>{},
-      "2x4 groups, two values per block, group-major (packed words' layout)");
+  {
+    INFO("per row");
+    pt::check_patch_chain<pt::QuantModel<pt::QuantBlocks, pt::Blocks::rows>,
+                          pt::QuantModel<pt::QuantPlain, pt::Blocks::undeclared>>(9, 0.02, 0.3, blocks);
+  }
+  {
+    INFO("2x4 groups, scales group-major");
+    pt::check_patch_chain<pt::QuantModel<pt::QuantBlocks, pt::Blocks::groups>,
+                          pt::QuantModel<pt::QuantPlain, pt::Blocks::groups_undeclared>>(9, 0.02, 0.3, blocks);
+  }
+  {
+    INFO("2x4 groups, two values per block, group-major (packed words' layout)");
+    pt::check_patch_chain<pt::QuantModel<pt::QuantBlocks, pt::Blocks::packed>,
+                          pt::QuantModel<pt::QuantPlain, pt::Blocks::packed_undeclared>>(9, 0.02, 0.3, blocks);
+  }
 
   // Only the touched blocks: one element of row 5 recomputes one row.
   std::mt19937_64 rng(10);
@@ -775,35 +788,13 @@ TEST_CASE("layout derivations: a patch writes the changed elements where the lay
   at::set_num_threads(1);
   using Right = pt::MoverModel<pt::Moved, pt::Moves::right>;
   using Plain = pt::MoverModel<pt::MovedPlain, pt::Moves::undeclared>;
-  for (gk::PatchWrites writes : {gk::PatchWrites::elements, gk::PatchWrites::sectors})
-    for (bool staged : {false, true}) {
-      CAPTURE(staged);
-      std::mt19937_64 rng(31);
-      const pt::Weights w0 = pt::quant_weights(rng), w1 = pt::step(w0, rng, 0.05), w2 = pt::step(w1, rng, 0.4);
-      pt::BasicRig<Right> rig(w0), full(w0);
-      pt::BasicRig<Plain> slow(w0);
-      const at::Tensor out0 = rig.replay();
-      gk::PatchOptions o = rig.engine->options().patch;
-      o.patch_writes = writes;
-      for (const auto& [from, to, a, b] : {std::tuple{"step-0", "step-1", &w0, &w1}, {"step-1", "step-2", &w1, &w2}}) {
-        const gk::Patch p = pt::patch_of(*a, *b, from, to);
-        const gk::ReloadReport r = staged ? rig.engine->commit(rig.engine->stage(p, o)) : rig.engine->reload(p, o);
-        CHECK(r.patch.layers_rerun == 0);
-        CHECK(r.patch.layers_scattered == 1);
-        CHECK(r.patch.layout_elements >= 2 * r.patch.elements);  // each element is in t and at least once in p
-        full.reload(*b);
-        CHECK(pt::same(rig.replay(), full.replay()));  // every slot, the moved members too
-        CHECK(rig.engine->served()->content_version() == full.engine->served()->content_version());
-        const gk::ReloadReport u = slow.engine->reload(p);  // undeclared: PWAL re-runs, to the same bits
-        CHECK(u.patch.layers_rerun == 1);
-        CHECK(u.patch.layout_elements == 0);
-        REQUIRE(u.patch.landings.size() == 1);
-        CHECK(u.patch.landings[0].rerun);
-        CHECK(u.patch.landings[0].why.find("is derived without a declared derivation") != std::string::npos);
-        CHECK(pt::same(slow.replay(), full.replay()));
-      }
-      CHECK_FALSE(pt::same(rig.replay(), out0));
-    }
+  pt::check_patch_chain<Right, Plain>(31, 0.05, 0.4, [](const gk::ReloadReport& r, const gk::ReloadReport& u) {
+    CHECK(r.patch.layout_elements >= 2 * r.patch.elements);  // each element is in t and at least once in p
+    CHECK(u.patch.layout_elements == 0);
+    REQUIRE(u.patch.landings.size() == 1);
+    CHECK(u.patch.landings[0].rerun);
+    CHECK(u.patch.landings[0].why.find("is derived without a declared derivation") != std::string::npos);
+  });
 
   // One element of row 0 lands in t once and in p three times (its row, and
   // the two copies); the pad's ones stay.
