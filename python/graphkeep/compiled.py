@@ -309,7 +309,11 @@ def guard_compiled(audit: CompiledAudit, model: Any) -> list[CompiledIssue]:
     (``superseded``) or replay it stale (``stale``). Graphs recorded since the audit
     are audited now and added to it (their addresses are the current ones); one that
     was recorded without keep_graph is refused. Returns [] when every graph is
-    clean. Call it after every reload, on the thread that runs the model."""
+    clean. Call it after every reload, on the thread that runs the model.
+
+    The error's ``issues`` lists every :class:`CompiledIssue`, ``results`` every
+    graph's :class:`graphkeep.VerifyResult`, and ``result`` the first one that
+    failed."""
     if threading.get_ident() != audit.thread:
         raise StateError(f"guard_compiled: the audit was taken on thread {audit.thread}, this is thread "
                          f"{threading.get_ident()}: the CUDA graph trees are thread-local, guard on the thread "
@@ -343,7 +347,9 @@ def guard_compiled(audit: CompiledAudit, model: Any) -> list[CompiledIssue]:
         if any(i.verdict == "stale" for i in issues):
             lines.append("  stale: PyTorch does not check these (they are not inputs of the compiled graph) and "
                          "would replay the old memory")
-        err = DriftError("\n".join(lines), result=results)
+        # result: the first graph's verification with issues; issues and results: all of them
+        err = DriftError("\n".join(lines), result=next((r for r in results if not r.ok), None))
         err.issues = issues  # type: ignore[attr-defined]
+        err.results = results  # type: ignore[attr-defined]
         raise err
     return issues

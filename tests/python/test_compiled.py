@@ -140,6 +140,7 @@ def test_guard_compiled_tells_superseded_from_stale(monkeypatch):
     with pytest.raises(graphkeep.DriftError) as e:
         graphkeep.guard_compiled(a, layer)
     assert [(i.verdict, i.issue.path) for i in e.value.issues] == [("stale", "workspace")]
+    assert e.value.result is not None and e.value.result.stale_paths() == ["workspace"]
     assert "would replay the old memory" in str(e.value) and "superseded" not in str(e.value)
     # and the weight rebound (.data =): PyTorch records again (superseded)
     layer.workspace = old_ws
