@@ -107,84 +107,41 @@ void learn_layout(const LayerPlan& lp, PlannedLayout& l, const at::Tensor& sourc
 
 }  // namespace
 
-void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_out) {
-  lp.derivations.clear();
-  lp.layouts.clear();
-  if (lp.layer == nullptr) return;
-  Derivations declared;
-  lp.layer->declare_derivations(declared);
-  auto slot_of = [&](const at::Tensor& t) -> std::ptrdiff_t {
-    if (!t.defined()) return -1;
-    for (std::size_t i = 0; i < lp.slots.size(); ++i)
-      if (lp.slots[i].defined() && same_region(lp.slots[i].captured, t)) return static_cast<std::ptrdiff_t>(i);
-    return -1;
-  };
-  // The slot of a derivation's source, which must be a checkpoint parameter:
-  // its field, or a contiguous view of all of it (a 3-D expert stack seen as
-  // 2-D rows).
-  auto checkpoint_source = [&](const at::Tensor& t, const std::string& what) {
-    std::ptrdiff_t src = slot_of(t);
-    for (std::size_t i = 0; src < 0 && t.defined() && t.has_storage() && t.is_contiguous() && i < lp.slots.size(); ++i) {
-      const at::Tensor& c = lp.slots[i].captured;
-      if (lp.slots[i].defined() && c.is_contiguous() && c.storage().unsafeGetStorageImpl() == t.storage().unsafeGetStorageImpl() &&
-          c.storage_offset() == t.storage_offset() && c.numel() == t.numel() && c.scalar_type() == t.scalar_type())
-        src = static_cast<std::ptrdiff_t>(i);
-    }
-    const bool checkpoint = src >= 0 && lp.slots[static_cast<std::size_t>(src)].kind != PlannedSlot::Kind::declared &&
-                            std::any_of(lp.params.begin(), lp.params.end(), [&](const CheckpointParam& cp) {
-                              return cp.param == lp.slots[static_cast<std::size_t>(src)].local;
-                            });
-    GK_CHECK(DeclarationError, checkpoint, what, " reads a source that is not a checkpoint parameter of the layer (",
-             t.defined() ? concat(t.scalar_type(), " ", t.sizes()) : std::string("undefined"),
-             "): a derivation computes a derived member from one parameter that checkpoint_params() lists; "
-             "pass that parameter's field");
-    return static_cast<std::size_t>(src);
-  };
-  // The slot of a derivation's output, which must be declared `derive`.
-  auto declared_output = [&](const at::Tensor& t, const std::string& what, Derive derive) -> std::ptrdiff_t {
-    const std::ptrdiff_t i = slot_of(t);
-    if (i < 0 && !left_out.empty()) return -1;  // a testing hook left the member out of the plan
-    GK_CHECK(DeclarationError, i >= 0, what, " names an output (",
-             t.defined() ? concat(t.scalar_type(), " ", t.sizes()) : std::string("undefined"),
-             ") that is no member of the layer: pass the field of a member declared by_", to_string(derive), "()");
-    const PlannedSlot& slot = lp.slots[static_cast<std::size_t>(i)];
-    GK_CHECK(DeclarationError, slot.kind == PlannedSlot::Kind::declared && slot.role.derive == derive,
-             slot.kind == PlannedSlot::Kind::declared ? member_of(slot) : concat("'", slot.local, "'"),
-             " is an output of ", what, ", but ",
-             slot.kind == PlannedSlot::Kind::declared
-                 ? concat("its descriptor declares it ", to_string(slot.role.role),
-                          slot.role.derive == Derive::undeclared ? "" : concat(".", to_string(slot.role.derive), "()"),
-                          ": declare it gk::", to_string(slot.role.role), ".by_", to_string(derive), "()")
-                 : std::string("it is a parameter or buffer of the module: a derivation computes derived members"));
-    return i;
-  };
-  bool dropped = false;
-  for (const LayoutDerivation& l : declared.layouts()) {
-    const std::string what = concat("layout derivation '", l.name, "' of layer '", lp.prefix, "'");
+namespace {
+
+// Binds one layer's declared derivations to its planned slots, checking
+// each declaration against the plan (bind_block_derivations).
+class DerivationBinder {
+ public:
+  DerivationBinder(LayerPlan& lp, const std::vector<std::string>& left_out) : lp_(lp), left_out_(left_out) {}
+
+  void bind(const LayoutDerivation& l) {
+    const std::string what = concat("layout derivation '", l.name, "' of layer '", lp_.prefix, "'");
     GK_CHECK(DeclarationError, static_cast<bool>(l.fn), what, " has no function");
     PlannedLayout p;
     p.name = l.name;
     p.fn = l.fn;
     p.source = checkpoint_source(l.source, what);
-    GK_CHECK(DeclarationError, l.source.is_contiguous(), what, ": its source '", lp.slots[p.source].local,
+    GK_CHECK(DeclarationError, l.source.is_contiguous(), what, ": its source '", lp_.slots[p.source].local,
              "' is not contiguous");
     const std::ptrdiff_t i = declared_output(l.output, what, Derive::layout);
     if (i < 0) {
-      dropped = true;
-      continue;
+      dropped_ = true;
+      return;
     }
     p.output = static_cast<std::size_t>(i);
-    const PlannedSlot& slot = lp.slots[p.output];
+    const PlannedSlot& slot = lp_.slots[p.output];
     GK_CHECK(DeclarationError, l.output.is_contiguous() && l.output.scalar_type() == l.source.scalar_type(),
              member_of(slot), " (", slot.name, ") is ", l.output.scalar_type(),
              l.output.is_contiguous() ? "" : " (not contiguous)", ", but as the output of ", what, " it holds elements "
-             "of '", lp.slots[p.source].local, "', which is ", l.source.scalar_type(), ": a layout moves elements and "
+             "of '", lp_.slots[p.source].local, "', which is ", l.source.scalar_type(), ": a layout moves elements and "
              "keeps their dtype (a cast is computed: declare it by_blocks(), or drop .by_layout())");
-    learn_layout(lp, p, l.source, l.output, what);
-    lp.layouts.push_back(std::move(p));
+    learn_layout(lp_, p, l.source, l.output, what);
+    lp_.layouts.push_back(std::move(p));
   }
-  for (const BlockDerivation& b : declared.list()) {
-    const std::string what = concat("block derivation '", b.name, "' of layer '", lp.prefix, "'");
+
+  void bind(const BlockDerivation& b) {
+    const std::string what = concat("block derivation '", b.name, "' of layer '", lp_.prefix, "'");
     PlannedDerivation d;
     d.name = b.name;
     d.block_rows = b.block_rows;
@@ -197,50 +154,124 @@ void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_
     d.cols = s.dim() == 2 ? s.size(1) : 0;
     GK_CHECK(DeclarationError, s.dim() == 2 && s.is_contiguous() && b.block_rows > 0 && b.block_cols > 0 &&
              s.size(0) % b.block_rows == 0 && s.size(1) % b.block_cols == 0,
-             what, ": its source '", lp.slots[d.source].local, "' is ", s.sizes(), (s.is_contiguous() ? "" : " (not contiguous)"),
+             what, ": its source '", lp_.slots[d.source].local, "' is ", s.sizes(), (s.is_contiguous() ? "" : " (not contiguous)"),
              ", which blocks of ", b.block_rows, "x", b.block_cols, " do not tile (a 2-D contiguous parameter whose "
              "sizes the block's divide)");
     bool complete = true;
-    for (const BlockOutput& o : b.outputs) {
-      const std::ptrdiff_t i = declared_output(o.tensor, what, Derive::blocks);
-      if (i < 0) {
-        complete = false;
+    for (const BlockOutput& o : b.outputs) complete = bind_output(d, b, o, what) && complete;
+    if (!complete) {
+      dropped_ = true;
+      return;
+    }
+    lp_.derivations.push_back(std::move(d));
+  }
+
+  // Every member declared by_blocks() or by_layout() must have been bound.
+  void check_every_member_bound() {
+    for (std::size_t i = 0; i < lp_.slots.size(); ++i) {
+      PlannedSlot& slot = lp_.slots[i];
+      const Derive derive = slot.role.derive;
+      if ((derive != Derive::blocks && derive != Derive::layout) || !slot.defined() ||
+          derivation_of(lp_, i) != nullptr || layout_of(lp_, i) != nullptr)
+        continue;
+      if (dropped_) {
+        slot.role.derive = Derive::undeclared;  // its derivation was left out with a member: the layer re-runs
         continue;
       }
-      const PlannedSlot& slot = lp.slots[static_cast<std::size_t>(i)];
-      GK_CHECK(DeclarationError, o.per_block > 0, member_of(slot), " (", slot.name, ") is an output of ", what,
-               " with per_block ", o.per_block, ": a block holds at least one value");
-      const PlannedDerivation::Output out{static_cast<std::size_t>(i), o.layout, o.per_block};
-      const std::int64_t want = (s.size(0) / b.block_rows) * (s.size(1) / b.block_cols) * values_per_block(d, out);
-      GK_CHECK(DeclarationError, o.tensor.is_contiguous() && o.tensor.numel() == want, member_of(slot), " (", slot.name,
-               ") is ", o.tensor.sizes(), o.tensor.is_contiguous() ? "" : " (not contiguous)", ", but as output ",
-               to_string(o.layout), o.layout == BlockLayout::same_as_source ? "" : concat(" (", o.per_block, " per block)"),
-               " of ", what, " over blocks of ", b.block_rows, "x", b.block_cols, " of ", s.sizes(), " it must hold ",
-               want, " elements, contiguous");
-      d.outputs.push_back(out);
+      GK_THROW(DeclarationError, member_of(slot), " (", slot.name, ") is declared ", to_string(slot.role.role), ".by_",
+               to_string(derive), "(), but layer '", lp_.prefix, "' binds no ",
+               derive == Derive::blocks ? "block" : "layout", " derivation to it: bind it in the layer's "
+               "declare_derivations() (graphkeep/model/block_derivation.h), or drop .by_", to_string(derive),
+               "() (a weight patch then re-runs the layer's PWAL)");
     }
-    if (!complete) {
-      dropped = true;
-      continue;
-    }
-    lp.derivations.push_back(std::move(d));
   }
-  for (std::size_t i = 0; i < lp.slots.size(); ++i) {
-    PlannedSlot& slot = lp.slots[i];
-    const Derive derive = slot.role.derive;
-    if ((derive != Derive::blocks && derive != Derive::layout) || !slot.defined() || derivation_of(lp, i) != nullptr ||
-        layout_of(lp, i) != nullptr)
-      continue;
-    if (dropped) {
-      slot.role.derive = Derive::undeclared;  // its derivation was left out with a member: the layer re-runs
-      continue;
-    }
-    GK_THROW(DeclarationError, member_of(slot), " (", slot.name, ") is declared ", to_string(slot.role.role), ".by_",
-             to_string(derive), "(), but layer '", lp.prefix, "' binds no ",
-             derive == Derive::blocks ? "block" : "layout", " derivation to it: bind it in the layer's "
-             "declare_derivations() (graphkeep/model/block_derivation.h), or drop .by_", to_string(derive),
-             "() (a weight patch then re-runs the layer's PWAL)");
+
+ private:
+  std::ptrdiff_t slot_of(const at::Tensor& t) const {
+    if (!t.defined()) return -1;
+    for (std::size_t i = 0; i < lp_.slots.size(); ++i)
+      if (lp_.slots[i].defined() && same_region(lp_.slots[i].captured, t)) return static_cast<std::ptrdiff_t>(i);
+    return -1;
   }
+
+  // The slot of a derivation's source, which must be a checkpoint parameter:
+  // its field, or a contiguous view of all of it (a 3-D expert stack seen as
+  // 2-D rows).
+  std::size_t checkpoint_source(const at::Tensor& t, const std::string& what) const {
+    std::ptrdiff_t src = slot_of(t);
+    for (std::size_t i = 0; src < 0 && t.defined() && t.has_storage() && t.is_contiguous() && i < lp_.slots.size(); ++i) {
+      const at::Tensor& c = lp_.slots[i].captured;
+      if (lp_.slots[i].defined() && c.is_contiguous() && c.storage().unsafeGetStorageImpl() == t.storage().unsafeGetStorageImpl() &&
+          c.storage_offset() == t.storage_offset() && c.numel() == t.numel() && c.scalar_type() == t.scalar_type())
+        src = static_cast<std::ptrdiff_t>(i);
+    }
+    const bool checkpoint = src >= 0 && lp_.slots[static_cast<std::size_t>(src)].kind != PlannedSlot::Kind::declared &&
+                            std::any_of(lp_.params.begin(), lp_.params.end(), [&](const CheckpointParam& cp) {
+                              return cp.param == lp_.slots[static_cast<std::size_t>(src)].local;
+                            });
+    GK_CHECK(DeclarationError, checkpoint, what, " reads a source that is not a checkpoint parameter of the layer (",
+             t.defined() ? concat(t.scalar_type(), " ", t.sizes()) : std::string("undefined"),
+             "): a derivation computes a derived member from one parameter that checkpoint_params() lists; "
+             "pass that parameter's field");
+    return static_cast<std::size_t>(src);
+  }
+
+  // The slot of a derivation's output, which must be declared `derive`; -1
+  // when a testing hook left the member out of the plan.
+  std::ptrdiff_t declared_output(const at::Tensor& t, const std::string& what, Derive derive) const {
+    const std::ptrdiff_t i = slot_of(t);
+    if (i < 0 && !left_out_.empty()) return -1;
+    GK_CHECK(DeclarationError, i >= 0, what, " names an output (",
+             t.defined() ? concat(t.scalar_type(), " ", t.sizes()) : std::string("undefined"),
+             ") that is no member of the layer: pass the field of a member declared by_", to_string(derive), "()");
+    const PlannedSlot& slot = lp_.slots[static_cast<std::size_t>(i)];
+    GK_CHECK(DeclarationError, slot.kind == PlannedSlot::Kind::declared && slot.role.derive == derive,
+             slot.kind == PlannedSlot::Kind::declared ? member_of(slot) : concat("'", slot.local, "'"),
+             " is an output of ", what, ", but ",
+             slot.kind == PlannedSlot::Kind::declared
+                 ? concat("its descriptor declares it ", to_string(slot.role.role),
+                          slot.role.derive == Derive::undeclared ? "" : concat(".", to_string(slot.role.derive), "()"),
+                          ": declare it gk::", to_string(slot.role.role), ".by_", to_string(derive), "()")
+                 : std::string("it is a parameter or buffer of the module: a derivation computes derived members"));
+    return i;
+  }
+
+  // One output of a block derivation; false when its member was left out.
+  bool bind_output(PlannedDerivation& d, const BlockDerivation& b, const BlockOutput& o, const std::string& what) const {
+    const std::ptrdiff_t i = declared_output(o.tensor, what, Derive::blocks);
+    if (i < 0) return false;
+    const PlannedSlot& slot = lp_.slots[static_cast<std::size_t>(i)];
+    GK_CHECK(DeclarationError, o.per_block > 0, member_of(slot), " (", slot.name, ") is an output of ", what,
+             " with per_block ", o.per_block, ": a block holds at least one value");
+    const PlannedDerivation::Output out{static_cast<std::size_t>(i), o.layout, o.per_block};
+    const at::Tensor& s = b.source;
+    const std::int64_t want = (s.size(0) / b.block_rows) * (s.size(1) / b.block_cols) * values_per_block(d, out);
+    GK_CHECK(DeclarationError, o.tensor.is_contiguous() && o.tensor.numel() == want, member_of(slot), " (", slot.name,
+             ") is ", o.tensor.sizes(), o.tensor.is_contiguous() ? "" : " (not contiguous)", ", but as output ",
+             to_string(o.layout), o.layout == BlockLayout::same_as_source ? "" : concat(" (", o.per_block, " per block)"),
+             " of ", what, " over blocks of ", b.block_rows, "x", b.block_cols, " of ", s.sizes(), " it must hold ",
+             want, " elements, contiguous");
+    d.outputs.push_back(out);
+    return true;
+  }
+
+  LayerPlan& lp_;
+  const std::vector<std::string>& left_out_;
+  bool dropped_ = false;  // a derivation was left out with a member (a testing hook)
+};
+
+}  // namespace
+
+void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_out) {
+  lp.derivations.clear();
+  lp.layouts.clear();
+  if (lp.layer == nullptr) return;
+  Derivations declared;
+  lp.layer->declare_derivations(declared);
+  DerivationBinder binder(lp, left_out);
+  for (const LayoutDerivation& l : declared.layouts()) binder.bind(l);
+  for (const BlockDerivation& b : declared.list()) binder.bind(b);
+  binder.check_every_member_bound();
 }
 
 void check_block_outputs(const LayerPlan& lp, const PlannedDerivation& d, const std::vector<at::Tensor>& outs,

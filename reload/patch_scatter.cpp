@@ -94,16 +94,21 @@ std::size_t ScatterItem::bytes() const {
 // (index_copy_ of each sector id to its rank among the touched sectors,
 // instead of unique_consecutive): two synchronizations per device for the
 // whole patch, whatever its number of writes.
-std::vector<ScatterItem> sector_images(const ScatterItem& item) { return sector_images(std::vector<ScatterItem>{item}); }
+namespace {
 
-std::vector<ScatterItem> sector_images(const std::vector<ScatterItem>& items) {
-  struct Plan {
-    std::int64_t lead = 0, first = 0, per = 0, whole = 0;  // bytes, elements, elements, sectors
-    std::int64_t b = 0, e = 0, count = 0;                   // the interior's entries [b, e) and their sectors
-    at::Tensor rel, sector, starts;
-  };
-  std::vector<Plan> plans(items.size());
-  std::vector<char> convert(items.size(), 0);
+// Where an item's whole sectors lie, and (after the device's answers) which
+// of its entries fall inside them and how many sectors those touch.
+struct SectorPlan {
+  bool convert = false;
+  std::int64_t lead = 0, first = 0, per = 0, whole = 0;  // bytes, elements, elements, sectors
+  std::int64_t b = 0, e = 0, count = 0;                   // the interior's entries [b, e) and their sectors
+  at::Tensor rel, sector, starts;                          // per interior entry: element, sector, starts one
+};
+
+// The items whose destination has whole sectors to write: alignment only,
+// on the host.
+std::vector<SectorPlan> plan_sectors(const std::vector<ScatterItem>& items) {
+  std::vector<SectorPlan> plans(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) {
     const ScatterItem& it = items[i];
     GK_INTERNAL_ASSERT(it.indices.defined() && !it.sectors && it.dst.dim() == 1 && it.dst.is_contiguous(),
@@ -115,80 +120,102 @@ std::vector<ScatterItem> sector_images(const std::vector<ScatterItem>& items) {
     // The word views below need the storage itself 8-byte aligned (an
     // allocator's block is; a from_blob tensor may not be).
     if (it.indices.numel() == 0 || addr % static_cast<std::uintptr_t>(eb) != 0 || storage % 8 != 0) continue;
-    Plan& p = plans[i];
+    SectorPlan& p = plans[i];
     p.lead = static_cast<std::int64_t>((kSector - addr % kSector) % kSector);
     p.first = p.lead / eb, p.per = kSector / eb;  // elements before the first whole sector, per sector
     p.whole = n > p.first ? (n - p.first) / p.per : 0;
-    convert[i] = p.whole > 0;
+    p.convert = p.whole > 0;
   }
-  // The items by device: one transfer per device and pass.
-  std::vector<std::vector<std::size_t>> by_device;
+  return plans;
+}
+
+// Passes 1 and 2 for the items of one device (`group`), one transfer each:
+// each interior's entries [b, e) (a contiguous run of the ascending
+// indices), then how many sectors each touches.
+void locate_sectors(const std::vector<ScatterItem>& items, const std::vector<std::size_t>& group,
+                    std::vector<SectorPlan>& plans) {
+  std::vector<at::Tensor> edges;
+  for (std::size_t i : group) {
+    const SectorPlan& p = plans[i];
+    edges.push_back(at::searchsorted(items[i].indices, at::Scalar(p.first)));
+    edges.push_back(at::searchsorted(items[i].indices, at::Scalar(p.first + p.whole * p.per)));
+  }
+  const at::Tensor be = at::stack(edges).to(at::kLong).cpu();
+  const auto* bep = be.const_data_ptr<std::int64_t>();
+  std::vector<at::Tensor> counts;
+  std::vector<std::size_t> counted;
+  for (std::size_t k = 0; k < group.size(); ++k) {
+    SectorPlan& p = plans[group[k]];
+    p.b = bep[2 * k], p.e = bep[2 * k + 1];
+    p.convert = p.b < p.e;
+    if (!p.convert) continue;
+    const std::int64_t m = p.e - p.b;
+    p.rel = items[group[k]].indices.narrow(0, p.b, m) - p.first;   // element within the interior
+    p.sector = at::div(p.rel, p.per, /*rounding_mode=*/"trunc");    // ascending, index dtype kept
+    p.starts = at::ones({m}, p.rel.options().dtype(at::kBool));     // where a new sector starts
+    if (m > 1) {
+      at::Tensor later = p.starts.narrow(0, 1, m - 1);
+      at::ne_out(later, p.sector.narrow(0, 1, m - 1), p.sector.narrow(0, 0, m - 1));
+    }
+    counts.push_back(p.starts.sum());
+    counted.push_back(group[k]);
+  }
+  if (counted.empty()) return;
+  const at::Tensor cs = at::stack(counts).cpu();
+  for (std::size_t k = 0; k < counted.size(); ++k)
+    plans[counted[k]].count = cs[static_cast<std::int64_t>(k)].item<std::int64_t>();
+}
+
+// Pass 3, every size known: the item's entries outside the whole sectors
+// as an element write (when any), and the touched sectors' images.
+void append_sector_writes(const ScatterItem& it, const SectorPlan& p, std::vector<ScatterItem>& out) {
+  const std::int64_t count = it.indices.numel();
+  if (p.b > 0 || p.e < count)
+    out.push_back({it.dst, at::cat({it.indices.narrow(0, 0, p.b), it.indices.narrow(0, p.e, count - p.e)}),
+                   at::cat({it.values.narrow(0, 0, p.b), it.values.narrow(0, p.e, count - p.e)})});
+  // Each entry's rank among the touched sectors, and the touched sectors.
+  const at::Tensor inverse = at::cumsum(p.starts, 0) - 1;  // int64
+  const at::Tensor sectors = at::empty({p.count}, p.sector.options()).index_copy_(0, inverse, p.sector);
+  const at::Tensor words = it.dst.view(at::kByte).narrow(0, p.lead, p.whole * kSector).view(at::kLong);
+  const at::Tensor images = words.view({p.whole, kSector / 8}).index_select(0, sectors);  // the served bytes
+  images.view(it.dst.scalar_type()).view({-1}).index_copy_(0, inverse * p.per + p.rel.remainder(p.per),
+                                                            it.values.narrow(0, p.b, p.e - p.b));
+  ScatterItem s{words, sectors, images.view({-1})};
+  s.sectors = true;
+  out.push_back(std::move(s));
+}
+
+}  // namespace
+
+// Note [Sector images in three passes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each image needs two sizes from the device: where the whole sectors' run
+// of indices begins and ends, and how many sectors it touches. Asked item
+// by item (a searchsorted copied to the host, then unique_consecutive),
+// that was three synchronizations per write, 600 for an 8B model's 1 %
+// patch, each waiting for everything queued before it. Here every item's
+// edges come back in one transfer, then every item's sector count in a
+// second (locate_sectors); the images are then made with sizes known on
+// the host (index_copy_ of each sector id to its rank among the touched
+// sectors, instead of unique_consecutive): two synchronizations per device
+// for the whole patch, whatever its number of writes.
+std::vector<ScatterItem> sector_images(const ScatterItem& item) { return sector_images(std::vector<ScatterItem>{item}); }
+
+std::vector<ScatterItem> sector_images(const std::vector<ScatterItem>& items) {
+  std::vector<SectorPlan> plans = plan_sectors(items);
+  std::vector<std::vector<std::size_t>> by_device;  // one transfer per device and pass
   for (std::size_t i = 0; i < items.size(); ++i) {
-    if (!convert[i]) continue;
+    if (!plans[i].convert) continue;
     auto g = std::find_if(by_device.begin(), by_device.end(),
                           [&](const auto& v) { return items[v.front()].dst.device() == items[i].dst.device(); });
     if (g == by_device.end()) by_device.push_back({i});
     else g->push_back(i);
   }
-  for (const std::vector<std::size_t>& group : by_device) {
-    // Pass 1: the entries inside the whole sectors are a contiguous run of
-    // the ascending indices, [b, e).
-    std::vector<at::Tensor> edges;
-    for (std::size_t i : group) {
-      const Plan& p = plans[i];
-      edges.push_back(at::searchsorted(items[i].indices, at::Scalar(p.first)));
-      edges.push_back(at::searchsorted(items[i].indices, at::Scalar(p.first + p.whole * p.per)));
-    }
-    const at::Tensor be = at::stack(edges).to(at::kLong).cpu();
-    const auto* bep = be.const_data_ptr<std::int64_t>();
-    // Pass 2: each interior's sectors (ascending) and how many differ.
-    std::vector<at::Tensor> counts;
-    std::vector<std::size_t> counted;
-    for (std::size_t k = 0; k < group.size(); ++k) {
-      Plan& p = plans[group[k]];
-      p.b = bep[2 * k], p.e = bep[2 * k + 1];
-      if (p.b == p.e) {
-        convert[group[k]] = 0;
-        continue;
-      }
-      const ScatterItem& it = items[group[k]];
-      p.rel = it.indices.narrow(0, p.b, p.e - p.b) - p.first;               // element within the interior
-      p.sector = at::div(p.rel, p.per, /*rounding_mode=*/"trunc");          // ascending, index dtype kept
-      p.starts = at::ones({p.e - p.b}, p.rel.options().dtype(at::kBool));   // where a new sector starts
-      if (p.e - p.b > 1) {
-        at::Tensor later = p.starts.narrow(0, 1, p.e - p.b - 1);
-        at::ne_out(later, p.sector.narrow(0, 1, p.e - p.b - 1), p.sector.narrow(0, 0, p.e - p.b - 1));
-      }
-      counts.push_back(p.starts.sum());
-      counted.push_back(group[k]);
-    }
-    if (counted.empty()) continue;
-    const at::Tensor cs = at::stack(counts).cpu();
-    for (std::size_t k = 0; k < counted.size(); ++k) plans[counted[k]].count = cs[static_cast<std::int64_t>(k)].item<std::int64_t>();
-  }
-  // Pass 3: the images, every size known.
+  for (const std::vector<std::size_t>& group : by_device) locate_sectors(items, group, plans);
   std::vector<ScatterItem> out;
   for (std::size_t i = 0; i < items.size(); ++i) {
-    const ScatterItem& it = items[i];
-    if (!convert[i]) {
-      out.push_back(it);
-      continue;
-    }
-    const Plan& p = plans[i];
-    const std::int64_t count = it.indices.numel();
-    if (p.b > 0 || p.e < count)
-      out.push_back({it.dst, at::cat({it.indices.narrow(0, 0, p.b), it.indices.narrow(0, p.e, count - p.e)}),
-                     at::cat({it.values.narrow(0, 0, p.b), it.values.narrow(0, p.e, count - p.e)})});
-    // Each entry's rank among the touched sectors, and the touched sectors.
-    const at::Tensor inverse = at::cumsum(p.starts, 0) - 1;  // int64
-    const at::Tensor sectors = at::empty({p.count}, p.sector.options()).index_copy_(0, inverse, p.sector);
-    const at::Tensor words = it.dst.view(at::kByte).narrow(0, p.lead, p.whole * kSector).view(at::kLong);
-    const at::Tensor images = words.view({p.whole, kSector / 8}).index_select(0, sectors);  // the served bytes
-    images.view(it.dst.scalar_type()).view({-1}).index_copy_(0, inverse * p.per + p.rel.remainder(p.per),
-                                                              it.values.narrow(0, p.b, p.e - p.b));
-    ScatterItem s{words, sectors, images.view({-1})};
-    s.sectors = true;
-    out.push_back(std::move(s));
+    if (plans[i].convert) append_sector_writes(items[i], plans[i], out);
+    else out.push_back(items[i]);
   }
   return out;
 }
