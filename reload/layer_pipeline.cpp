@@ -320,7 +320,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
   record_loaded(lp, run, targets, custom, o, rep);
   run.pending.clear();
   guard.after_load(run, o, rep);
-  if (!o.allow_non_finite) {
+  if (!o.allow_non_finite && !o.source_scanned) {
     ScopedMsTimer t(rep.times.finite_ms);
     refuse_non_finite(lp, source, meanwhile);
   } else if (meanwhile) {

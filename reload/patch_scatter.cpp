@@ -82,18 +82,6 @@ std::size_t ScatterItem::bytes() const {
   return indices.defined() ? static_cast<std::size_t>(indices.numel()) * dst.element_size() : dst.nbytes();
 }
 
-// Note [Sector images in three passes]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Each image needs two sizes from the device: where the whole sectors' run
-// of indices begins and ends, and how many sectors it touches. Asked item
-// by item (a searchsorted copied to the host, then unique_consecutive),
-// that was three synchronizations per write, 600 for an 8B model's 1 %
-// patch, each waiting for everything queued before it. Here every item's
-// edges come back in one transfer, then every item's sector count in a
-// second; the images are then made with sizes known on the host
-// (index_copy_ of each sector id to its rank among the touched sectors,
-// instead of unique_consecutive): two synchronizations per device for the
-// whole patch, whatever its number of writes.
 namespace {
 
 // Where an item's whole sectors lie, and (after the device's answers) which
@@ -199,8 +187,6 @@ void append_sector_writes(const ScatterItem& it, const SectorPlan& p, std::vecto
 // the host (index_copy_ of each sector id to its rank among the touched
 // sectors, instead of unique_consecutive): two synchronizations per device
 // for the whole patch, whatever its number of writes.
-std::vector<ScatterItem> sector_images(const ScatterItem& item) { return sector_images(std::vector<ScatterItem>{item}); }
-
 std::vector<ScatterItem> sector_images(const std::vector<ScatterItem>& items) {
   std::vector<SectorPlan> plans = plan_sectors(items);
   std::vector<std::vector<std::size_t>> by_device;  // one transfer per device and pass

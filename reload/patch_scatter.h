@@ -27,21 +27,20 @@ struct ScatterItem {
   std::size_t bytes() const;
 };
 
-// The writes of `item` (sparse, element form, indices ascending) as whole
-// sectors: a sector item for the changed elements in the 32-byte-aligned
-// interior of item.dst, and an element item for those in the partial
-// sectors at its ends (when any). Each image is dst's current bytes with the
-// values applied, so the result is exact only while dst holds what it holds
-// now: a staged patch's commit is refused when the served weights changed
-// since staging. An item with no whole sector to write comes back as it is.
-// O(changed) work and memory. The batched form converts many items with
-// two synchronizations per device in all (the split at the whole sectors'
-// edges, the count of touched sectors; Note [Sector images in three
-// passes] in patch_scatter.cpp); its result keeps the items' order.
-std::vector<ScatterItem> sector_images(const ScatterItem& item);
+// The writes of `items` (each sparse, element form, indices ascending) as
+// whole sectors: per item, a sector item for the changed elements in the
+// 32-byte-aligned interior of item.dst, and an element item for those in the
+// partial sectors at its ends (when any), in the items' order. Each image is
+// dst's current bytes with the values applied, so the result is exact only
+// while dst holds what it holds now: a staged patch's commit is refused when
+// the served weights changed since staging. An item with no whole sector to
+// write comes back as it is. O(changed) work and memory; two
+// synchronizations per device for all the items (the split at the whole
+// sectors' edges, the count of touched sectors; Note [Sector images in three
+// passes] in patch_scatter.cpp).
 std::vector<ScatterItem> sector_images(const std::vector<ScatterItem>& items);
 
-// At most the bytes sector_images(item) allocates (32 per touched sector
+// At most the bytes sector_images allocates for `item` (32 per touched sector
 // and its index; a sector per changed element, or every whole sector of
 // dst, whichever is fewer). 0 for an item it would not convert.
 std::size_t sector_image_bytes_bound(const ScatterItem& item);

@@ -33,6 +33,10 @@ struct RunOptions : ReloadOptions {
   bool check_adopted_content = true;    // adopted tensors hashed at stage and commit
   bool hash_served = true;              // content hashes of what is served
   bool verify_served = false;           // after a commit, the written tensors hashed again
+  // Set by a streaming reload that scanned its whole source for non-finite
+  // values before copying anything (Note [Scanning a resident source
+  // first]): the per-layer scans would read the same bytes again.
+  bool source_scanned = false;
 };
 
 RunOptions run_options(const ReloadOptions& o, const testing::EngineHooks& h);

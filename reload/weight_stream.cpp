@@ -164,15 +164,15 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
                                           PwalGuard& guard, std::vector<LayerRun>& runs, ReloadReport& rep,
                                           bool& any_committed) {
   // Note [Scanning a resident source first]: scanned here, not per layer.
-  detail::RunOptions scanned;
+  std::optional<detail::RunOptions> scanned;
   if (options.mode == ReloadMode::streaming && !options.allow_non_finite) {
     ScopedMsTimer t(rep.times.finite_ms);
     if (refuse_non_finite_source(source, any_cuda_slot(plan))) {
       scanned = options;
-      scanned.allow_non_finite = true;
+      scanned->source_scanned = true;
     }
   }
-  const detail::RunOptions& o = scanned.allow_non_finite && !options.allow_non_finite ? scanned : options;
+  const detail::RunOptions& o = scanned ? *scanned : options;
   {
     ScopedMsTimer t(rep.times.detach_ms);
     for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], guard);
