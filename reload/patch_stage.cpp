@@ -85,6 +85,7 @@
 #include "non_finite.h"
 #include "patch_landing.h"
 #include "reload_internal.h"
+#include "sector_images.h"
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>

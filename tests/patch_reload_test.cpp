@@ -847,10 +847,13 @@ TEST_CASE("a layout derivation that computes, lies or binds wrongly is refused a
                               "gk::derived_weight.by_layout()");
 }
 
-TEST_CASE("sector writes serve what element writes serve, at every alignment, element size and density") {
-  at::set_num_threads(1);
+// Sector writes against element writes on `device`: four parts of odd
+// lengths fused into one parameter (every part but the first starts inside
+// a sector), each element size, densities from 0.1 % to 100 %, staged and
+// not; each serves the target's bits.
+static void check_sector_writes(c10::Device device) {
   // Bits of a tensor, to compare exactly (NaN payloads included).
-  auto bytes = [](const at::Tensor& t) { return t.contiguous().view(-1).view(at::kByte); };
+  auto bytes = [](const at::Tensor& t) { return t.contiguous().view(-1).view(at::kByte).cpu(); };
   std::mt19937_64 rng(23);
   for (at::ScalarType type : {at::kByte, at::kBFloat16, at::kFloat, at::kDouble}) {
     for (double density : {0.001, 0.05, 0.5, 1.0}) {
@@ -863,8 +866,8 @@ TEST_CASE("sector writes serve what element writes serve, at every alignment, el
         for (int64_t i = 0; i < n; ++i)  // every part's first and last elements, and `density` of the rest
           if (i == 0 || i == n - 1 || static_cast<double>(rng() % 1000000) / 1e6 < density)
             t[i] = (b[i].item<double>() + 1.0) * (type == at::kByte ? 1.0 : 0.5);
-        base[name] = b;
-        target[name] = t;
+        base[name] = b.to(device);
+        target[name] = t.to(device);
       }
       std::vector<gk::NamedTensor> bn, tn;
       for (const auto& [name, t] : base) bn.push_back({name, t, 0});
@@ -875,7 +878,7 @@ TEST_CASE("sector writes serve what element writes serve, at every alignment, el
         for (bool staged : {false, true}) {
           CAPTURE(gk::to_string(writes));
           CAPTURE(staged);
-          auto layer = std::make_shared<pt::OddParts>(type);
+          auto layer = std::make_shared<pt::OddParts>(type, device);
           gk::InMemorySource src(bn, "base");
           gk::ReloadEngine engine(*layer);
           engine.prepare(gk::load_weights(*layer, src));
@@ -894,6 +897,11 @@ TEST_CASE("sector writes serve what element writes serve, at every alignment, el
       }
     }
   }
+}
+
+TEST_CASE("sector writes serve what element writes serve, at every alignment, element size and density") {
+  at::set_num_threads(1);
+  check_sector_writes(c10::kCPU);
 }
 
 TEST_CASE("patches at densities 0 to 100%, dense and sparse entries, and one that changes nothing") {
@@ -1123,6 +1131,11 @@ TEST_CASE("verify_served hashes the written tensors again; a stale staged patch 
 // reference, bit for bit; and the undo after a fault at FaultPoint::scatter.
 // ---------------------------------------------------------------------------
 TEST_SUITE("gpu patch") {
+
+TEST_CASE("the device's sector images serve what element writes serve, at every alignment, element size and density") {
+  REQUIRE(gk::testing::cuda_available());
+  check_sector_writes(c10::Device(c10::kCUDA, 0));
+}
 
 TEST_CASE("the CUDA scatter writes every element size and index width exactly, across tasks and launches") {
   REQUIRE(gk::testing::cuda_available());
