@@ -8,8 +8,11 @@
 #include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/sources/safetensors_source.h>
 
+#include "changed_elements.h"
+
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -77,26 +80,59 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // at::nonzero synchronizes to learn its output's size: once per tensor,
   // 18,000 times for a MoE. Instead, one synchronization per chunk of
-  // tensors (at most kChunk elements of change masks, or one tensor): each
-  // tensor's changed elements are counted on the device, the chunk's
-  // counts copied to the host at once, and each tensor's indices taken by
-  // nonzero_static with its known count.
+  // tensors (at most kChunk elements, or one tensor) and device: on the
+  // host, each tensor's changed elements are counted with tensor
+  // operations, the chunk's counts copied at once, and each tensor's
+  // indices taken by nonzero_static with its known count; on a CUDA
+  // device, two kernels do it for the whole chunk (Note [Changed elements
+  // on the device] in delta/changed_elements.cpp).
   constexpr std::int64_t kChunk = std::int64_t{1} << 30;
   std::vector<at::Tensor> base_bytes, target_bytes;  // contiguous, for the hashes
   for (std::size_t i = 0; i < pairs.size();) {
-    std::vector<at::Tensor> masks, counts;
-    std::int64_t elements = 0;
     const std::size_t first = i;
-    for (; i < pairs.size() && (masks.empty() || elements + pairs[i].b.numel() <= kChunk); ++i) {
-      masks.push_back(at::ne(detail::flat_bits(pairs[i].b), detail::flat_bits(pairs[i].t)));
-      counts.push_back(masks.back().sum().to(at::kLong).reshape({1}));
-      elements += pairs[i].b.numel();
+    std::int64_t elements = 0;
+    for (; i < pairs.size() && (i == first || elements + pairs[i].b.numel() <= kChunk); ++i) elements += pairs[i].b.numel();
+    std::vector<std::int64_t> counts(i - first, 0);
+    // On the host (and any device without a kernel): change masks, counted.
+    std::vector<at::Tensor> masks(i - first), host_counts;
+    std::vector<std::size_t> on_host;
+#if defined(GRAPHKEEP_WITH_CUDA)
+    std::vector<detail::ChangedElements> on_devices;
+    std::vector<std::pair<int, std::size_t>> device_of(i - first, {-1, 0});  // (which diff, its pair number)
+    {
+      std::vector<c10::Device> devices;
+      std::vector<std::vector<std::pair<at::Tensor, at::Tensor>>> groups;
+      std::vector<std::vector<std::size_t>> members;
+      for (std::size_t k = first; k < i; ++k) {
+        if (!pairs[k].b.is_cuda()) continue;
+        auto d = std::find(devices.begin(), devices.end(), pairs[k].b.device());
+        if (d == devices.end()) devices.push_back(pairs[k].b.device()), groups.emplace_back(), members.emplace_back(), d = devices.end() - 1;
+        const auto g = static_cast<std::size_t>(d - devices.begin());
+        device_of[k - first] = {static_cast<int>(g), groups[g].size()};
+        groups[g].emplace_back(pairs[k].b, pairs[k].t);
+        members[g].push_back(k);
+      }
+      for (std::size_t g = 0; g < devices.size(); ++g) {
+        on_devices.emplace_back(devices[g], groups[g]);  // one synchronization per device
+        for (std::size_t m = 0; m < members[g].size(); ++m) counts[members[g][m] - first] = on_devices[g].count(m);
+      }
     }
-    const at::Tensor host_counts = at::cat(counts).cpu();  // the chunk's one synchronization
+#endif
+    for (std::size_t k = first; k < i; ++k) {
+#if defined(GRAPHKEEP_WITH_CUDA)
+      if (device_of[k - first].first >= 0) continue;
+#endif
+      masks[k - first] = at::ne(detail::flat_bits(pairs[k].b), detail::flat_bits(pairs[k].t));
+      host_counts.push_back(masks[k - first].sum().to(at::kLong).reshape({1}));
+      on_host.push_back(k);
+    }
+    if (!on_host.empty()) {
+      const at::Tensor c = at::cat(host_counts).cpu();  // the host tensors' one synchronization
+      for (std::size_t m = 0; m < on_host.size(); ++m) counts[on_host[m] - first] = c.const_data_ptr<std::int64_t>()[m];
+    }
     for (std::size_t k = first; k < i; ++k) {
       const Pair& pr = pairs[k];
-      const at::Tensor& mask = masks[k - first];
-      const std::int64_t count = host_counts.const_data_ptr<std::int64_t>()[k - first], numel = pr.b.numel();
+      const std::int64_t count = counts[k - first], numel = pr.b.numel();
       if (count == 0 && !options.record_unchanged) continue;
       PatchEntry e;
       e.name = *pr.name;
@@ -113,14 +149,27 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
         e.values = (options.share_dense || !pr.t.is_same(*pr.target)) ? pr.t : pr.t.clone();
       } else {
         e.encoding = PatchEncoding::sparse;
-        const at::Tensor changed = at::nonzero_static(mask, count).view(-1);  // int64, no synchronization
-        e.indices = changed.to(index_dtype);
-        e.values = detail::flat_bits(pr.t).index_select(0, changed).view(e.dtype);
+        const at::Tensor& mask = masks[k - first];
+        if (mask.defined()) {
+          const at::Tensor changed = at::nonzero_static(mask, count).view(-1);  // int64, no synchronization
+          e.indices = changed.to(index_dtype);
+          e.values = detail::flat_bits(pr.t).index_select(0, changed).view(e.dtype);
+        } else {
+#if defined(GRAPHKEEP_WITH_CUDA)
+          e.indices = at::empty({count}, pr.b.options().dtype(index_dtype));
+          e.values = at::empty({count}, pr.b.options());
+          on_devices[static_cast<std::size_t>(device_of[k - first].first)].collect(device_of[k - first].second,
+                                                                                   e.indices, e.values);
+#endif
+        }
       }
       patch.entries.push_back(std::move(e));
       base_bytes.push_back(pr.b);
       target_bytes.push_back(pr.t);
     }
+#if defined(GRAPHKEEP_WITH_CUDA)
+    for (detail::ChangedElements& d : on_devices) d.run();
+#endif
   }
   const std::vector<std::uint64_t> base_hashes = content_hashes(base_bytes);
   const std::vector<std::uint64_t> target_hashes = content_hashes(target_bytes);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -645,6 +646,52 @@ TEST_CASE("make_patch on the device equals make_patch on the host; apply on the 
   TempDir dir("gk_delta_gpu");
   gk::write_patch(dir.file("p.safetensors"), dev);
   CHECK(all_bits_equal(gk::apply_patch(gk::read_patch(dir.file("p.safetensors")).to(at::kCUDA), dbase), target));
+}
+
+// Note [Changed elements on the device]: tasks of 65,536 elements, many
+// pairs per launch, every element size.
+TEST_CASE("make_patch's device kernels equal the host's on many tensors and on tensors of many tasks") {
+  REQUIRE(gk::testing::cuda_available());
+  at::Generator g = at::detail::createCPUGenerator(41);
+  std::mt19937_64 rng(41);
+  std::vector<gk::NamedTensor> base, target, dbase, dtarget;
+  const std::vector<at::ScalarType> dtypes = {at::kBFloat16, at::kFloat8_e4m3fn, at::kFloat, at::kLong, at::kHalf};
+  auto add = [&](const std::string& name, at::ScalarType type, std::int64_t n, std::int64_t count) {
+    const at::Tensor b = random_tensor(type, {n}, g);
+    const at::Tensor t = change(b, count, g).first;
+    base.push_back({name, b});
+    target.push_back({name, t});
+    dbase.push_back({name, b.cuda()});
+    dtarget.push_back({name, t.cuda()});
+  };
+  for (int k = 0; k < 300; ++k) {  // a MoE's many small experts, some unchanged
+    const auto n = static_cast<std::int64_t>(1 + rng() % 5000);
+    add("e" + std::to_string(1000 + k), dtypes[static_cast<std::size_t>(k) % dtypes.size()], n,
+        static_cast<std::int64_t>(rng() % (static_cast<std::uint64_t>(n) / 20 + 1)));
+  }
+  add("big.bf16", at::kBFloat16, 3'000'001, 30'000);  // 46 tasks, 1 %
+  add("big.fp32", at::kFloat, 200'003, 100'000);      // 4 tasks, 50 %: dense
+  add("big.u8", at::kFloat8_e4m3fn, 1 << 17, 1);      // 2 tasks, one change
+  const gk::Patch host = gk::make_patch(base, target, {.record_unchanged = true});
+  const gk::Patch dev = gk::make_patch(dbase, dtarget, {.record_unchanged = true});
+  REQUIRE(host.entries.size() == dev.entries.size());
+  int sparse = 0;
+  for (std::size_t i = 0; i < host.entries.size(); ++i) {
+    const gk::PatchEntry &h = host.entries[i], &d = dev.entries[i];
+    INFO("tensor " << h.name);
+    REQUIRE(h.name == d.name);
+    CHECK((h.encoding == d.encoding));
+    CHECK(h.target_hash == d.target_hash);
+    if (h.encoding == gk::PatchEncoding::sparse) {
+      ++sparse;
+      CHECK(d.indices.is_cuda());
+      CHECK((d.indices.scalar_type() == h.indices.scalar_type()));
+      CHECK(bits_equal(h.indices, d.indices));
+    }
+    CHECK(bits_equal(h.values, d.values));
+  }
+  CHECK(sparse > 250);
+  CHECK(all_bits_equal(gk::apply_patch(dev, dbase), target));
 }
 
 TEST_CASE("non_finite_values on the device equals non_finite_values on the host") {
