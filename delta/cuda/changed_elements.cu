@@ -2,6 +2,8 @@
 // (delta/changed_elements.cpp).
 #include "changed_elements.h"
 
+#include <graphkeep/numerics/tile_rank.h>
+
 #include <cuda_runtime.h>
 
 namespace gk::cuda {
@@ -53,22 +55,14 @@ __global__ void __launch_bounds__(kThreads)
   const DiffTask t = tasks[blockIdx.x];
   const DiffPair p = pairs[t.pair];
   if (p.indices == nullptr) return;  // uniform across the block
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t next = slot[blockIdx.x];
   for (std::uint32_t tile = 0; tile < t.count; tile += kThreads) {
     const std::uint32_t j = tile + threadIdx.x;
     const std::int64_t i = t.begin + j;
     const bool c = j < t.count && changed(p, i);
-    const unsigned bits = __ballot_sync(0xffffffffu, c);
-    if (lane == 0) warp_total[warp] = __popc(bits);
-    __syncthreads();
-    int before = 0, all = 0;
-    for (int k = 0; k < kWarps; ++k) {
-      before += k < warp ? warp_total[k] : 0;
-      all += warp_total[k];
-    }
+    int found = 0;
+    const std::int64_t at = next + numerics::tile_rank<kThreads>(c, warp_total, &found);
     if (c) {
-      const std::int64_t at = next + before + __popc(bits & ((1u << lane) - 1u));
       if (p.index_bytes == 8) static_cast<long long*>(p.indices)[at] = i;
       else static_cast<int*>(p.indices)[at] = static_cast<int>(i);
       switch (p.elem_bytes) {
@@ -78,8 +72,7 @@ __global__ void __launch_bounds__(kThreads)
         default: put<unsigned long long>(p.values, at, p.target, i); break;
       }
     }
-    next += all;
-    __syncthreads();  // warp_total is written again by the next tile
+    next += found;
   }
 }
 

@@ -1,6 +1,8 @@
 // The two kernels of Note [Sector images on the device] (sector_images.h).
 #include "sector_images.h"
 
+#include <graphkeep/numerics/tile_rank.h>
+
 #include <cuda_runtime.h>
 
 namespace gk::cuda {
@@ -94,27 +96,18 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int warp_total[kWarps];
   const SectorTask t = tasks[blockIdx.x];
   const SectorItem it = items[t.item];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t next = slot[blockIdx.x];  // the first slot of this tile
   for (std::uint32_t tile = 0; tile < t.count; tile += kThreads) {
     const std::uint32_t j = tile + threadIdx.x;
     Where w;
     if (j < t.count) w = where(it, t.begin + j);
-    const unsigned bits = __ballot_sync(0xffffffffu, w.opens);
-    if (lane == 0) warp_total[warp] = __popc(bits);
-    __syncthreads();
-    int before = 0, all = 0;
-    for (int k = 0; k < kWarps; ++k) {
-      before += k < warp ? warp_total[k] : 0;
-      all += warp_total[k];
-    }
+    int opened = 0;
+    const int rank = numerics::tile_rank<kThreads>(w.opens, warp_total, &opened);
     if (w.opens) {
-      const std::int64_t s = next + before + __popc(bits & ((1u << lane) - 1u));
-      sector_ids[s] = static_cast<std::int32_t>(w.sector);
-      make_image(it, t.begin + j, w.sector, images + 2 * s);
+      sector_ids[next + rank] = static_cast<std::int32_t>(w.sector);
+      make_image(it, t.begin + j, w.sector, images + 2 * (next + rank));
     }
-    next += all;
-    __syncthreads();  // warp_total is written again by the next tile
+    next += opened;
   }
 }
 
