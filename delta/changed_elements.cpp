@@ -125,7 +125,8 @@ void ChangedElements::run() {
   const at::Tensor d_rows = upload(rows, device_), d_tasks = upload(tasks, device_), d_slots = upload(slots, device_);
   check_launch(cuda::launch_diff_collect(reinterpret_cast<const cuda::DiffPair*>(d_rows.const_data_ptr()),
                                          reinterpret_cast<const cuda::DiffTask*>(d_tasks.const_data_ptr()),
-                                         static_cast<int>(tasks.size()), d_slots.const_data_ptr<std::int64_t>(),
+                                         static_cast<int>(tasks.size()),
+                                         reinterpret_cast<const std::int64_t*>(d_slots.const_data_ptr()),
                                          c10::cuda::getCurrentCUDAStream(device_.index()).stream()),
                "collection", device_);
 }

@@ -219,18 +219,24 @@ void device_sector_writes(const std::vector<ScatterItem>& items, const std::vect
 // synchronization (Note [Sector images on the device]).
 std::vector<ScatterItem> sector_images(const std::vector<ScatterItem>& items) {
   std::vector<SectorPlan> plans = plan_sectors(items);
-  std::vector<std::vector<std::size_t>> by_device;  // one group per device
+  // The kernels number sectors in int32: a tensor of 64 GiB or more takes
+  // the tensor operations, on any device.
+  auto by_kernel = [&](std::size_t i) {
+    return items[i].dst.is_cuda() && plans[i].whole <= std::numeric_limits<std::int32_t>::max();
+  };
+  std::vector<std::vector<std::size_t>> groups;  // per device, and how
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (!plans[i].convert) continue;
-    auto g = std::find_if(by_device.begin(), by_device.end(),
-                          [&](const auto& v) { return items[v.front()].dst.device() == items[i].dst.device(); });
-    if (g == by_device.end()) by_device.push_back({i});
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& v) {
+      return items[v.front()].dst.device() == items[i].dst.device() && by_kernel(v.front()) == by_kernel(i);
+    });
+    if (g == groups.end()) groups.push_back({i});
     else g->push_back(i);
   }
   std::vector<std::vector<ScatterItem>> writes(items.size());
-  for (const std::vector<std::size_t>& group : by_device) {
+  for (const std::vector<std::size_t>& group : groups) {
 #if defined(GRAPHKEEP_WITH_CUDA)
-    if (items[group.front()].dst.is_cuda()) {
+    if (by_kernel(group.front())) {
       device_sector_writes(items, group, plans, writes);
       continue;
     }
