@@ -17,6 +17,9 @@
 #   bash scripts/gpu.sh delta    weight patches: GPU tests, bench_delta at 8B and 30B-A3B
 #   bash scripts/gpu.sh lora     LoRA adapters: the swap stress test on CUDA graphs, gk-lora-bench at 8B
 #   bash scripts/gpu.sh scaling  streaming reloads of the same bytes in more tensors (gk-online-bench)
+#   bash scripts/gpu.sh pack     ON THE BUILD MACHINE: test and bench binaries built here,
+#                                into .gpu-bin/ (git-ignored), to carry instead of building there
+#   bash scripts/gpu.sh packed   the gpu suites of the carried .gpu-bin/test_* binaries
 #
 # The GPU machine has PyTorch 2.11 (libtorch, CUDA 13, nvcc 13, g++ 13) but
 # no package index: run `deps` here first, then every other suite there
@@ -419,6 +422,51 @@ suite_python() {
   fi
   [ "$rc" -ne 0 ] && return "$rc"
   return "$brc"
+}
+
+# On the build machine: binaries of this machine's build (GK_PACK_BUILD,
+# default build/), made for sm_90 against the same PyTorch (2.11, CUDA 13) as
+# the GPU machine's, into .gpu-bin/ with the shared library that machine lacks
+# (libxxhash) and .gpu-bin/run, which runs one of them there against that
+# machine's PyTorch: carry [".gpu-bin"] and no build is needed there (a build
+# there takes 150-200 s of device time). GK_PACK: the binaries, paths in the
+# build directory (default the patch layer's tests and bench_delta).
+#   bash scripts/gpu.sh pack                      (here)
+#   bash scripts/gpu.sh packed; .gpu-bin/run bench_delta --model llama8b   (there)
+suite_pack() {
+  local from=${GK_PACK_BUILD:-build} b archs
+  archs=$(sed -n 's/^GRAPHKEEP_CUDA_ARCHITECTURES:STRING=//p' "$from/CMakeCache.txt" 2>/dev/null)
+  [ "$archs" = 90 ] || { echo "gpu.sh pack: $from is built for CUDA architectures '$archs', not 90" >&2; return 1; }
+  rm -rf .gpu-bin && mkdir -p .gpu-bin/lib
+  for b in ${GK_PACK:-tests/test_delta tests/test_patch_reload tests/test_content_hash bench/bench_delta}; do
+    cp "$from/$b" .gpu-bin/ || return 1
+  done
+  cp -L "$(ldconfig -p | sed -n 's/.*libxxhash.so.0 .*=> //p' | head -1)" .gpu-bin/lib/ || return 1
+  cat > .gpu-bin/run <<'RUN'
+#!/usr/bin/env bash
+# Runs one packed binary against this machine's PyTorch (made by scripts/gpu.sh pack).
+here=$(cd "$(dirname "$0")" && pwd)
+torch_lib=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))') || exit 1
+export LD_LIBRARY_PATH="$here/lib:$torch_lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+exec "$here/$1" "${@:2}"
+RUN
+  chmod +x .gpu-bin/run
+  du -sh .gpu-bin
+}
+
+# On the GPU machine, with .gpu-bin carried: each packed test binary's gpu
+# suites; returns the first failure's status.
+suite_packed() {
+  local t rc=0 r
+  [ -x .gpu-bin/run ] || { echo "gpu.sh: no .gpu-bin/run: run 'bash scripts/gpu.sh pack' on the build machine and carry .gpu-bin" >&2; return 1; }
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  for t in .gpu-bin/test_*; do
+    echo "== $(basename "$t") -ts='gpu*'"
+    .gpu-bin/run "$(basename "$t")" -ts='gpu*'
+    r=$?
+    [ "$rc" -eq 0 ] && rc=$r
+  done
+  return "$rc"
 }
 
 # --- dispatch ------------------------------------------------------------------
