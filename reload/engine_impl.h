@@ -194,6 +194,16 @@ struct ReloadEngine::Impl {
   // st.bytes counts what the staged tensors hold.
   void settle_staged(std::vector<LayerRun>& runs, StagingCopies& copies, detail::StagedState& st,
                      const std::vector<char>& mask);
+  // Why `st` can no longer be committed, one reason each (none: it can):
+  // dropped, the weights, the plan or the tracked graphs changed since
+  // staging, an adopted tensor written since (version counter or content
+  // hash), the engine not ready. Writes nothing.
+  std::vector<std::string> why_stale(detail::StagedState& st);
+  // The staged writes, in the pause: the patch's scatter (if any), then the
+  // staged tensors and configuration values of every layer whose PWAL ran.
+  // `copied` turns true before the first layer is copied (until then a
+  // failed patch has been written back).
+  void write_staged(detail::StagedState& st, ReloadReport& rep, const PwalGuard& committing, bool& copied);
 
   // --- served_state.cpp -------------------------------------------------------
   // The served weights for `st` (null: unknown), its label recalled from

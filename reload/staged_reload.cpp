@@ -209,27 +209,15 @@ StagedReload ReloadEngine::stage(WeightSource& source, const StageOptions& optio
   return StagedReload(std::move(st));
 }
 
-ReloadReport ReloadEngine::commit(StagedReload&& staged) {
-  Impl& I = *impl_;
-  GK_CHECK(StateError, staged.state_ != nullptr && !staged.state_->done,
-           "commit() of an empty StagedReload (already committed, aborted, or moved from): nothing to commit; "
-           "stage() again");
-  detail::StagedState& st = *staged.state_;
-  GK_CHECK(StateError, st.engine == this, "commit refused, nothing was changed: the StagedReload ",
-           st.engine == nullptr ? concat("was dropped: ", st.dropped)
-                                : std::string("belongs to another ReloadEngine (it was staged against that "
-                                              "engine's slot plan and captured storage)"),
-           "; commit it through the engine whose stage() made it, or stage() again on this one");
-  Impl::Busy busy(I, "commit()");
-  const Stopwatch total;  // the pause: from here to the return
+std::vector<std::string> ReloadEngine::Impl::why_stale(detail::StagedState& st) {
   std::vector<std::string> stale;
   if (!st.dropped.empty()) stale.push_back(st.dropped);
-  if (const std::uint64_t now = I.version.load(std::memory_order_acquire); now != st.base_version)
+  if (const std::uint64_t now = version.load(std::memory_order_acquire); now != st.base_version)
     stale.push_back(concat("the weights changed since staging (weight version ", st.base_version, " when staged, ",
                            now, " now: a reload() or another commit ran in between)"));
-  if (I.plan_generation != st.plan_generation && st.dropped.empty())
+  if (plan_generation != st.plan_generation && st.dropped.empty())
     stale.push_back("prepare() ran again since staging (the slot plan it was checked against is gone)");
-  if (I.graphs_generation != st.graphs_generation)
+  if (graphs_generation != st.graphs_generation)
     stale.push_back("the tracked graphs changed since staging (track() or untrack() ran)");
   for (const LayerRun& run : st.runs)
     for (const LayerRun::Adopted& a : run.adopted)
@@ -256,44 +244,61 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
                                "; a write through .data, a raw pointer or a kernel moves no version counter): what "
                                "PWAL derived at staging no longer matches it"));
   }
-  if (I.state != EngineState::ready)
-    stale.push_back(concat("the engine is not ready (", to_string(I.state.load()),
-                           I.reason.empty() ? std::string() : concat(": ", I.reason), ")"));
-  if (!stale.empty()) {
+  if (state != EngineState::ready)
+    stale.push_back(concat("the engine is not ready (", to_string(state.load()),
+                           reason.empty() ? std::string() : concat(": ", reason), ")"));
+  return stale;
+}
+
+void ReloadEngine::Impl::write_staged(detail::StagedState& st, ReloadReport& rep, const PwalGuard& committing,
+                                      bool& copied) {
+  StagedPatch* patch = st.patch.get();
+  if (patch != nullptr) commit_patch(st, rep);
+  for (std::size_t li = 0; li < st.runs.size(); ++li) {
+    if (patch != nullptr && !patch->rerun[li]) continue;  // a patch copies only the layers whose PWAL ran again
+    LayerPlan& lp = plan.layers()[li];
+    LayerRun& run = st.runs[li];
+    copied = true;
+    copy_back(lp, run, st.options, rep, committing, /*staged=*/true);
+    for (std::size_t c = 0; c < lp.configs.size() && c < run.configs_after.size(); ++c) {
+      void* p = lp.configs[c].path.resolve(lp.root.ptr);
+      if (p != nullptr && run.configs_after[c] != nullptr && !lp.configs[c].ops->equal(p, run.configs_after[c].get()))
+        lp.configs[c].ops->assign(p, run.configs_after[c].get());
+    }
+  }
+}
+
+ReloadReport ReloadEngine::commit(StagedReload&& staged) {
+  Impl& I = *impl_;
+  GK_CHECK(StateError, staged.state_ != nullptr && !staged.state_->done,
+           "commit() of an empty StagedReload (already committed, aborted, or moved from): nothing to commit; "
+           "stage() again");
+  detail::StagedState& st = *staged.state_;
+  GK_CHECK(StateError, st.engine == this, "commit refused, nothing was changed: the StagedReload ",
+           st.engine == nullptr ? concat("was dropped: ", st.dropped)
+                                : std::string("belongs to another ReloadEngine (it was staged against that "
+                                              "engine's slot plan and captured storage)"),
+           "; commit it through the engine whose stage() made it, or stage() again on this one");
+  Impl::Busy busy(I, "commit()");
+  const Stopwatch total;  // the pause: from here to the return
+  if (const std::vector<std::string> stale = I.why_stale(st); !stale.empty()) {
     std::string why;
     for (const std::string& s : stale) why += (why.empty() ? "" : "; ") + s;
     GK_THROW(StateError, "commit refused, nothing was changed: the staged reload is stale: ", why,
              ". abort() it and stage() again from the current weights");
   }
   at::NoGradGuard no_grad;
-  const detail::RunOptions& o = st.options;
-  // A patch writes the layers it touched: by its scatter, and by copying
-  // the staged tensors of those whose PWAL ran again.
   StagedPatch* patch = st.patch.get();
-  auto writes = [&](std::size_t li) { return patch == nullptr || patch->touched[li]; };
-  auto copies = [&](std::size_t li) { return patch == nullptr || patch->rerun[li]; };
-  // Fail closed before anything is written.
+  // Fail closed before anything is written: a patch writes only the layers it touched.
   for (std::size_t li = 0; li < st.runs.size(); ++li) check_fields_captured(I.plan.layers()[li]);
   for (std::size_t li = 0; li < st.runs.size(); ++li)
-    if (writes(li)) I.fault(testing::FaultPoint::copy, I.plan.layers()[li].prefix);
+    if (patch == nullptr || patch->touched[li]) I.fault(testing::FaultPoint::copy, I.plan.layers()[li].prefix);
   ReloadReport rep = std::move(st.rep);
   const ReloadGuard committing;  // a commit writes captured storage, as a reload does
   const double stage_total = rep.times.total_ms;
   bool copied = false;  // a layer's staged tensors were copied (a patch's scatter alone can be undone)
   try {
-    if (patch != nullptr) I.commit_patch(st, rep);
-    for (std::size_t li = 0; li < st.runs.size(); ++li) {
-      if (!copies(li)) continue;
-      LayerPlan& lp = I.plan.layers()[li];
-      LayerRun& run = st.runs[li];
-      copied = true;
-      I.copy_back(lp, run, o, rep, committing, /*staged=*/true);
-      for (std::size_t c = 0; c < lp.configs.size() && c < run.configs_after.size(); ++c) {
-        void* p = lp.configs[c].path.resolve(lp.root.ptr);
-        if (p != nullptr && run.configs_after[c] != nullptr && !lp.configs[c].ops->equal(p, run.configs_after[c].get()))
-          lp.configs[c].ops->assign(p, run.configs_after[c].get());
-      }
-    }
+    I.write_staged(st, rep, committing, copied);
   } catch (...) {
     const bool unchanged = patch != nullptr && patch->undone && !copied;  // the scatter was written back
     if (!unchanged) {
@@ -313,7 +318,7 @@ ReloadReport ReloadEngine::commit(StagedReload&& staged) {
   rep.served = st.served_after;
   // A patch that ran no PWAL re-pointed nothing: no captured address can
   // have moved, so the manifests need no verification inside the pause.
-  detail::RunOptions fo = o;
+  detail::RunOptions fo = st.options;
   if (patch != nullptr && !patch->any_rerun()) fo.verify = false;
   staged.abort();  // done: releases the staged tensors and the engine's record of them
   try {
