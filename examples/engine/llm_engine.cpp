@@ -1,8 +1,9 @@
 #include "llm_engine.h"
 
+#include "checkpoint_dir.h"
+
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
-#include <graphkeep/delta/make_patch.h>
 #include <graphkeep/reload/served_weights.h>
 #include <graphkeep/runtime/device.h>
 #include <graphkeep/sources/hf_checkpoint.h>
@@ -17,66 +18,9 @@
 #endif
 
 #include <algorithm>
-#include <map>
 #include <cstdio>
-#include <thread>
-#include <chrono>
-#include <functional>
 
 namespace demo {
-namespace {
-
-// The checkpoint of `dir`, checked against the model's expectations before
-// any tensor is read. Names are Hugging Face's (module paths mirror them);
-// rotary tables some checkpoints carry are recomputed here, so skipped.
-std::unique_ptr<gk::HfCheckpointSource> open_checkpoint(const std::string& dir, torch::nn::Module& model) {
-  auto src = std::make_unique<gk::HfCheckpointSource>(dir, [](std::string_view hf) -> std::string {
-    if (hf.ends_with(".rotary_emb.inv_freq")) return "";
-    return std::string(hf);
-  });
-  std::vector<gk::ExpectedTensor> expected;
-  for (gk::CheckpointTensor& t : expected_checkpoint(model))
-    if (!is_lora_tensor(t.name)) expected.push_back({std::move(t.name), std::move(t.shape), t.dtype});  // (the adapter's come apart)
-  src->check(expected);
-  return src;
-}
-
-// A reload must bring the same architecture: compares what shapes the model,
-// and what the captured graphs hold derived from the config (the rotary
-// tables, positions up to max_len - 1).
-void check_same_architecture(const HfConfig& have, const HfConfig& next, const std::string& dir,
-                             std::int64_t max_len) {
-  auto same = [&](const char* field, auto a, auto b) {
-    GK_CHECK(gk::WeightError, a == b, dir, "/config.json: ", field, " is ", b, " but the served model has ", a,
-             " (a reload keeps the architecture; start a new engine for another model)");
-  };
-  same("model_type", have.model_type, next.model_type);
-  same("vocab_size", have.vocab_size, next.vocab_size);
-  same("hidden_size", have.hidden_size, next.hidden_size);
-  same("intermediate_size", have.intermediate_size, next.intermediate_size);
-  same("num_hidden_layers", have.num_hidden_layers, next.num_hidden_layers);
-  same("num_attention_heads", have.num_attention_heads, next.num_attention_heads);
-  same("num_key_value_heads", have.num_key_value_heads, next.num_key_value_heads);
-  same("head_dim", have.head_dim, next.head_dim);
-  same("rms_norm_eps", have.rms_norm_eps, next.rms_norm_eps);
-  same("rope_theta", have.rope_theta, next.rope_theta);
-  same("tie_word_embeddings", have.tie_word_embeddings, next.tie_word_embeddings);
-  same("torch_dtype", std::string(c10::toString(have.dtype)), std::string(c10::toString(next.dtype)));
-  same("num_experts", have.num_experts, next.num_experts);
-  same("num_experts_per_tok", have.num_experts_per_tok, next.num_experts_per_tok);
-  same("moe_intermediate_size", have.moe_intermediate_size, next.moe_intermediate_size);
-  same("norm_topk_prob", have.norm_topk_prob, next.norm_topk_prob);
-  same("rope_scaling", have.rope_scaling.to_json(), next.rope_scaling.to_json());
-  if (have.rope_scaling.type == "dynamic")  // its frequencies derive from it
-    same("max_position_embeddings", have.max_position_embeddings, next.max_position_embeddings);
-  // The start-up check (LlmEngine::start), for the new config.
-  GK_CHECK(gk::WeightError, max_len <= next.max_position_embeddings, dir, "/config.json: max_position_embeddings is ",
-           next.max_position_embeddings, ", below the engine's max_len ", max_len,
-           " (the KV cache and the rotary tables the graphs captured reach position ", max_len - 1,
-           "; start a new engine with a smaller max_len for this model)");
-}
-
-}  // namespace
 
 std::vector<std::int64_t> LlmEngineOptions::default_batch_sizes() {
   std::vector<std::int64_t> s{1, 2, 4};
@@ -353,130 +297,5 @@ std::vector<const gk::ReplayBackend*> LlmEngine::decode_graphs() const {
   for (const Graph& g : graphs_) out.push_back(g.graph.get());
   return out;
 }
-
-gk::ReloadReport LlmEngine::reload(const std::string& dir) { return reload(dir, engine_->options().defaults); }
-
-gk::ReloadReport LlmEngine::reload(const std::string& dir, const gk::ReloadOptions& options) {
-  check_same_architecture(model_->config(), read_hf_config(dir), dir, options_.max_len);
-  auto src = open_checkpoint(dir, *model_);
-  return reload(*with_served_adapter(*src), options);
-}
-
-gk::ReloadReport LlmEngine::reload(gk::WeightSource& weights, const gk::ReloadOptions& options) {
-  const auto guard = serving();
-  gk::ReloadReport r = engine_->reload(weights, options);
-  wait_serving();
-  return r;
-}
-
-gk::ReloadReport LlmEngine::reload(const gk::Patch& patch) {
-  const auto guard = serving();
-  gk::ReloadReport r = engine_->reload(patch);
-  wait_serving();
-  return r;
-}
-
-gk::StagedReload LlmEngine::stage(const gk::Patch& patch) {
-  const c10::Device device = model_->device();
-#ifdef GRAPHKEEP_WITH_CUDA
-  if (device.is_cuda()) {
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-    c10::cuda::CUDAStreamGuard guard(side);
-    gk::StagedReload staged = engine_->stage(patch, paced_patch_options());
-    side.synchronize();
-    return staged;
-  }
-#endif
-  return engine_->stage(patch, paced_patch_options());
-}
-
-gk::StagedReload LlmEngine::stage(const std::string& dir) {
-  check_same_architecture(model_->config(), read_hf_config(dir), dir, options_.max_len);
-  auto src = open_checkpoint(dir, *model_);
-  return stage(*with_served_adapter(*src));
-}
-
-gk::StagedReload LlmEngine::stage(gk::WeightSource& src) {
-  const c10::Device device = model_->device();
-#ifdef GRAPHKEEP_WITH_CUDA
-  if (device.is_cuda()) {
-    // Its own stream: the decode graphs keep running on theirs meanwhile.
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-    c10::cuda::CUDAStreamGuard guard(side);
-    gk::StagedReload staged = engine_->stage(src, paced_stage_options());
-    side.synchronize();  // commit() reads the staged tensors from another stream
-    return staged;
-  }
-#endif
-  return engine_->stage(src, paced_stage_options());
-}
-
-std::function<void(const std::string&)> LlmEngine::stage_pacer() const {
-  const double share = options_.stage_device_share;
-  GK_CHECK(gk::StateError, share > 0 && share <= 1, "LlmEngineOptions::stage_device_share is ", share,
-           "; it must be in (0, 1]");
-  if (share >= 1) return {};
-  const c10::Device device = model_->device();
-  auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
-  return [device, share, last](const std::string&) {
-    // The calling thread's current stream is the stage's (stage() sets it).
-    c10::impl::VirtualGuardImpl(device.type()).getStream(device).synchronize();
-    const auto busy = std::chrono::steady_clock::now() - *last;
-    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::nanoseconds>(busy * (1.0 / share - 1.0)));
-    *last = std::chrono::steady_clock::now();
-  };
-}
-
-gk::StageOptions LlmEngine::paced_stage_options() const {
-  gk::StageOptions o = engine_->options().defaults.stage();
-  if (auto pace = stage_pacer()) o.after_layer = std::move(pace);
-  return o;
-}
-
-gk::PatchOptions LlmEngine::paced_patch_options() const {
-  gk::PatchOptions o = engine_->options().patch;
-  if (auto pace = stage_pacer()) o.after_layer = std::move(pace);
-  return o;
-}
-
-gk::ReloadReport LlmEngine::commit(gk::StagedReload&& staged) {
-  const auto guard = serving();
-  gk::ReloadReport r = engine_->commit(std::move(staged));
-  wait_serving();
-  return r;
-}
-
-gk::StagedReload LlmEngine::stage_adapter(const std::string& dir) {
-  GK_CHECK(gk::WeightError, config().adapter.has_value(), dir, ": the engine serves no adapter (its graphs were "
-           "captured without LoRA parameters); start it with LlmEngineOptions::adapter");
-  LoraAdapter next = read_lora_adapter(dir);
-  if (const std::string why = lora_mismatch(*config().adapter, next.config, dir); !why.empty())
-    GK_THROW(gk::WeightError, why);
-  const c10::Device device = model_->device();
-  const std::vector<gk::NamedTensor> base = model_->adapter_tensors();  // what the graphs read now
-  std::map<std::string, const gk::NamedTensor*> served;
-  for (const gk::NamedTensor& t : base) served.emplace(t.name, &t);
-  for (gk::NamedTensor& t : next.tensors) {
-    const auto it = served.find(t.name);
-    GK_CHECK(gk::WeightError, it != served.end(), dir, "/adapter_model.safetensors: tensor '", t.name,
-             "' adapts a module the served adapter does not (", served.size(), " tensors served)");
-    GK_CHECK(gk::WeightError, t.value.sizes().equals(it->second->value.sizes()) &&
-             t.value.scalar_type() == it->second->value.scalar_type(), dir, "/adapter_model.safetensors: tensor '",
-             t.name, "' is ", t.value.scalar_type(), " ", t.value.sizes(), " but the served one is ",
-             it->second->value.scalar_type(), " ", it->second->value.sizes());
-    t.value = t.value.to(device);
-    served.erase(it);
-  }
-  GK_CHECK(gk::WeightError, served.empty(), dir, "/adapter_model.safetensors: tensor '",
-           served.empty() ? std::string() : served.begin()->first, "' is missing (", served.size(),
-           " of the served adapter's tensors are)");
-  gk::MakePatchOptions o;
-  o.base_version = engine_->served() != nullptr ? engine_->served()->label() : std::string();
-  o.target_version = "adapter '" + dir + "'";
-  o.record_unchanged = true;  // every base hash checked against what is served
-  return stage(gk::make_patch(base, next.tensors, o));
-}
-
-gk::ReloadReport LlmEngine::reload_adapter(const std::string& dir) { return commit(stage_adapter(dir)); }
 
 }  // namespace demo
