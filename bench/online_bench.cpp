@@ -43,6 +43,8 @@
 //
 //   gk-online-bench --model llama8b --format dense --json out.json
 //   gk-online-bench --model tiny --device cpu        (a smoke run anywhere)
+//   gk-online-bench ... --trace t.json   (a Kineto trace of one more streaming reload, trainer's
+//                                         tensors adopted; bench/trace_summary.py)
 //
 // Models: bench/bench_models.h (llama8b, qwen3moe30b, tiny; llama8b-e32
 // and dsv3-count: the same bytes, or DeepSeek-V3's tensor count, in many
@@ -50,6 +52,7 @@
 // line to --json.
 #include "bench_args.h"
 #include "bench_models.h"
+#include "bench_trace.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/llm_engine.h"
 
@@ -224,6 +227,7 @@ int main(int argc, char** argv) {
   std::int64_t max_len = 64;           // the KV cache length; decode runs at position max_len - 1
   int reps = 3;                   // streaming reloads measured (median)
   std::int64_t layers = 0;        // > 0: the model's layer count (the slot count of a big model, small tensors)
+  std::string trace;              // a Kineto trace of one more streaming reload (adopted)
   for (gkbench::ArgWalker a(argc, argv); a.next();) {
     if (a.common(common)) continue;
     const std::string k = a.flag();
@@ -239,9 +243,10 @@ int main(int argc, char** argv) {
     else if (k == "--kv-len") max_len = std::stoll(val());
     else if (k == "--reps") reps = std::max(1, std::stoi(val()));
     else if (k == "--layers") layers = std::stoll(val());
+    else if (k == "--trace") trace = val();
     else {
       std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|llama8b-e32|dsv3-count|tiny] [--format dense|fp8|w4a16] "
-                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--min-stage-steps N] [--kv-len L] [--reps N] [--layers N] [--json FILE]\n");
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--min-stage-steps N] [--kv-len L] [--reps N] [--layers N] [--json FILE] [--trace FILE]\n");
       return 2;
     }
   }
@@ -372,6 +377,12 @@ int main(int argc, char** argv) {
         gk::InMemorySource src(w);
         return eng.reload(src, o);
       });
+    }
+    if (!trace.empty()) {  // after the measured ones: kernels loaded, caches warm
+      const std::vector<gk::NamedTensor> w = trainer_params(plan, device);
+      gk::InMemorySource src(w);
+      const gkbench::KinetoTrace tracing(trace);
+      eng.reload(src, adopt);
     }
     release_cache(device);
     const double reload_ms = gpu.ms, host_us = gpu.host_us, peak_above = gpu.peak_above;
