@@ -21,6 +21,27 @@
 #include <thread>
 
 namespace demo {
+namespace {
+
+// `stage()` on a stream of its own on a CUDA device (the decode graphs keep
+// running on theirs meanwhile), waited for: commit() reads the staged
+// tensors from another stream.
+template <class Stage>
+gk::StagedReload on_side_stream(c10::Device device, Stage&& stage) {
+#ifdef GRAPHKEEP_WITH_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    c10::cuda::CUDAStreamGuard guard(side);
+    gk::StagedReload staged = stage();
+    side.synchronize();
+    return staged;
+  }
+#endif
+  (void)device;
+  return stage();
+}
+
+}  // namespace
 
 gk::ReloadReport LlmEngine::reload(const std::string& dir) { return reload(dir, engine_->options().defaults); }
 
@@ -45,17 +66,7 @@ gk::ReloadReport LlmEngine::reload(const gk::Patch& patch) {
 }
 
 gk::StagedReload LlmEngine::stage(const gk::Patch& patch) {
-  const c10::Device device = model_->device();
-#ifdef GRAPHKEEP_WITH_CUDA
-  if (device.is_cuda()) {
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-    c10::cuda::CUDAStreamGuard guard(side);
-    gk::StagedReload staged = engine_->stage(patch, paced_patch_options());
-    side.synchronize();
-    return staged;
-  }
-#endif
-  return engine_->stage(patch, paced_patch_options());
+  return on_side_stream(model_->device(), [&] { return engine_->stage(patch, paced_patch_options()); });
 }
 
 gk::StagedReload LlmEngine::stage(const std::string& dir) {
@@ -65,18 +76,7 @@ gk::StagedReload LlmEngine::stage(const std::string& dir) {
 }
 
 gk::StagedReload LlmEngine::stage(gk::WeightSource& src) {
-  const c10::Device device = model_->device();
-#ifdef GRAPHKEEP_WITH_CUDA
-  if (device.is_cuda()) {
-    // Its own stream: the decode graphs keep running on theirs meanwhile.
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-    c10::cuda::CUDAStreamGuard guard(side);
-    gk::StagedReload staged = engine_->stage(src, paced_stage_options());
-    side.synchronize();  // commit() reads the staged tensors from another stream
-    return staged;
-  }
-#endif
-  return engine_->stage(src, paced_stage_options());
+  return on_side_stream(model_->device(), [&] { return engine_->stage(src, paced_stage_options()); });
 }
 
 std::function<void(const std::string&)> LlmEngine::stage_pacer() const {
