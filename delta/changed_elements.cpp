@@ -3,15 +3,16 @@
 // make_patch with tensor operations costs about eight launches per tensor
 // (compare, count, the count's conversion, nonzero_static's scan and
 // compaction, the index conversion, the gather) and a byte of mask per
-// element: 18,000 expert tensors took a 30B-A3B MoE's patch 1.6-2.6 s on
-// an H200 for 28.7 ms worth of bytes. On a CUDA device the pairs of a chunk
-// are rows of a table instead, cut into tasks of at most kDiffTaskElements
-// elements (cuda/changed_elements.h), and the chunk takes two launches:
-// one counts each task's differing elements; the counts come back in one
-// copy (the synchronization make_patch needs anyway, to size its
-// entries); the other writes each change's position and target value at
-// its rank (a block-wide ballot scan), for the pairs make_patch keeps
-// sparse. No mask is stored, and each pair's bytes are read twice.
+// element: with a MoE's 18,000 expert tensors, seconds where its bytes take
+// milliseconds to read (docs/performance.md, "Figures behind the code"). On
+// a CUDA device the pairs of a chunk are rows of a table instead, cut into
+// tasks of at most kDiffTaskElements elements (cuda/changed_elements.h),
+// and the chunk takes two launches: one counts each task's differing
+// elements; the counts come back in one copy (the synchronization
+// make_patch needs anyway, to size its entries); the other writes each
+// change's position and target value at its rank (a block-wide ballot
+// scan), for the pairs make_patch keeps sparse. No mask is stored, and each
+// pair's bytes are read twice.
 #include "changed_elements.h"
 
 #if defined(GRAPHKEEP_WITH_CUDA)

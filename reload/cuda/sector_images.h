@@ -6,11 +6,10 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A sector image (Note [Sector images] in patch_scatter.h) is the served
 // 32 bytes of a touched sector with the patch's new elements written over
-// them. Made with tensor operations, item by item, each image cost about
-// twenty launches per patched tensor, a caching-allocator round trip per
-// temporary and a gather that ran at a tenth of the memory's speed: at
-// 8B, 1 % dense, 3,900 launches and 45 ms of device time in a 190 ms
-// stage; at the MoE's 18,000 expert tensors it was the stage.
+// them. Made with tensor operations, the images cost about twenty launches
+// per patched tensor, a caching-allocator round trip per temporary and a
+// gather far below the memory's speed: most of a patch's stage (the traced
+// figures are in docs/performance.md, "Figures behind the code").
 //
 // Here every item of a device is one row of a table, cut into tasks of at
 // most kSectorTaskEntries entries (one block each), and the whole patch
