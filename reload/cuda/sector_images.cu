@@ -17,9 +17,9 @@ __device__ __forceinline__ std::int64_t index_at(const SectorItem& it, std::int6
                              : static_cast<const int*>(it.indices)[i];
 }
 
-// Where entry i lies: below the whole sectors, inside them (its sector in
-// *s) or above them; and whether it opens its sector (the first changed
-// entry of that sector: the indices ascend).
+// Where entry i lies: below the whole sectors, inside them (then `sector`
+// is its sector's number from `whole`) or above them; and whether it opens
+// its sector (the sector's first changed entry: the indices ascend).
 struct Where {
   bool below = false, inside = false, opens = false;
   std::int64_t sector = 0;
