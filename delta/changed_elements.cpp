@@ -18,29 +18,19 @@
 #if defined(GRAPHKEEP_WITH_CUDA)
 
 #include <graphkeep/core/check.h>
+#include <graphkeep/delta/detail/device_upload.h>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "cuda/changed_elements.h"
 
 namespace gk::detail {
 namespace {
-
-// `rows` (trivially copyable) on the device, through pinned memory: the
-// caching host allocator keeps the block until the copy has run.
-template <class Row>
-at::Tensor upload(const std::vector<Row>& rows, c10::Device device) {
-  const auto bytes = static_cast<std::int64_t>(rows.size() * sizeof(Row));
-  at::Tensor host = at::empty({bytes}, at::TensorOptions(at::kByte).pinned_memory(true));
-  std::memcpy(host.data_ptr(), rows.data(), static_cast<std::size_t>(bytes));
-  return host.to(device, /*non_blocking=*/true);
-}
 
 void check_launch(int err, const char* what, c10::Device device) {
   GK_CHECK(StateError, err == 0, "gk::make_patch: the ", what, " kernel failed to launch on ", device, " (cudaError ",
@@ -77,7 +67,7 @@ ChangedElements::ChangedElements(c10::Device device, const std::vector<std::pair
   GK_CHECK(StateError, tasks.size() < static_cast<std::size_t>(std::numeric_limits<int>::max()),
            "gk::make_patch: ", tasks.size(), " comparison tasks in one chunk on ", device_);
   if (tasks.empty()) return;
-  const at::Tensor d_rows = upload(rows, device_), d_tasks = upload(tasks, device_);
+  const at::Tensor d_rows = upload_rows(rows, device_), d_tasks = upload_rows(tasks, device_);
   at::Tensor counts = at::empty({static_cast<std::int64_t>(tasks.size())}, at::TensorOptions(at::kInt).device(device_));
   check_launch(cuda::launch_diff_count(reinterpret_cast<const cuda::DiffPair*>(d_rows.const_data_ptr()),
                                        reinterpret_cast<const cuda::DiffTask*>(d_tasks.const_data_ptr()),
@@ -123,7 +113,7 @@ void ChangedElements::run() {
     }
   }
   if (tasks.empty()) return;
-  const at::Tensor d_rows = upload(rows, device_), d_tasks = upload(tasks, device_), d_slots = upload(slots, device_);
+  const at::Tensor d_rows = upload_rows(rows, device_), d_tasks = upload_rows(tasks, device_), d_slots = upload_rows(slots, device_);
   check_launch(cuda::launch_diff_collect(reinterpret_cast<const cuda::DiffPair*>(d_rows.const_data_ptr()),
                                          reinterpret_cast<const cuda::DiffTask*>(d_tasks.const_data_ptr()),
                                          static_cast<int>(tasks.size()),

@@ -23,6 +23,7 @@
 #include "patch_landing.h"
 
 #include <graphkeep/core/check.h>
+#include <graphkeep/delta/detail/device_upload.h>
 #include <graphkeep/delta/detail/element_bits.h>
 
 #include <ATen/ATen.h>
@@ -34,21 +35,10 @@
 namespace gk {
 namespace {
 
-
 // The whole storage of `t` as a flat tensor of t's dtype.
 at::Tensor whole_storage(const at::Tensor& t) {
   const std::int64_t n = static_cast<std::int64_t>(t.storage().nbytes() / t.element_size());
   return at::empty({0}, t.options()).set_(t.storage(), 0, {n}, {1});
-}
-
-// Host numbers on `device` without waiting for it: a copy from pageable
-// memory synchronizes the stream (everything queued before it), one from
-// pinned memory does not (the pinned allocator keeps the block until the
-// copy is done).
-at::Tensor to_device(const std::vector<std::int64_t>& v, c10::Device device) {
-  const at::Tensor host = at::tensor(v, at::TensorOptions().dtype(at::kLong));
-  if (device.is_cpu()) return host;
-  return host.pin_memory().to(device, /*non_blocking=*/true);
 }
 
 }  // namespace
@@ -106,7 +96,8 @@ std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, 
       counts.push_back(ls[i].indices.numel());
       total += counts.back();
     }
-    const at::Tensor off = to_device(offsets, span.device()), cnt = to_device(counts, span.device());
+    const at::Tensor off = detail::upload_rows(offsets, span.device()).view(at::kLong),
+                     cnt = detail::upload_rows(counts, span.device()).view(at::kLong);
     at::Tensor merged = at::cat(idx).to(at::kLong) + at::repeat_interleave(off, cnt, 0, total);
     if (span.numel() <= std::numeric_limits<std::int32_t>::max()) merged = merged.to(at::kInt);
     const at::Tensor values = at::cat(val);

@@ -5,12 +5,12 @@
 #include "sector_images.h"
 
 #include <graphkeep/core/check.h>
+#include <graphkeep/delta/detail/device_upload.h>
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 
 #if defined(GRAPHKEEP_WITH_CUDA)
@@ -106,7 +106,7 @@ void append_outside(const ScatterItem& it, std::int64_t b, std::int64_t e, std::
 }
 
 // Pass 3, every size known: the item's entries outside the whole sectors
-// as an element write (when any), and the touched sectors' images.
+// as element writes (when any), and the touched sectors' images.
 void append_sector_writes(const ScatterItem& it, const SectorPlan& p, std::vector<ScatterItem>& out) {
   append_outside(it, p.b, p.e, out);
   // Each entry's rank among the touched sectors, and the touched sectors.
@@ -150,25 +150,17 @@ void device_sector_writes(const std::vector<ScatterItem>& items, const std::vect
   const auto task_count = static_cast<std::int64_t>(tasks.size());
   GK_CHECK(StateError, task_count < std::numeric_limits<int>::max(), "a patch of ", task_count,
            " sector tasks on ", device);
-  // Both tables in one upload from pinned memory (the caching host
-  // allocator keeps the block until the copy has run).
-  const std::size_t row_bytes = rows.size() * sizeof(cuda::SectorItem), task_bytes = tasks.size() * sizeof(cuda::SectorTask);
-  at::Tensor host = at::empty({static_cast<std::int64_t>(row_bytes + task_bytes)},
-                              at::TensorOptions(at::kByte).pinned_memory(true));
-  std::memcpy(host.data_ptr(), rows.data(), row_bytes);
-  std::memcpy(static_cast<unsigned char*>(host.data_ptr()) + row_bytes, tasks.data(), task_bytes);
-  const at::Tensor table = host.to(device, /*non_blocking=*/true);
-  const auto* d_rows = reinterpret_cast<const cuda::SectorItem*>(table.const_data_ptr<std::uint8_t>());
-  const auto* d_tasks = reinterpret_cast<const cuda::SectorTask*>(table.const_data_ptr<std::uint8_t>() + row_bytes);
+  const at::Tensor d_rows = detail::upload_rows(rows, device), d_tasks = detail::upload_rows(tasks, device);
+  const auto* rp = reinterpret_cast<const cuda::SectorItem*>(d_rows.const_data_ptr());
+  const auto* tp = reinterpret_cast<const cuda::SectorTask*>(d_tasks.const_data_ptr());
   at::Tensor counts = at::empty({3 * task_count}, at::TensorOptions(at::kInt).device(device));
-  int err = cuda::launch_sector_count(d_rows, d_tasks, static_cast<int>(task_count), counts.mutable_data_ptr<std::int32_t>(), stream);
+  int err = cuda::launch_sector_count(rp, tp, static_cast<int>(task_count), counts.mutable_data_ptr<std::int32_t>(), stream);
   GK_CHECK(StateError, err == 0, "the sector count failed to launch on ", device, " (cudaError ", err, ")");
 
   // The one synchronization: each task's first slot, each item's split.
   const at::Tensor c = counts.cpu();
   const auto* cp = c.const_data_ptr<std::int32_t>();
-  at::Tensor slots = at::empty({task_count}, at::TensorOptions(at::kLong).pinned_memory(true));
-  auto* sp = slots.mutable_data_ptr<std::int64_t>();
+  std::vector<std::int64_t> slots(tasks.size());  // each task's first image
   struct Split {
     std::int64_t below = 0, inside = 0, slot = -1, images = 0;
   };
@@ -178,13 +170,14 @@ void device_sector_writes(const std::vector<ScatterItem>& items, const std::vect
     Split& s = split[tasks[static_cast<std::size_t>(t)].item];
     if (s.slot < 0) s.slot = total;
     s.below += cp[3 * t + cuda::kBelow], s.inside += cp[3 * t + cuda::kInside], s.images += cp[3 * t + cuda::kOpened];
-    sp[t] = total;
+    slots[static_cast<std::size_t>(t)] = total;
     total += cp[3 * t + cuda::kOpened];
   }
-  const at::Tensor d_slots = slots.to(device, /*non_blocking=*/true);
+  const at::Tensor d_slots = detail::upload_rows(slots, device);
   const at::Tensor ids = at::empty({total}, at::TensorOptions(at::kInt).device(device));
   const at::Tensor images = at::empty({4 * total}, at::TensorOptions(at::kLong).device(device));
-  err = cuda::launch_sector_fill(d_rows, d_tasks, static_cast<int>(task_count), d_slots.const_data_ptr<std::int64_t>(),
+  err = cuda::launch_sector_fill(rp, tp, static_cast<int>(task_count),
+                                 reinterpret_cast<const std::int64_t*>(d_slots.const_data_ptr()),
                                  ids.data_ptr<std::int32_t>(), images.data_ptr(), stream);
   GK_CHECK(StateError, err == 0, "the sector images failed to launch on ", device, " (cudaError ", err, ")");
 
