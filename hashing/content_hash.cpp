@@ -71,6 +71,8 @@ struct DeviceLaunch {
   std::vector<std::size_t> which;
   at::Tensor host, dev, digests;
   c10::cuda::CUDAStream stream;
+  at::Tensor result;         // pinned: the hashes, copied after the kernel
+  at::cuda::CUDAEvent read;  // recorded after that copy
 };
 
 // Hashes the tensors `which` (all on `device`, all non-empty) in one launch
@@ -113,15 +115,20 @@ DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::v
   const int err = cuda::launch_content_hash(job, stream.stream());
   GK_CHECK(StateError, err == 0, "gk::content_hashes: the hash kernel failed to launch on ", device, " (cudaError ",
            err, ")");
-  return {std::move(which), std::move(host), std::move(dev), std::move(digests), stream};
+  // The hashes come back through pinned memory behind an event, so that
+  // reading them waits for this launch only, not for what the stream runs next.
+  at::Tensor result = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  result.copy_(dev.narrow(0, 4 * n + 1, n), /*non_blocking=*/true);
+  DeviceLaunch l{std::move(which), std::move(host), std::move(dev), std::move(digests), stream, std::move(result), {}};
+  l.read.record(stream);
+  return l;
 }
 
-// Waits for the launch's stream and writes its hashes into out[which[i]].
-void read_device_hashes(const DeviceLaunch& l, std::vector<std::uint64_t>& out) {
-  const c10::cuda::CUDAStreamGuard on(l.stream);
+// Waits for the launch's hashes and writes them into out[which[i]].
+void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out) {
+  l.read.synchronize();
   const auto n = static_cast<std::int64_t>(l.which.size());
-  const at::Tensor result = l.dev.narrow(0, 4 * n + 1, n).cpu();  // synchronizes l.stream only
-  const auto* r = reinterpret_cast<const std::uint64_t*>(result.const_data_ptr<std::int64_t>());
+  const auto* r = reinterpret_cast<const std::uint64_t*>(l.result.const_data_ptr<std::int64_t>());
   for (std::int64_t i = 0; i < n; ++i) out[l.which[static_cast<std::size_t>(i)]] = r[i];
 }
 #endif
@@ -151,16 +158,8 @@ std::uint64_t content_hash_bytes(std::span<const std::byte> bytes) { return host
 std::uint64_t content_hash(const at::Tensor& tensor) { return content_hashes({tensor})[0]; }
 
 std::vector<std::uint64_t> content_hashes(const std::vector<at::Tensor>& tensors) {
-  std::vector<std::uint64_t> out(tensors.size());
-  const auto by_device = hash_host_tensors(tensors, out);
-#if defined(GRAPHKEEP_WITH_CUDA)
-  // On the caller's current stream: ordered after its writes, one synchronization.
-  for (const auto& [index, which] : by_device)
-    read_device_hashes(launch_device_hashes(tensors, which, c10::Device(c10::kCUDA, index),
-                                            c10::cuda::getCurrentCUDAStream(index)),
-                       out);
-#endif
-  return out;
+  // On the caller's current stream: ordered after its writes, one wait.
+  return PendingContentHashes(tensors, HashStream::current).get();
 }
 
 struct PendingContentHashes::Launch {
@@ -169,13 +168,17 @@ struct PendingContentHashes::Launch {
 #endif
 };
 
-PendingContentHashes::PendingContentHashes(std::vector<at::Tensor> tensors)
+PendingContentHashes::PendingContentHashes(std::vector<at::Tensor> tensors, HashStream where)
     : tensors_(std::move(tensors)), out_(tensors_.size()) {
   const auto by_device = hash_host_tensors(tensors_, out_);
 #if defined(GRAPHKEEP_WITH_CUDA)
   for (const auto& [index, which] : by_device) {
     const c10::cuda::CUDAGuard guard(index);
     const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index);
+    if (where == HashStream::current) {
+      launches_.push_back({launch_device_hashes(tensors_, which, c10::Device(c10::kCUDA, index), caller)});
+      continue;
+    }
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
     // The side stream starts after what the caller has enqueued (the writes
     // of these tensors); tensors_ keeps them alive until it is done.
@@ -186,12 +189,16 @@ PendingContentHashes::PendingContentHashes(std::vector<at::Tensor> tensors)
   }
 #else
   (void)by_device;
+  (void)where;
 #endif
+  // On the caller's stream, later work is ordered after the hash: the caching
+  // allocator may reuse the tensors' memory, and the caller may write them.
+  if (where == HashStream::current) tensors_.clear();
 }
 
 PendingContentHashes::~PendingContentHashes() {
 #if defined(GRAPHKEEP_WITH_CUDA)
-  for (const Launch& l : launches_) l.l.stream.synchronize();
+  for (Launch& l : launches_) l.l.read.synchronize();
 #endif
 }
 PendingContentHashes::PendingContentHashes(PendingContentHashes&&) noexcept = default;
@@ -199,7 +206,7 @@ PendingContentHashes& PendingContentHashes::operator=(PendingContentHashes&&) no
 
 std::vector<std::uint64_t> PendingContentHashes::get() {
 #if defined(GRAPHKEEP_WITH_CUDA)
-  for (const Launch& l : launches_) read_device_hashes(l.l, out_);
+  for (Launch& l : launches_) read_device_hashes(l.l, out_);
   launches_.clear();
 #endif
   return out_;

@@ -11,14 +11,16 @@
 // storage, without overlapping, are merged into one write in the storage's
 // flat coordinates: an entry's flat index i in a contiguous destination at
 // storage offset o is element o + i of the storage. The merged indices are
-// one concatenation plus one offset per entry, added on the device
-// (repeat_interleave with a known output size: no synchronization); the
+// one concatenation plus one offset per entry, added on the device (each
+// merged index finds its entry by a binary search: no synchronization); the
 // entries are taken in storage order, so the merged indices stay strictly
-// ascending, as sector_images needs. The merged write covers the range its
-// entries span, no more, so it overlaps no other write (use_sector_images
-// keeps element writes for writes that overlap). Destinations that overlap
-// (tensors sharing bytes), dense entries and non-contiguous destinations
-// keep a write of their own, and end a run. The results a scatter layer
+// ascending, as sector_images needs. (Not repeat_interleave: its CUDA
+// kernel gives each entry one thread, which writes that entry's ~10^5
+// offsets alone; a search per merged index runs in parallel.) The merged
+// write covers the range its entries span, no more, so it overlaps no other
+// write (use_sector_images keeps element writes for writes that overlap).
+// Destinations that overlap (tensors sharing bytes), dense entries and
+// non-contiguous destinations keep a write of their own, and end a run. The results a scatter layer
 // hashes come from one clone of each merged range, viewed per entry.
 #include "patch_landing.h"
 
@@ -87,18 +89,23 @@ std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, 
     const std::int64_t end = ls[run.back()].dst.storage_offset() + ls[run.back()].dst.numel();
     const at::Tensor span = detail::flat_bits(whole_storage(ls[run.front()].dst).narrow(0, begin, end - begin));
     std::vector<at::Tensor> idx, val;
-    std::vector<std::int64_t> offsets, counts;
+    // rows[0, k): each entry's offset in the span; rows[k, 2k): where its
+    // indices end among the merged ones.
+    std::vector<std::int64_t> rows(2 * run.size());
     std::int64_t total = 0;
-    for (std::size_t i : run) {
-      idx.push_back(ls[i].indices);
-      val.push_back(ls[i].values);
-      offsets.push_back(ls[i].dst.storage_offset() - begin);
-      counts.push_back(ls[i].indices.numel());
-      total += counts.back();
+    for (std::size_t r = 0; r < run.size(); ++r) {
+      const PatchLanding& l = ls[run[r]];
+      idx.push_back(l.indices);
+      val.push_back(l.values);
+      rows[r] = l.dst.storage_offset() - begin;
+      rows[run.size() + r] = total += l.indices.numel();
     }
-    const at::Tensor off = detail::upload_rows(offsets, span.device()).view(at::kLong),
-                     cnt = detail::upload_rows(counts, span.device()).view(at::kLong);
-    at::Tensor merged = at::cat(idx).to(at::kLong) + at::repeat_interleave(off, cnt, 0, total);
+    const at::Tensor table = detail::upload_rows(rows, span.device()).view(at::kLong);
+    const auto k = static_cast<std::int64_t>(run.size());
+    // Merged index j belongs to the entry whose end is the first above j.
+    const at::Tensor entry = at::searchsorted(table.narrow(0, k, k), at::arange(total, table.options()),
+                                              /*out_int32=*/false, /*right=*/true);
+    at::Tensor merged = at::cat(idx).to(at::kLong) + table.narrow(0, 0, k).index_select(0, entry);
     if (span.numel() <= std::numeric_limits<std::int32_t>::max()) merged = merged.to(at::kInt);
     const at::Tensor values = at::cat(val);
     sp.undo.push_back({span, merged, span.index_select(0, merged)});

@@ -345,9 +345,14 @@ void ReloadEngine::Impl::choose_patch_landings(PatchStaging& ps) {
 }
 
 // Scatter layers: the entries, their undo, and each result's hash (Note
-// [One scatter per storage] in patch_landing.cpp).
+// [One scatter per storage] in patch_landing.cpp). Each layer's results are
+// hashed on the current stream as soon as they exist, and dropped (their
+// memory serves the next layer's results, in stream order); the hashes are
+// read once, after the last layer: one wait for the whole patch, not one per
+// layer.
 void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
   ReloadReport& rep = ps.rep;
+  std::vector<std::pair<std::size_t, PendingContentHashes>> pending;
   for (std::size_t li = 0; li < plan.layers().size(); ++li) {
     if (!ps.sp->touched[li] || ps.sp->rerun[li]) continue;
     const LayerPlan& lp = plan.layers()[li];
@@ -369,7 +374,11 @@ void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
     }
     ScopedMsTimer t(rep.times.hash_ms);
     fault(testing::FaultPoint::check, lp.prefix);
-    const std::vector<std::uint64_t> got = content_hashes(results);
+    pending.emplace_back(li, PendingContentHashes(std::move(results), HashStream::current));
+  }
+  ScopedMsTimer t(rep.times.hash_ms);
+  for (auto& [li, hashes] : pending) {
+    const std::vector<std::uint64_t> got = hashes.get();
     for (std::size_t j = 0; j < got.size(); ++j) {
       const PatchEntry& pe = ps.patch.entries[ps.by_layer[li][j]];
       GK_CHECK(WeightError, got[j] == pe.target_hash, ps.label, ": tensor '", pe.name, "': after the patch its "

@@ -201,6 +201,8 @@ TEST_CASE("PendingContentHashes gives content_hashes' answer; an unread one is d
   gk::PendingContentHashes pending(ts);
   CHECK(pending.get() == gk::content_hashes(ts));
   { gk::PendingContentHashes unread(ts); }
+  gk::PendingContentHashes current(ts, gk::HashStream::current);
+  CHECK(current.get() == gk::content_hashes(ts));
   // Refused as content_hashes refuses, naming the position.
   GK_CHECK_THROWS_WITH_SUBSTR(gk::PendingContentHashes({ts[2], ts[3].view({-1, 2}).t()}), gk::WeightError,
                               "tensor 1");
@@ -291,6 +293,31 @@ TEST_CASE("many small tensors and one large one hash in one call") {
     at::Tensor other = at::empty_like(fresh);
     for (int i = 0; i < 8; ++i) other.copy_(fresh);  // enqueued after, on the caller's stream
     CHECK(pending.get() == std::vector<std::uint64_t>{gk::content_hash(host.back()), gk::content_hash(host[7])});
+  }
+  // On the caller's stream (HashStream::current): the hash is ordered
+  // between the writes before it and after it, and nothing is kept. Layer
+  // after layer, one buffer reused: each hash sees what was written before
+  // it, not the later overwrite, and dropping the buffer is safe.
+  {
+    std::vector<gk::PendingContentHashes> pending;
+    std::vector<std::uint64_t> want;
+    for (int i = 0; i < 6; ++i) {
+      at::Tensor buf = dev.back().clone();
+      buf.narrow(0, i * 4096, 4096).fill_(i);  // written before the hash: seen
+      at::Tensor h = host.back().clone();
+      h.narrow(0, i * 4096, 4096).fill_(i);
+      want.push_back(gk::content_hash(h));
+      pending.emplace_back(std::vector<at::Tensor>{buf}, gk::HashStream::current);
+      buf.fill_(255);  // written after the hash, on the same stream: not seen
+    }                  // buf dropped: its memory serves the next clone, in stream order
+    std::vector<std::uint64_t> got;
+    for (gk::PendingContentHashes& p : pending) got.push_back(p.get()[0]);
+    CHECK(got == want);
+    // Negative: the same writes, read back by content_hash after the
+    // overwrite, are the overwrite's hash, not the one recorded.
+    at::Tensor last = dev.back().clone();
+    last.fill_(255);
+    CHECK(gk::content_hash(last) != want.back());
   }
   // Non-contiguous device tensors are refused as on the host.
   GK_CHECK_THROWS_WITH_SUBSTR(gk::content_hash(dev.back().view({1 << 14, 1 << 14}).t()), gk::WeightError,

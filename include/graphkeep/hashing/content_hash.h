@@ -72,21 +72,36 @@ std::uint64_t content_hash(const at::Tensor& tensor);
 // on the host. The same errors as content_hash, naming the tensor's position.
 std::vector<std::uint64_t> content_hashes(const std::vector<at::Tensor>& tensors);
 
+// Where PendingContentHashes hashes CUDA tensors.
+enum class HashStream : std::uint8_t {
+  // A side stream of each device, after what the caller's current stream
+  // holds now: the hash overlaps the caller's later work, so the tensors are
+  // kept alive until the hashes are read and must not be written before then.
+  side,
+  // The caller's current stream, in order with its other work: later work on
+  // that stream runs after the hash, so nothing is kept, and the caller may
+  // drop the tensors at once (the caching allocator reuses memory in stream
+  // order) or write them on that stream. Hash layer after layer this way and
+  // read every layer's hashes at the end: one wait for all of them.
+  current,
+};
+
 // content_hashes() in two halves, for a caller that has other work to do
 // while the device hashes: the constructor checks the tensors, hashes the
-// CPU ones and launches the CUDA ones on a side stream of each device, after
-// what the caller's current stream holds now (the writes of those tensors);
-// get() waits for those side streams only, not for work the caller enqueued
-// in between, and returns the hashes in order. The tensors are kept alive
-// until the hashes are read, and must not be written before then; a
-// destructor that runs first waits for the device.
+// CPU ones and launches the CUDA ones (HashStream says where); get() waits
+// for those launches only (an event after each), not for work the caller
+// enqueued in between, and returns the hashes in order. A destructor that
+// runs before get() waits for the launches.
 //
-//   gk::PendingContentHashes h(layer_tensors);
+//   gk::PendingContentHashes h(layer_tensors);                        // side stream
 //   enqueue_other_work();
 //   const std::vector<std::uint64_t> hashes = h.get();
+//
+//   for (layer : layers) pending.emplace_back(results(layer), gk::HashStream::current);
+//   for (auto& p : pending) check(p.get());                           // one wait
 class PendingContentHashes {
  public:
-  explicit PendingContentHashes(std::vector<at::Tensor> tensors);
+  explicit PendingContentHashes(std::vector<at::Tensor> tensors, HashStream where = HashStream::side);
   ~PendingContentHashes();
   PendingContentHashes(PendingContentHashes&&) noexcept;
   PendingContentHashes& operator=(PendingContentHashes&&) noexcept;
