@@ -14,10 +14,10 @@
 #include <limits>
 #include <map>
 
+#include "device_hashes.h"
+
 #if defined(GRAPHKEEP_WITH_CUDA)
-#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "cuda/content_hash_launch.h"
 #endif
@@ -27,15 +27,12 @@ namespace gk {
 static_assert(std::endian::native == std::endian::little,
               "the content hash combines the block digests as little-endian words, as they lie in memory here");
 
-namespace {
-
-// Blocks per parallel_for grain: 1 MiB of input.
-constexpr std::int64_t kGrainBlocks = 16;
+namespace detail {
 
 std::uint64_t host_hash(const std::byte* p, std::size_t n) {
   const std::size_t blocks = (n + kContentHashBlockBytes - 1) / kContentHashBlockBytes;
   std::vector<std::uint64_t> digests(blocks);
-  at::parallel_for(0, static_cast<std::int64_t>(blocks), kGrainBlocks, [&](std::int64_t b, std::int64_t e) {
+  at::parallel_for(0, static_cast<std::int64_t>(blocks), kHostGrainBlocks, [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) {
       const std::size_t offset = static_cast<std::size_t>(i) * kContentHashBlockBytes;
       digests[static_cast<std::size_t>(i)] = XXH64(p + offset, std::min(kContentHashBlockBytes, n - offset), 0);
@@ -44,7 +41,6 @@ std::uint64_t host_hash(const std::byte* p, std::size_t n) {
   return XXH64(digests.data(), digests.size() * sizeof(std::uint64_t), n);
 }
 
-// The tensor's bytes may be hashed as they lie (Note [Content hash: gk-xxh64-blocks v1]).
 void check_hashable(const at::Tensor& t, std::size_t index) {
   GK_CHECK(WeightError, t.defined(), "gk::content_hash: tensor ", index, " is undefined");
   GK_CHECK(WeightError, t.layout() == at::kStrided, "gk::content_hash: tensor ", index, " has layout ", t.layout(),
@@ -65,20 +61,8 @@ std::uint64_t host_tensor_hash(const at::Tensor& t) {
 }
 
 #if defined(GRAPHKEEP_WITH_CUDA)
-// One device's launch: the upload buffer (pinned, read by an asynchronous
-// copy), the device words whose tail receives the hashes, and the stream.
-struct DeviceLaunch {
-  std::vector<std::size_t> which;
-  at::Tensor host, dev, digests;
-  c10::cuda::CUDAStream stream;
-  at::Tensor result;         // pinned: the hashes, copied after the kernel
-  at::cuda::CUDAEvent read;  // recorded after that copy
-};
-
-// Hashes the tensors `which` (all on `device`, all non-empty) in one launch
-// on `stream` (a stream of `device`); DeviceLaunch::read collects them.
 DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::vector<std::size_t> which,
-                                  c10::Device device, c10::cuda::CUDAStream stream) {
+                                  c10::Device device, c10::cuda::CUDAStream stream, const DeviceOverlays* overlays) {
   const c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStreamGuard on(stream);
   const auto n = static_cast<std::int64_t>(which.size());
@@ -112,6 +96,10 @@ DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::v
   job.digests = reinterpret_cast<std::uint64_t*>(digests.mutable_data_ptr<std::int64_t>());
   job.count = static_cast<int>(n);
   job.blocks = blocks;
+  if (overlays != nullptr) {
+    job.sources = reinterpret_cast<const gk::detail::xxh64::OverlaySource*>(overlays->sources.const_data_ptr());
+    job.source_begin = reinterpret_cast<const std::uint32_t*>(overlays->begin.const_data_ptr());
+  }
   const int err = cuda::launch_content_hash(job, stream.stream());
   GK_CHECK(StateError, err == 0, "gk::content_hashes: the hash kernel failed to launch on ", device, " (cudaError ",
            err, ")");
@@ -119,12 +107,12 @@ DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::v
   // reading them waits for this launch only, not for what the stream runs next.
   at::Tensor result = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   result.copy_(dev.narrow(0, 4 * n + 1, n), /*non_blocking=*/true);
-  DeviceLaunch l{std::move(which), std::move(host), std::move(dev), std::move(digests), stream, std::move(result), {}};
+  DeviceLaunch l{std::move(which), std::move(host), std::move(dev), std::move(digests), stream, std::move(result), {},
+                 overlays != nullptr ? *overlays : DeviceOverlays{}};
   l.read.record(stream);
   return l;
 }
 
-// Waits for the launch's hashes and writes them into out[which[i]].
 void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out) {
   l.read.synchronize();
   const auto n = static_cast<std::int64_t>(l.which.size());
@@ -133,7 +121,6 @@ void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out) {
 }
 #endif
 
-// Hashes the CPU tensors into out; returns the non-empty CUDA tensors' indices per device.
 std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_tensors(const std::vector<at::Tensor>& tensors,
                                                                        std::vector<std::uint64_t>& out) {
   for (std::size_t i = 0; i < tensors.size(); ++i) check_hashable(tensors[i], i);
@@ -151,7 +138,14 @@ std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_tensors(const std
   return by_device;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::hash_host_tensors;
+using detail::host_hash;
+#if defined(GRAPHKEEP_WITH_CUDA)
+using detail::launch_device_hashes;
+using detail::read_device_hashes;
+#endif
 
 std::uint64_t content_hash_bytes(std::span<const std::byte> bytes) { return host_hash(bytes.data(), bytes.size()); }
 
@@ -164,7 +158,7 @@ std::vector<std::uint64_t> content_hashes(const std::vector<at::Tensor>& tensors
 
 struct PendingContentHashes::Launch {
 #if defined(GRAPHKEEP_WITH_CUDA)
-  DeviceLaunch l;
+  detail::DeviceLaunch l;
 #endif
 };
 

@@ -233,6 +233,7 @@ struct ReloadEngine::Impl {
   void land_rerun_passthrough(PatchStaging& ps, LayerPlan& lp, LayerRun& run,
                               const std::map<std::string, const PatchEntry*>& touched);
   void choose_patch_writes(PatchStaging& ps);
+  void check_scatter_targets(PatchStaging& ps);
   // Commits what stage_patch staged (after commit()'s stale checks).
   void commit_patch(detail::StagedState& st, ReloadReport& rep);
 

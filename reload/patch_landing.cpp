@@ -20,8 +20,10 @@
 // write covers the range its entries span, no more, so it overlaps no other
 // write (use_sector_images keeps element writes for writes that overlap).
 // Destinations that overlap (tensors sharing bytes), dense entries and
-// non-contiguous destinations keep a write of their own, and end a run. The results a scatter layer
-// hashes come from one clone of each merged range, viewed per entry.
+// non-contiguous destinations keep a write of their own, and end a run. The
+// stage hashes each entry's destination through the writes (Note [Hashing
+// through the writes] in graphkeep/hashing/overlaid_hash.h): nothing here
+// makes a copy of what the patch leaves.
 #include "patch_landing.h"
 
 #include <graphkeep/core/check.h>
@@ -45,9 +47,7 @@ at::Tensor whole_storage(const at::Tensor& t) {
 
 }  // namespace
 
-std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bool results,
-                                           bool verify) {
-  std::vector<at::Tensor> out(results ? ls.size() : 0);
+void land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bool verify) {
   if (verify) {
     for (const PatchLanding& l : ls) {
       sp.verify.push_back(detail::flat_bits(l.dst));
@@ -60,14 +60,6 @@ std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, 
     const at::Tensor bits = detail::flat_bits(l.dst);
     sp.undo.push_back({bits, l.indices, l.indices.defined() ? bits.index_select(0, l.indices) : bits.clone()});
     sp.writes.push_back({bits, l.indices, l.values});
-    if (!results) return;
-    if (!l.indices.defined()) {
-      out[i] = l.values;
-      return;
-    }
-    at::Tensor r = bits.clone();
-    scatter_items({{r, l.indices, l.values}});
-    out[i] = r;
   };
   // Group the entries by destination storage, then take
   // each storage's entries in storage order: a run of consecutive sparse
@@ -110,10 +102,6 @@ std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, 
     const at::Tensor values = at::cat(val);
     sp.undo.push_back({span, merged, span.index_select(0, merged)});
     sp.writes.push_back({span, merged, values});
-    if (!results) return;
-    at::Tensor r = span.clone();
-    scatter_items({{r, merged, values}});
-    for (std::size_t i : run) out[i] = r.narrow(0, ls[i].dst.storage_offset() - begin, ls[i].dst.numel());
   };
   for (std::vector<std::size_t>& g : groups) {
     std::sort(g.begin(), g.end(),
@@ -136,7 +124,6 @@ std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, 
     }
     flush();
   }
-  return out;
 }
 
 }  // namespace gk

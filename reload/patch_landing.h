@@ -3,7 +3,7 @@
 // scatter per storage] in patch_landing.cpp).
 //
 //   std::vector<gk::PatchLanding> ls = ...;   // one per entry: where it lands, its data on that device
-//   std::vector<at::Tensor> after = gk::land_patch_entries(ls, *staged_patch, /*results=*/true, verify);
+//   gk::land_patch_entries(ls, *staged_patch, verify);
 #pragma once
 
 #include "patch_stage.h"
@@ -30,11 +30,8 @@ struct PatchLanding {
 // Adds the landings' writes and their undo (the elements they overwrite) to
 // `sp`, one item per destination storage where the entries can share one;
 // with `verify`, each destination with its name and target hash for
-// gk::testing::EngineHooks::verify_served. With `results`, returns per landing its
-// tensor as the patch leaves it (a new tensor, flat, as integers of the
-// element size), for its target hash; else an empty vector. No host
-// synchronization; a few launches per storage, not per entry.
-std::vector<at::Tensor> land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bool results,
-                                           bool verify);
+// gk::testing::EngineHooks::verify_served. No host synchronization; a few
+// launches per storage, not per entry.
+void land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bool verify);
 
 }  // namespace gk

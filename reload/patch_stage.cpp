@@ -33,11 +33,13 @@
 //               layer takes the other path). A plain module always
 //               qualifies. The entry's indices map into the parameter's
 //               captured storage by default_load's layout; staging moves
-//               the entry to the device, gathers the elements it will
-//               overwrite (the commit's undo), and hashes the result (a
-//               clone of the tensor with the entry applied) against the
-//               target hash. O(changed) memory kept, one read of each
-//               touched tensor for its hash.
+//               the entry to the device and gathers the elements it will
+//               overwrite (the commit's undo). Once the commit's writes are
+//               made (sector images or elements), every touched tensor is
+//               hashed through them (Note [Hashing through the writes] in
+//               graphkeep/hashing/overlaid_hash.h: one launch, no copy)
+//               against the target hash. O(changed) memory kept, one read
+//               of each touched tensor for its hash.
 //      re-run   anything else (an FP8 weight or scale made from the
 //               parameter, a Marlin repack, a derived stride array, a
 //               load_weight() of the layer's own): the layer's checkpoint
@@ -92,6 +94,7 @@
 #include <graphkeep/delta/detail/element_bits.h>
 #include <graphkeep/delta/patch.h>
 #include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/hashing/overlaid_hash.h>
 #include <graphkeep/sources/weight_source.h>
 
 #include <ATen/ATen.h>
@@ -176,6 +179,8 @@ struct ReloadEngine::Impl::PatchStaging {
   std::unique_ptr<StagedPatch> sp = std::make_unique<StagedPatch>();
   std::unique_ptr<ServedWeights::State> next;      // the served content after the commit
   std::vector<LayerRun> runs;                      // the re-run layers'
+  std::vector<at::Tensor> targets;                 // the scatter layers' touched tensors, to hash
+  std::vector<const PatchEntry*> target_entries;   // per target, its entry
 
   // How parameter pi of lp lands in what is served now.
   const ServedParam& landing(const LayerPlan& lp, std::size_t pi) const {
@@ -209,7 +214,8 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const detail::RunOption
   stage_scatter_layers(ps);        // 3. map the entries into captured storage ...
   stage_rerun_layers(ps, st);      //    ... or recompute the layer
   choose_patch_writes(ps);         // 4. elements or sectors
-  // 5. The served state, built here so that the commit only swaps a pointer.
+  check_scatter_targets(ps);       // 5. the target hashes, through those writes
+  // 6. The served state, built here so that the commit only swaps a pointer.
   StagedPatch& sp = *ps.sp;
   ps.next->finish();
   st.served_after = make_served(std::move(ps.next));
@@ -344,49 +350,66 @@ void ReloadEngine::Impl::choose_patch_landings(PatchStaging& ps) {
   }
 }
 
-// Scatter layers: the entries, their undo, and each result's hash (Note
-// [One scatter per storage] in patch_landing.cpp). Each layer's results are
-// hashed on the current stream as soon as they exist, and dropped (their
-// memory serves the next layer's results, in stream order); the hashes are
-// read once, after the last layer: one wait for the whole patch, not one per
-// layer.
+// Scatter layers: the entries and their undo (Note [One scatter per
+// storage] in patch_landing.cpp); what each touched tensor will hash is
+// checked by check_scatter_targets, through the commit's own writes.
 void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
   ReloadReport& rep = ps.rep;
-  std::vector<std::pair<std::size_t, PendingContentHashes>> pending;
   for (std::size_t li = 0; li < plan.layers().size(); ++li) {
     if (!ps.sp->touched[li] || ps.sp->rerun[li]) continue;
     const LayerPlan& lp = plan.layers()[li];
-    std::vector<at::Tensor> results;
-    {
-      ScopedMsTimer t(rep.times.load_ms);
-      fault(testing::FaultPoint::load, lp.prefix);
-      std::vector<PatchLanding> ls;
-      ls.reserve(ps.by_layer[li].size());
-      for (std::size_t k : ps.by_layer[li])
-        ls.push_back(PatchStaging::landing_of(captured_tensor(*ps.where[k]), ps.patch.entries[k]));
-      results = land_patch_entries(ls, *ps.sp, /*results=*/true, ps.o.verify_served);
-      ReloadReport::PatchStats::Landing& landing = *std::find_if(
-          rep.patch.landings.begin(), rep.patch.landings.end(), [&](const auto& l) { return l.layer == lp.prefix; });
-      landing.blocks_recomputed = land_derived_blocks(lp, ls, *ps.sp);
-      landing.layout_elements = land_layout_elements(lp, ls, *ps.sp);
-      rep.patch.blocks_recomputed += landing.blocks_recomputed;
-      rep.patch.layout_elements += landing.layout_elements;
+    ScopedMsTimer t(rep.times.load_ms);
+    fault(testing::FaultPoint::load, lp.prefix);
+    std::vector<PatchLanding> ls;
+    ls.reserve(ps.by_layer[li].size());
+    for (std::size_t k : ps.by_layer[li]) {
+      ls.push_back(PatchStaging::landing_of(captured_tensor(*ps.where[k]), ps.patch.entries[k]));
+      ps.targets.push_back(detail::flat_bits(ls.back().dst));
+      ps.target_entries.push_back(&ps.patch.entries[k]);
     }
-    ScopedMsTimer t(rep.times.hash_ms);
+    land_patch_entries(ls, *ps.sp, ps.o.verify_served);
+    ReloadReport::PatchStats::Landing& landing = *std::find_if(
+        rep.patch.landings.begin(), rep.patch.landings.end(), [&](const auto& l) { return l.layer == lp.prefix; });
+    landing.blocks_recomputed = land_derived_blocks(lp, ls, *ps.sp);
+    landing.layout_elements = land_layout_elements(lp, ls, *ps.sp);
+    rep.patch.blocks_recomputed += landing.blocks_recomputed;
+    rep.patch.layout_elements += landing.layout_elements;
     fault(testing::FaultPoint::check, lp.prefix);
-    pending.emplace_back(li, PendingContentHashes(std::move(results), HashStream::current));
   }
-  ScopedMsTimer t(rep.times.hash_ms);
-  for (auto& [li, hashes] : pending) {
-    const std::vector<std::uint64_t> got = hashes.get();
-    for (std::size_t j = 0; j < got.size(); ++j) {
-      const PatchEntry& pe = ps.patch.entries[ps.by_layer[li][j]];
-      GK_CHECK(WeightError, got[j] == pe.target_hash, ps.label, ": tensor '", pe.name, "': after the patch its "
-               "content hash is ", format_content_hash(got[j]), " but the patch's target hash is ",
-               format_content_hash(pe.target_hash), " (the patch's values do not produce its target version '",
-               ps.patch.target_version, "'); nothing was changed");
-      *ps.next->find(pe.name) = pe.target_hash;
-    }
+}
+
+// The target hash of every tensor the scatter layers touch, over the bytes
+// the commit will leave: the served bytes read through the commit's writes
+// as choose_patch_writes made them (sector images included), in one launch
+// and one wait for the whole patch (Note [Hashing through the writes] in
+// graphkeep/hashing/overlaid_hash.h). Nothing is copied, and a write that
+// would leave a wrong byte fails here, before the commit.
+void ReloadEngine::Impl::check_scatter_targets(PatchStaging& ps) {
+  if (hooks.patch_writes)
+    for (ScatterItem& w : ps.sp->writes) hooks.patch_writes(w.values, w.sectors);
+  if (ps.targets.empty()) return;
+  ScopedMsTimer t(ps.rep.times.hash_ms);
+  // A tensor a dense write covers whole will hold that write's values; the
+  // others, their bytes through the sparse writes.
+  std::vector<HashOverlay> overlays;
+  std::map<std::pair<const void*, std::size_t>, at::Tensor> dense;
+  for (const ScatterItem& w : ps.sp->writes) {
+    if (w.indices.defined())
+      overlays.push_back({w.dst, w.indices, w.values, w.sectors ? 32 : static_cast<int>(w.dst.element_size())});
+    else
+      dense[{w.dst.const_data_ptr(), w.dst.nbytes()}] = w.values;
+  }
+  std::vector<at::Tensor> targets = ps.targets;
+  for (at::Tensor& t : targets)
+    if (const auto it = dense.find({t.const_data_ptr(), t.nbytes()}); it != dense.end()) t = it->second;
+  const std::vector<std::uint64_t> got = overlaid_content_hashes(targets, overlays);
+  for (std::size_t j = 0; j < got.size(); ++j) {
+    const PatchEntry& pe = *ps.target_entries[j];
+    GK_CHECK(WeightError, got[j] == pe.target_hash, ps.label, ": tensor '", pe.name, "': after the patch its "
+             "content hash is ", format_content_hash(got[j]), " but the patch's target hash is ",
+             format_content_hash(pe.target_hash), " (the patch's values do not produce its target version '",
+             ps.patch.target_version, "'); nothing was changed");
+    *ps.next->find(pe.name) = pe.target_hash;
   }
 }
 
@@ -493,9 +516,11 @@ void ReloadEngine::Impl::land_rerun_passthrough(PatchStaging& ps, LayerPlan& lp,
       const at::Tensor dst = captured_tensor(expected.at(hit->first));
       GK_INTERNAL_ASSERT(dst.defined(), "a passthrough parameter without a captured tensor");
       landings.push_back(PatchStaging::landing_of(dst, *hit->second));
+      ps.targets.push_back(detail::flat_bits(dst));
+      ps.target_entries.push_back(hit->second);
     }
   }
-  land_patch_entries(landings, *ps.sp, /*results=*/false, ps.o.verify_served);
+  land_patch_entries(landings, *ps.sp, ps.o.verify_served);
 }
 
 // How the commit writes (Note [Sector images] in cuda/patch_scatter.h): the

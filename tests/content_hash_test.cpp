@@ -8,6 +8,7 @@
 #include "gk_test.h"
 
 #include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/hashing/overlaid_hash.h>
 #include <graphkeep/hashing/xxh64_lanes.h>
 
 #include <ATen/Parallel.h>
@@ -52,6 +53,60 @@ std::uint64_t lanes_xxh64(const unsigned char* p, std::uint64_t len, std::uint64
   for (int lane = 0; lane < 4; ++lane)
     v[lane] = x::lane_stripes<U>(x::lane_init(lane, seed), p + 8 * lane, len / 32, x::HostLoad{});
   return x::finish(v, p, len, seed, x::HostLoad{});
+}
+
+
+// A storage of random bytes, tensors viewing parts of it (some at odd byte
+// offsets, some sharing bytes), and lists of writes of every unit over it:
+// some over the whole storage (meeting many tensors), some over one tensor,
+// some starting below a tensor or ending above it, two writing the same
+// bytes (the later counts), and one tensor met by more lists than
+// kMaxOverlaySources. `want` is computed here without the library: the
+// writes made, in order, into a host copy of the storage, then the
+// definition's hash of each view.
+struct OverlayCase {
+  at::Tensor storage;
+  std::vector<at::Tensor> tensors;
+  std::vector<gk::HashOverlay> overlays;
+  std::vector<std::uint64_t> want, before;
+};
+
+OverlayCase overlay_case(std::uint64_t seed, c10::Device device) {
+  std::mt19937_64 rng(seed);
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  const std::int64_t n = 3 * 65536 + 4096 + static_cast<std::int64_t>(rng() % 70000);
+  const at::Tensor host = random_bytes(n, g);
+  OverlayCase c;
+  c.storage = host.to(device);
+  at::Tensor after = host.clone();
+  auto* bytes = after.data_ptr<std::uint8_t>();
+  auto view = [&](std::int64_t off, std::int64_t len) { return c.storage.narrow(0, off, len); };
+  // Views: aligned, odd offsets, a tiny one, one under 32 bytes at an edge, overlapping ones.
+  const std::vector<std::pair<std::int64_t, std::int64_t>> spans = {
+      {0, n}, {64, 65536 * 2 + 5}, {3, 40000}, {65536 * 2 + 77, 65536}, {n - 19, 19}, {1000, 7}, {4096, 3 * 65536}};
+  for (const auto& [off, len] : spans) c.tensors.push_back(view(off, len));
+  // Writes: (dst offset in the storage, dst length, unit, density).
+  struct W { std::int64_t off, len; int unit; double density; };
+  std::vector<W> ws = {{0, n, 2, 0.01}, {64, 65536 * 2, 32, 0.15}, {3, 40000, 1, 0.05}, {4096, 3 * 65536, 8, 0.02},
+                       {0, n, 4, 0.003}, {65536 * 2 + 64, 65536, 32, 0.5}, {n - 64, 64, 1, 0.9}};
+  for (int k = 0; k < 10; ++k) ws.push_back({1000 + 2 * k, 64, 2, 0.5});  // eleven lists meet tensor 5 and 0
+  for (const W& w : ws) {
+    const std::int64_t units = w.len / w.unit;
+    std::vector<std::int64_t> idx;
+    for (std::int64_t u = 0; u < units; ++u)
+      if (static_cast<double>(rng() % 1000000) < w.density * 1e6) idx.push_back(u);
+    const at::Tensor values = random_bytes(static_cast<std::int64_t>(idx.size()) * w.unit, g);
+    for (std::size_t k = 0; k < idx.size(); ++k)
+      std::memcpy(bytes + w.off + idx[k] * w.unit, values.data_ptr<std::uint8_t>() + k * w.unit, w.unit);
+    at::Tensor indices = at::tensor(idx, at::TensorOptions().dtype(at::kLong));
+    if (rng() % 2) indices = indices.to(at::kInt);
+    c.overlays.push_back({view(w.off, w.len), indices.to(device), values.to(device), w.unit});
+  }
+  for (const auto& [off, len] : spans) {
+    c.want.push_back(reference_hash(after.narrow(0, off, len)));
+    c.before.push_back(reference_hash(host.narrow(0, off, len)));
+  }
+  return c;
 }
 
 }  // namespace
@@ -208,6 +263,39 @@ TEST_CASE("PendingContentHashes gives content_hashes' answer; an unread one is d
                               "tensor 1");
 }
 
+TEST_CASE("overlaid hashes are the hashes of the bytes with the writes made, without making them") {
+  for (std::uint64_t seed : {1, 2, 3, 4}) {
+    INFO("seed " << seed);
+    const OverlayCase c = overlay_case(seed, at::kCPU);
+    const at::Tensor untouched = c.storage.clone();
+    CHECK(gk::overlaid_content_hashes(c.tensors, c.overlays) == c.want);
+    CHECK(at::equal(c.storage, untouched));  // nothing was written
+    // Negative: without the writes, or with one written byte changed, the
+    // hashes are not the target's.
+    CHECK(gk::overlaid_content_hashes(c.tensors, {}) == c.before);
+    for (std::size_t t = 0; t < c.want.size(); ++t) CHECK(c.want[t] != c.before[t]);
+    std::vector<gk::HashOverlay> wrong = c.overlays;
+    wrong[1].values = wrong[1].values.clone();
+    wrong[1].values[0] = (wrong[1].values[0].item<int>() + 1) % 256;
+    const std::vector<std::uint64_t> got = gk::overlaid_content_hashes(c.tensors, wrong);
+    CHECK(got[0] != c.want[0]);  // the whole storage holds the changed byte
+    CHECK(got[4] == c.want[4]);  // the last 19 bytes do not
+  }
+  // The order of two lists writing the same bytes is the order given.
+  const at::Tensor t = at::zeros({64}, at::kByte);
+  const at::Tensor idx = at::arange(4, at::kLong);
+  const gk::HashOverlay ones{t, idx, at::full({4}, 1, at::kByte), 1}, twos{t, idx, at::full({4}, 2, at::kByte), 1};
+  at::Tensor two = t.clone();
+  two.narrow(0, 0, 4).fill_(2);
+  CHECK(gk::overlaid_content_hashes({t}, {ones, twos})[0] == gk::content_hash(two));
+  CHECK(gk::overlaid_content_hashes({t}, {twos, ones})[0] != gk::content_hash(two));
+  // Refusals name the overlay.
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::overlaid_content_hashes({t}, {ones, {t, idx, at::full({4}, 1, at::kByte), 3}}),
+                              gk::WeightError, "overlay 1 has unit 3");
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::overlaid_content_hashes({t}, {{t, idx, at::full({3}, 1, at::kByte), 1}}),
+                              gk::WeightError, "overlay 0 has 4 indices of 1 bytes each but 3 bytes of values");
+}
+
 TEST_CASE("hashes format as 16 hex digits and parse back") {
   for (std::uint64_t h : std::vector<std::uint64_t>{0, 1, 0xEF46DB3751D8E999ull, ~std::uint64_t{0}}) {
     const std::string s = gk::format_content_hash(h);
@@ -322,6 +410,18 @@ TEST_CASE("many small tensors and one large one hash in one call") {
   // Non-contiguous device tensors are refused as on the host.
   GK_CHECK_THROWS_WITH_SUBSTR(gk::content_hash(dev.back().view({1 << 14, 1 << 14}).t()), gk::WeightError,
                               "pass t.contiguous()");
+}
+
+TEST_CASE("overlaid hashes on the device equal the host's, through every unit, alignment and fallback") {
+  REQUIRE(gk::testing::cuda_available());
+  for (std::uint64_t seed : {1, 2, 3, 4, 5, 6}) {
+    INFO("seed " << seed);
+    const OverlayCase c = overlay_case(seed, c10::Device(c10::kCUDA, 0));
+    const at::Tensor untouched = c.storage.clone();
+    CHECK(gk::overlaid_content_hashes(c.tensors, c.overlays) == c.want);
+    CHECK(at::equal(c.storage, untouched));
+    CHECK(gk::overlaid_content_hashes(c.tensors, {}) == c.before);
+  }
 }
 
 }  // TEST_SUITE("gpu content hash")

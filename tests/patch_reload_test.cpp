@@ -850,7 +850,8 @@ TEST_CASE("a layout derivation that computes, lies or binds wrongly is refused a
 // Sector writes against element writes on `device`: four parts of odd
 // lengths fused into one parameter (every part but the first starts inside
 // a sector), each element size, densities from 0.1 % to 100 %, staged and
-// not; each serves the target's bits.
+// not; each serves the target's bits. A write changed after it was made is
+// refused at the stage.
 static void check_sector_writes(c10::Device device) {
   // Bits of a tensor, to compare exactly (NaN payloads included).
   auto bytes = [](const at::Tensor& t) { return t.contiguous().view(-1).view(at::kByte).cpu(); };
@@ -884,6 +885,25 @@ static void check_sector_writes(c10::Device device) {
           engine.prepare(gk::load_weights(*layer, src));
           gk::PatchOptions o = engine.options().patch;
           o.patch_writes = writes;
+          if (staged && density == 0.05) {
+            // Negative: one byte of one of the commit's writes changed once
+            // it is made (as a wrong sector image would be): the stage's
+            // target hashes read those very writes, so the patch is refused
+            // there, naming a tensor, and nothing was written.
+            gk::testing::EngineHooks h;
+            int changed = 0;
+            h.patch_writes = [&](at::Tensor& v, bool sectors) {
+              if (changed > 0 || v.numel() == 0 || sectors != (writes == gk::PatchWrites::sectors)) return;
+              v = v.clone();  // (element writes may be the patch's own values)
+              v.view(-1).view(at::kByte).narrow(0, 0, 1).bitwise_xor_(1);
+              ++changed;
+            };
+            gk::testing::set_hooks(engine, h);
+            GK_CHECK_THROWS_WITH_SUBSTR(engine.stage(p, o), gk::WeightError, "target hash");
+            CHECK(changed == 1);
+            CHECK(at::equal(bytes(layer->w_), bytes(at::cat({base["a"], base["b"], base["c"], base["d"]}))));
+            gk::testing::set_hooks(engine, {});
+          }
           gk::ReloadReport r;
           if (staged) r = engine.commit(engine.stage(p, o));
           else r = engine.reload(p, o);

@@ -92,6 +92,7 @@ __device__ __forceinline__ std::uint64_t quad_xxh64(const unsigned char* p, std:
   return lane == 0 ? x::finish(v, p, len, seed, load) : 0;
 }
 
+template <bool kOverlaid>
 __global__ void __launch_bounds__(kThreads) content_hash_kernel(const ContentHashJob job) {
   const std::uint64_t task = (static_cast<std::uint64_t>(blockIdx.x) * kThreads + threadIdx.x) / 4;
   if (task >= job.blocks) return;  // whole quads: kThreads is a multiple of 4
@@ -112,9 +113,25 @@ __global__ void __launch_bounds__(kThreads) content_hash_kernel(const ContentHas
   const auto* p = reinterpret_cast<const unsigned char*>(job.data[t]) + offset;
   const std::uint64_t len = nbytes - offset < kBlockBytes ? nbytes - offset : kBlockBytes;
 
-  const std::uint64_t digest = (reinterpret_cast<std::uintptr_t>(p) & 7u) == 0
-                                   ? quad_xxh64(p, len, 0, lane, mask, StreamLoad{})
-                                   : quad_xxh64(p, len, 0, lane, mask, ByteLoad{});
+  const bool aligned = (reinterpret_cast<std::uintptr_t>(p) & 7u) == 0;
+  std::uint64_t digest;
+  if constexpr (kOverlaid) {
+    // Note [Hashing through the writes] (overlaid_hash.h): each thread reads
+    // its words through a cursor per list of writes.
+    const std::uint32_t sb = job.source_begin[t];
+    const int n = static_cast<int>(job.source_begin[t + 1] - sb);
+    if (aligned) {
+      x::OverlayLoad<StreamLoad> load{StreamLoad{}, job.sources + sb, n};
+      load.start(p);
+      digest = quad_xxh64(p, len, 0, lane, mask, load);
+    } else {
+      x::OverlayLoad<ByteLoad> load{ByteLoad{}, job.sources + sb, n};
+      load.start(p);
+      digest = quad_xxh64(p, len, 0, lane, mask, load);
+    }
+  } else {
+    digest = aligned ? quad_xxh64(p, len, 0, lane, mask, StreamLoad{}) : quad_xxh64(p, len, 0, lane, mask, ByteLoad{});
+  }
   int last = 0;
   if (lane == 0) {
     job.digests[task] = digest;
@@ -135,7 +152,10 @@ int launch_content_hash(const ContentHashJob& job, void* stream) {
   if (job.count <= 0 || job.blocks == 0) return 0;
   const std::uint64_t grid = (job.blocks * 4 + kThreads - 1) / kThreads;
   if (grid > 0x7FFFFFFFull) return static_cast<int>(cudaErrorInvalidConfiguration);
-  content_hash_kernel<<<static_cast<unsigned>(grid), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(job);
+  if (job.source_begin != nullptr)
+    content_hash_kernel<true><<<static_cast<unsigned>(grid), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(job);
+  else
+    content_hash_kernel<false><<<static_cast<unsigned>(grid), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(job);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -3,6 +3,8 @@
 // hashing layer; hashing/content_hash.cpp builds the job.
 #pragma once
 
+#include <graphkeep/hashing/overlay_load.h>
+
 #include <cstdint>
 
 namespace gk::cuda {
@@ -19,6 +21,11 @@ struct ContentHashJob {
   std::uint64_t* out = nullptr;                // [count] the content hashes
   int count = 0;
   std::uint64_t blocks = 0;  // block_begin[count]
+  // Optional (gk::overlaid_content_hashes): tensor t is read through the
+  // writes sources[source_begin[t] .. source_begin[t + 1]) (at most
+  // kMaxOverlaySources of them); null: read as memory holds it.
+  const gk::detail::xxh64::OverlaySource* sources = nullptr;
+  const std::uint32_t* source_begin = nullptr;  // [count + 1]
 };
 
 // Launches the content hash kernel on `stream` (a cudaStream_t of the current

@@ -23,10 +23,16 @@
 // A Load policy reads the input: word(p) is the little-endian 64-bit value of
 // the 8 bytes at p, byte(p) one byte. The lane loop only calls word() at
 // p + 32 * s (so p's alignment is the caller's to know); the tail uses byte().
+// A policy may also have fix(v, p): the lane loop then passes each word
+// through it just before its round, in ascending address order, after the
+// loads of its chunk were all issued (overlay_load.h uses it, so that its
+// work does not hold back the loads in flight).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #if defined(__CUDACC__)
 #define GK_XXH64_HD __host__ __device__ __forceinline__
@@ -69,6 +75,20 @@ GK_XXH64_HD std::uint64_t lane_init(int lane, std::uint64_t seed) {
   }
 }
 
+template <class L, class = void>
+struct has_fix : std::false_type {};
+template <class L>
+struct has_fix<L, std::void_t<decltype(std::declval<const L&>().fix(std::uint64_t{},
+                                                                    static_cast<const unsigned char*>(nullptr)))>>
+    : std::true_type {};
+
+// The word v read at p, through load.fix() where the policy has one.
+template <class Load>
+GK_XXH64_HD std::uint64_t fixed(const Load& load, std::uint64_t v, const unsigned char* p) {
+  if constexpr (has_fix<Load>::value) return load.fix(v, p);
+  else return v;
+}
+
 // Accumulates `stripes` stripes into `acc`: the words at p, p + 32, p + 64, ...
 // (p is the input plus 8 * lane). Loads run U words ahead of the rounds
 // (two register buffers of U words), so a thread always has U loads in
@@ -88,18 +108,20 @@ GK_XXH64_HD std::uint64_t lane_stripes(std::uint64_t acc, const unsigned char* p
       GK_XXH64_UNROLL
       for (int i = 0; i < U; ++i) b[i] = load.word(next + 32 * static_cast<std::uint64_t>(i));
     }
+    const unsigned char* here = p + 32 * U * c;
     GK_XXH64_UNROLL
-    for (int i = 0; i < U; ++i) acc = lane_round(acc, a[i]);
+    for (int i = 0; i < U; ++i) acc = lane_round(acc, fixed(load, a[i], here + 32 * static_cast<std::uint64_t>(i)));
     if (c + 1 < chunks) {
       if (c + 2 < chunks) {
         GK_XXH64_UNROLL
         for (int i = 0; i < U; ++i) a[i] = load.word(next + 32 * U + 32 * static_cast<std::uint64_t>(i));
       }
       GK_XXH64_UNROLL
-      for (int i = 0; i < U; ++i) acc = lane_round(acc, b[i]);
+      for (int i = 0; i < U; ++i) acc = lane_round(acc, fixed(load, b[i], next + 32 * static_cast<std::uint64_t>(i)));
     }
   }
-  for (std::uint64_t s = chunks * U; s < stripes; ++s) acc = lane_round(acc, load.word(p + 32 * s));
+  for (std::uint64_t s = chunks * U; s < stripes; ++s)
+    acc = lane_round(acc, fixed(load, load.word(p + 32 * s), p + 32 * s));
   return acc;
 }
 

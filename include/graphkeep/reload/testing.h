@@ -22,6 +22,10 @@
 #include <graphkeep/reload/reload_options.h>
 #include <graphkeep/reload/report.h>
 
+namespace at {
+class Tensor;
+}  // namespace at
+
 namespace torch::nn {
 class Module;
 }
@@ -67,6 +71,14 @@ struct EngineHooks {
   // Called at each FaultPoint with the layer's prefix, on the reloading thread;
   // throwing from it injects a fault there.
   std::function<void(FaultPoint point, const std::string& layer)> fault;
+  // Called by stage(patch) once the commit's writes are made, with the
+  // values of each write in order (sectors: whole 32-byte images, as int64
+  // words; else elements as integers of their size, possibly the patch's
+  // own tensors: replace them with a changed copy, do not write them). A
+  // test may change them as a fault in making them would: the stage's
+  // target hashes read these very bytes (Note [Hashing through the writes]
+  // in graphkeep/hashing/overlaid_hash.h), so the patch is then refused.
+  std::function<void(at::Tensor& values, bool sectors)> patch_writes;
 
   // Protections switched off, for tests that show what a protection catches
   // and benchmarks that measure what it costs (Note [Options per call,

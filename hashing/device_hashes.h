@@ -1,0 +1,64 @@
+// hashing/device_hashes.h: the pieces content_hash.cpp and overlaid_hash.cpp
+// share (internal to the hashing layer): the checks, the host function, and
+// one device's launch of the hash kernel with its read-back.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#if defined(GRAPHKEEP_WITH_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace gk::detail {
+
+// Blocks per parallel_for grain on the host: 1 MiB of input.
+inline constexpr std::int64_t kHostGrainBlocks = 16;
+
+// The content hash of n bytes at p, on the host (libxxhash, parallel over blocks).
+std::uint64_t host_hash(const std::byte* p, std::size_t n);
+
+// The tensor's bytes may be hashed as they lie (Note [Content hash:
+// gk-xxh64-blocks v1]); gk::WeightError naming position `index` otherwise.
+void check_hashable(const at::Tensor& t, std::size_t index);
+
+// Checks every tensor, hashes the CPU ones into out; returns the non-empty
+// CUDA tensors' positions per device.
+std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_tensors(const std::vector<at::Tensor>& tensors,
+                                                                       std::vector<std::uint64_t>& out);
+
+#if defined(GRAPHKEEP_WITH_CUDA)
+// Device bytes of an overlaid launch: the OverlaySource rows and, per tensor
+// of the launch, where its rows begin (count + 1 uint32); empty: no overlays.
+struct DeviceOverlays {
+  at::Tensor sources, begin;
+};
+
+// One device's launch: the upload buffer (pinned, read by an asynchronous
+// copy), the device words whose tail receives the hashes, and the stream.
+struct DeviceLaunch {
+  std::vector<std::size_t> which;
+  at::Tensor host, dev, digests;
+  c10::cuda::CUDAStream stream;
+  at::Tensor result;          // pinned: the hashes, copied after the kernel
+  at::cuda::CUDAEvent read;   // recorded after that copy
+  DeviceOverlays overlays;    // kept until the launch is read
+};
+
+// Hashes the tensors `which` (all on `device`, all non-empty) in one launch
+// on `stream` (a stream of `device`), through `overlays` when given (rows
+// for the tensors `which`, in that order); read_device_hashes collects them.
+DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::vector<std::size_t> which,
+                                  c10::Device device, c10::cuda::CUDAStream stream,
+                                  const DeviceOverlays* overlays = nullptr);
+
+// Waits for the launch's hashes and writes them into out[which[i]].
+void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out);
+#endif
+
+}  // namespace gk::detail

@@ -1,0 +1,200 @@
+// gk::overlaid_content_hashes (Note [Hashing through the writes] in
+// overlaid_hash.h): the overlays matched to the tensors by address, then the
+// hash kernel through OverlayLoad on a CUDA device, or the same lane code
+// through OverlayLoad on the host.
+#include <graphkeep/core/check.h>
+#include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/hashing/overlaid_hash.h>
+#include <graphkeep/hashing/overlay_load.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <numeric>
+
+#include "device_hashes.h"
+
+#if defined(GRAPHKEEP_WITH_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace gk {
+namespace {
+
+namespace x = detail::xxh64;
+
+std::uint64_t address_of(const at::Tensor& t) {
+  return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(t.const_data_ptr()));
+}
+
+void check_overlay(const HashOverlay& o, std::size_t i) {
+  GK_CHECK(WeightError, o.unit == 1 || o.unit == 2 || o.unit == 4 || o.unit == 8 || o.unit == 32,
+           "gk::overlaid_content_hashes: overlay ", i, " has unit ", o.unit, "; the unit is 1, 2, 4, 8 or 32 bytes");
+  GK_CHECK(WeightError, o.dst.defined() && o.dst.is_contiguous(), "gk::overlaid_content_hashes: overlay ", i,
+           "'s dst is undefined or not contiguous");
+  GK_CHECK(WeightError, o.indices.defined() && o.indices.dim() == 1 && o.indices.is_contiguous() &&
+                            (o.indices.scalar_type() == at::kInt || o.indices.scalar_type() == at::kLong),
+           "gk::overlaid_content_hashes: overlay ", i, "'s indices must be a contiguous 1-D int32 or int64 tensor");
+  GK_CHECK(WeightError, o.values.defined() && o.values.is_contiguous() &&
+                            o.values.nbytes() == static_cast<std::size_t>(o.indices.numel()) * static_cast<std::size_t>(o.unit),
+           "gk::overlaid_content_hashes: overlay ", i, " has ", o.indices.numel(), " indices of ", o.unit,
+           " bytes each but ", o.values.defined() ? o.values.nbytes() : 0, " bytes of values");
+  GK_CHECK(WeightError, o.indices.device() == o.dst.device() && o.values.device() == o.dst.device(),
+           "gk::overlaid_content_hashes: overlay ", i, "'s dst, indices and values are on ", o.dst.device(), ", ",
+           o.indices.device(), " and ", o.values.device(), "; they must be on one device");
+}
+
+x::OverlaySource source_of(const HashOverlay& o) {
+  x::OverlaySource s;
+  s.base = address_of(o.dst);
+  s.indices = o.indices.const_data_ptr();
+  s.values = static_cast<const unsigned char*>(o.values.const_data_ptr());
+  s.count = static_cast<std::uint64_t>(o.indices.numel());
+  s.unit = static_cast<std::uint32_t>(o.unit);
+  s.index_bytes = static_cast<std::uint32_t>(o.indices.element_size());
+  return s;
+}
+
+// Per tensor, the positions of the overlays whose bytes meet its bytes, in
+// the overlays' order: overlays sorted by first byte, and a running maximum
+// of their ends to stop the backward scan.
+std::vector<std::vector<std::size_t>> match(const std::vector<at::Tensor>& tensors,
+                                            const std::vector<HashOverlay>& overlays) {
+  std::vector<std::size_t> order(overlays.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  auto begin_of = [&](std::size_t i) { return address_of(overlays[i].dst); };
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return begin_of(a) < begin_of(b); });
+  std::vector<std::uint64_t> max_end(order.size());
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const std::uint64_t end = begin_of(order[k]) + overlays[order[k]].dst.nbytes();
+    max_end[k] = k == 0 ? end : std::max(max_end[k - 1], end);
+  }
+  std::vector<std::vector<std::size_t>> out(tensors.size());
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    if (tensors[t].nbytes() == 0) continue;
+    const std::uint64_t lo = address_of(tensors[t]), hi = lo + tensors[t].nbytes();
+    auto k = static_cast<std::size_t>(
+        std::lower_bound(order.begin(), order.end(), hi, [&](std::size_t i, std::uint64_t v) { return begin_of(i) < v; }) -
+        order.begin());
+    while (k > 0 && max_end[k - 1] > lo) {
+      --k;
+      const HashOverlay& o = overlays[order[k]];
+      if (begin_of(order[k]) + o.dst.nbytes() > lo && o.dst.device() == tensors[t].device() && o.indices.numel() > 0)
+        out[t].push_back(order[k]);
+    }
+    std::sort(out[t].begin(), out[t].end());
+  }
+  return out;
+}
+
+// `t` with the overlays `which` applied, as a new tensor of bytes (tensor
+// operations: the path for a tensor more than kMaxOverlaySources overlap).
+at::Tensor applied_copy(const at::Tensor& t, const std::vector<HashOverlay>& overlays,
+                        const std::vector<std::size_t>& which) {
+  at::Tensor bytes = t.reshape({-1}).view(at::kByte).clone();
+  const auto t0 = static_cast<std::int64_t>(address_of(t));
+  for (std::size_t i : which) {
+    const HashOverlay& o = overlays[i];
+    const at::Tensor pos = ((o.indices.to(at::kLong) * o.unit + (static_cast<std::int64_t>(address_of(o.dst)) - t0))
+                                .unsqueeze(1) +
+                            at::arange(o.unit, o.indices.options().dtype(at::kLong)))
+                               .reshape({-1});
+    const at::Tensor keep = pos.ge(0).logical_and(pos.lt(bytes.numel()));
+    bytes.index_put_({pos.masked_select(keep)}, o.values.reshape({-1}).view(at::kByte).masked_select(keep));
+  }
+  return bytes;
+}
+
+// The host: every block's digest through the lane code and OverlayLoad, the
+// outer hash by libxxhash (Note [Content hash: gk-xxh64-blocks v1]).
+std::uint64_t host_overlaid_hash(const at::Tensor& t, const std::vector<x::OverlaySource>& sources) {
+  const auto* p = static_cast<const unsigned char*>(t.const_data_ptr());
+  const std::size_t n = t.nbytes();
+  const std::size_t blocks = (n + kContentHashBlockBytes - 1) / kContentHashBlockBytes;
+  std::vector<std::uint64_t> digests(blocks);
+  at::parallel_for(0, static_cast<std::int64_t>(blocks), detail::kHostGrainBlocks, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) {
+      const std::size_t offset = static_cast<std::size_t>(i) * kContentHashBlockBytes;
+      const unsigned char* q = p + offset;
+      const std::uint64_t len = std::min(kContentHashBlockBytes, n - offset);
+      std::uint64_t v[4];
+      for (int lane = 0; lane < 4; ++lane) {
+        x::OverlayLoad<x::HostLoad> load{x::HostLoad{}, sources.data(), static_cast<int>(sources.size())};
+        load.start(q);
+        v[lane] = x::lane_stripes<16>(x::lane_init(lane, 0), q + 8 * lane, len / 32, load);
+      }
+      x::OverlayLoad<x::HostLoad> tail{x::HostLoad{}, sources.data(), static_cast<int>(sources.size())};
+      tail.start(q);
+      digests[static_cast<std::size_t>(i)] = x::finish(v, q, len, 0, tail);
+    }
+  });
+  return XXH64(digests.data(), digests.size() * sizeof(std::uint64_t), n);
+}
+
+}  // namespace
+
+std::vector<std::uint64_t> overlaid_content_hashes(const std::vector<at::Tensor>& tensors,
+                                                   const std::vector<HashOverlay>& overlays) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) detail::check_hashable(tensors[i], i);
+  for (std::size_t i = 0; i < overlays.size(); ++i) check_overlay(overlays[i], i);
+  const std::vector<std::vector<std::size_t>> which = match(tensors, overlays);
+  // Tensors no overlay meets, and those too many meet (hashed from a copy
+  // with the writes made), go through content_hashes; the rest are overlaid.
+  std::vector<at::Tensor> plain(tensors.size());
+  std::vector<std::size_t> overlaid;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    if (which[t].empty()) plain[t] = tensors[t];
+    else if (which[t].size() > static_cast<std::size_t>(x::kMaxOverlaySources))
+      plain[t] = applied_copy(tensors[t], overlays, which[t]);
+    else overlaid.push_back(t);
+  }
+  std::vector<std::uint64_t> out(tensors.size());
+  {
+    std::vector<at::Tensor> rest;
+    std::vector<std::size_t> at_pos;
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      if (plain[t].defined()) rest.push_back(plain[t]), at_pos.push_back(t);
+    const std::vector<std::uint64_t> h = content_hashes(rest);
+    for (std::size_t k = 0; k < h.size(); ++k) out[at_pos[k]] = h[k];
+  }
+  std::vector<std::vector<x::OverlaySource>> sources(tensors.size());
+  std::map<c10::DeviceIndex, std::vector<std::size_t>> by_device;
+  for (std::size_t t : overlaid) {
+    for (std::size_t i : which[t]) sources[t].push_back(source_of(overlays[i]));
+    if (tensors[t].is_cpu()) out[t] = host_overlaid_hash(tensors[t], sources[t]);
+    else by_device[tensors[t].device().index()].push_back(t);
+  }
+#if defined(GRAPHKEEP_WITH_CUDA)
+  // One launch per device: the rows of every overlaid tensor in one upload.
+  for (auto& [index, ts] : by_device) {
+    const c10::Device device(c10::kCUDA, index);
+    const c10::cuda::CUDAGuard guard(device);
+    std::vector<x::OverlaySource> rows;
+    std::vector<std::uint32_t> begin{0};
+    for (std::size_t t : ts) {
+      rows.insert(rows.end(), sources[t].begin(), sources[t].end());
+      begin.push_back(static_cast<std::uint32_t>(rows.size()));
+    }
+    auto upload = [&](const void* data, std::size_t bytes) {
+      at::Tensor host = at::empty({static_cast<std::int64_t>(bytes)}, at::TensorOptions(at::kByte).pinned_memory(true));
+      std::memcpy(host.data_ptr(), data, bytes);
+      return host.to(device, /*non_blocking=*/true);
+    };
+    detail::DeviceOverlays dev{upload(rows.data(), rows.size() * sizeof(x::OverlaySource)),
+                               upload(begin.data(), begin.size() * sizeof(std::uint32_t))};
+    detail::DeviceLaunch l =
+        detail::launch_device_hashes(tensors, ts, device, c10::cuda::getCurrentCUDAStream(index), &dev);
+    detail::read_device_hashes(l, out);
+  }
+#else
+  GK_INTERNAL_ASSERT(by_device.empty(), "CUDA tensors passed the checks of a build without CUDA");
+#endif
+  return out;
+}
+
+}  // namespace gk
