@@ -78,7 +78,7 @@ SourceEntries entries_in_source(const at::Tensor& src, const std::vector<PatchLa
 void add_indexed_write(StagedPatch& sp, const at::Tensor& dst, const at::Tensor& index, const at::Tensor& values) {
   const at::Tensor bits = detail::flat_bits(dst);
   const auto [sorted, order] = at::sort(index);
-  sp.undo.push_back({bits, sorted, bits.index_select(0, sorted)});
+  sp.undo.push_back({bits, sorted, at::Tensor()});  // gathered at the end of the stage (gather_items)
   sp.writes.push_back({bits, sorted, values.index_select(0, order)});
 }
 

@@ -58,7 +58,8 @@ void land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bo
   auto alone = [&](std::size_t i) {
     const PatchLanding& l = ls[i];
     const at::Tensor bits = detail::flat_bits(l.dst);
-    sp.undo.push_back({bits, l.indices, l.indices.defined() ? bits.index_select(0, l.indices) : bits.clone()});
+    // (A sparse undo's values are gathered at the end of the stage, all at once: gather_items.)
+    sp.undo.push_back({bits, l.indices, l.indices.defined() ? at::Tensor() : bits.clone()});
     sp.writes.push_back({bits, l.indices, l.values});
   };
   // Group the entries by destination storage, then take
@@ -100,7 +101,7 @@ void land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bo
     at::Tensor merged = at::cat(idx).to(at::kLong) + table.narrow(0, 0, k).index_select(0, entry);
     if (span.numel() <= std::numeric_limits<std::int32_t>::max()) merged = merged.to(at::kInt);
     const at::Tensor values = at::cat(val);
-    sp.undo.push_back({span, merged, span.index_select(0, merged)});
+    sp.undo.push_back({span, merged, at::Tensor()});
     sp.writes.push_back({span, merged, values});
   };
   for (std::vector<std::size_t>& g : groups) {

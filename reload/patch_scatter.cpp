@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
 
 #if defined(GRAPHKEEP_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -72,6 +73,10 @@ void scatter_host(const ScatterItem& it) {
 void launch(const cuda::ScatterBatch& b, c10::Device device) {
   const int err = cuda::launch_patch_scatter(b, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   GK_CHECK(StateError, err == 0, "the patch scatter failed to launch on ", device, " (cudaError ", err, ")");
+}
+void launch_gather(const cuda::ScatterBatch& b, c10::Device device) {
+  const int err = cuda::launch_patch_gather(b, c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  GK_CHECK(StateError, err == 0, "the patch gather failed to launch on ", device, " (cudaError ", err, ")");
 }
 #endif
 
@@ -165,6 +170,46 @@ void scatter_items(const std::vector<ScatterItem>& items) {
 #if defined(GRAPHKEEP_WITH_CUDA)
   flush();
 #endif
+}
+
+void gather_items(std::vector<ScatterItem>& items) {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  // Per device, one buffer for every value and one launch per 1,000 tasks.
+  std::map<c10::DeviceIndex, std::int64_t> bytes;
+  auto padded = [](std::int64_t b) { return (b + 15) / 16 * 16; };
+  for (const ScatterItem& it : items)
+    if (!it.values.defined() && it.indices.defined() && it.dst.is_cuda())
+      bytes[it.dst.device().index()] += padded(it.indices.numel() * static_cast<std::int64_t>(it.dst.element_size()));
+  for (const auto& [index, total] : bytes) {
+    const c10::Device device(c10::kCUDA, index);
+    const c10::cuda::CUDAGuard guard(device);
+    const at::Tensor buffer = at::empty({total}, at::TensorOptions(at::kByte).device(device));
+    std::int64_t at_byte = 0;
+    cuda::ScatterBatch batch;
+    for (ScatterItem& it : items) {
+      if (it.values.defined() || !it.indices.defined() || it.dst.device() != device) continue;
+      const std::int64_t n = it.indices.numel(), eb = static_cast<std::int64_t>(it.dst.element_size());
+      it.values = buffer.narrow(0, at_byte, n * eb).view(it.dst.scalar_type());
+      at_byte += padded(n * eb);
+      const auto* idx = static_cast<const unsigned char*>(it.indices.const_data_ptr());
+      auto* val = static_cast<unsigned char*>(it.values.data_ptr());
+      const std::int64_t ib = it.indices.element_size();
+      for (std::int64_t o = 0; o < n; o += cuda::kScatterChunk) {
+        if (batch.full()) launch_gather(batch, device), batch.count = 0;
+        cuda::ScatterTask& t = batch.task[batch.count++];
+        t.dst = it.dst.data_ptr();
+        t.indices = idx + o * ib;
+        t.values = val + o * eb;
+        t.count = static_cast<std::uint32_t>(std::min<std::int64_t>(cuda::kScatterChunk, n - o));
+        t.elem_bytes = static_cast<std::uint16_t>(eb);
+        t.index_bytes = static_cast<std::uint16_t>(ib);
+      }
+    }
+    if (batch.count > 0) launch_gather(batch, device);
+  }
+#endif
+  for (ScatterItem& it : items)
+    if (!it.values.defined() && it.indices.defined()) it.values = it.dst.index_select(0, it.indices);
 }
 
 }  // namespace gk

@@ -38,6 +38,12 @@ std::size_t device_headroom(c10::Device device);
 // the device.
 void scatter_items(const std::vector<ScatterItem>& items);
 
+// Fills the undefined `values` of the sparse items with what their
+// destinations hold at their indices (a commit's undo): on a CUDA device one
+// buffer and one launch (per 1,000 tasks) for all of them, on the current
+// stream; on the CPU index_select. Does not wait for the device.
+void gather_items(std::vector<ScatterItem>& items);
+
 // Waits for the current stream of every device the items' destinations are on.
 void wait_for(const std::vector<ScatterItem>& items);
 

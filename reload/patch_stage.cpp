@@ -213,7 +213,7 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const detail::RunOption
   ps.next->label = patch.target_version;
   stage_scatter_layers(ps);        // 3. map the entries into captured storage ...
   stage_rerun_layers(ps, st);      //    ... or recompute the layer
-  choose_patch_writes(ps);         // 4. elements or sectors
+  choose_patch_writes(ps);         // 4. elements or sectors; the undo, gathered at once
   check_scatter_targets(ps);       // 5. the target hashes, through those writes
   // 6. The served state, built here so that the commit only swaps a pointer.
   StagedPatch& sp = *ps.sp;
@@ -523,7 +523,9 @@ void ReloadEngine::Impl::land_rerun_passthrough(PatchStaging& ps, LayerPlan& lp,
   land_patch_entries(landings, *ps.sp, ps.o.verify_served);
 }
 
-// How the commit writes (Note [Sector images] in cuda/patch_scatter.h): the
+// The commit's undo, gathered from the served storage in one launch
+// (gather_items), then how the commit writes (Note [Sector images] in
+// cuda/patch_scatter.h): the
 // images are made here, from the captured storage the commit will write,
 // which nothing writes before then (a commit after another write of the
 // weights is refused as stale). PatchWrites::automatic writes sectors on a
@@ -536,6 +538,10 @@ void ReloadEngine::Impl::choose_patch_writes(PatchStaging& ps) {
   const auto wants_sectors = [&](const ScatterItem& w) {
     return o.patch_writes == PatchWrites::sectors || (o.patch_writes == PatchWrites::automatic && w.dst.is_cuda());
   };
+  {
+    ScopedMsTimer t(ps.rep.times.load_ms);
+    gather_items(ps.sp->undo);
+  }
   bool sectors = o.patch_writes == PatchWrites::sectors;
   if (o.patch_writes == PatchWrites::automatic) {
     std::size_t need = 0;

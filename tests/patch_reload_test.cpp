@@ -851,7 +851,7 @@ TEST_CASE("a layout derivation that computes, lies or binds wrongly is refused a
 // lengths fused into one parameter (every part but the first starts inside
 // a sector), each element size, densities from 0.1 % to 100 %, staged and
 // not; each serves the target's bits. A write changed after it was made is
-// refused at the stage.
+// refused at the stage; a fault after the scatter writes the undo back.
 static void check_sector_writes(c10::Device device) {
   // Bits of a tensor, to compare exactly (NaN payloads included).
   auto bytes = [](const at::Tensor& t) { return t.contiguous().view(-1).view(at::kByte).cpu(); };
@@ -901,6 +901,18 @@ static void check_sector_writes(c10::Device device) {
             gk::testing::set_hooks(engine, h);
             GK_CHECK_THROWS_WITH_SUBSTR(engine.stage(p, o), gk::WeightError, "target hash");
             CHECK(changed == 1);
+            CHECK(at::equal(bytes(layer->w_), bytes(at::cat({base["a"], base["b"], base["c"], base["d"]}))));
+            gk::testing::set_hooks(engine, {});
+          }
+          if (staged && density == 0.5) {
+            // A fault after the commit's scatter: the undo (gathered at the
+            // stage, on the device in one launch) writes the old bits back.
+            gk::testing::EngineHooks h;
+            h.fault = [](gk::testing::FaultPoint point, const std::string&) {
+              if (point == gk::testing::FaultPoint::scatter) throw std::runtime_error("injected after the scatter");
+            };
+            gk::testing::set_hooks(engine, h);
+            GK_CHECK_THROWS_WITH_SUBSTR(engine.commit(engine.stage(p, o)), std::runtime_error, "injected");
             CHECK(at::equal(bytes(layer->w_), bytes(at::cat({base["a"], base["b"], base["c"], base["d"]}))));
             gk::testing::set_hooks(engine, {});
           }

@@ -74,7 +74,52 @@ __global__ void __launch_bounds__(kThreads) patch_scatter_kernel(const __grid_co
   else scatter_by_size<int>(t);
 }
 
+// The mirror of scatter(): values[i] = dst[indices[i]] (a commit's undo,
+// read from the served storage at staging).
+template <class T, class I>
+__device__ void gather(const ScatterTask& t) {
+  const T* src = static_cast<const T*>(t.dst);
+  const I* idx = static_cast<const I*>(t.indices);
+  T* out = static_cast<T*>(const_cast<void*>(t.values));
+  const std::uint32_t n = t.count;
+  std::uint32_t i = threadIdx.x;
+  for (; i + (kUnroll - 1) * kThreads < n; i += kUnroll * kThreads) {
+    I k[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) k[u] = idx[i + u * kThreads];
+    T v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = src[k[u]];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) out[i + u * kThreads] = v[u];
+  }
+  for (; i < n; i += kThreads) out[i] = src[idx[i]];
+}
+
+template <class I>
+__device__ void gather_by_size(const ScatterTask& t) {
+  switch (t.elem_bytes) {
+    case 1: gather<unsigned char, I>(t); break;
+    case 2: gather<unsigned short, I>(t); break;
+    case 4: gather<unsigned int, I>(t); break;
+    case 8: gather<unsigned long long, I>(t); break;
+    default: break;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) patch_gather_kernel(const __grid_constant__ ScatterBatch batch) {
+  const ScatterTask& t = batch.task[blockIdx.x];
+  if (t.index_bytes == 8) gather_by_size<long long>(t);
+  else gather_by_size<int>(t);
+}
+
 }  // namespace
+
+int launch_patch_gather(const ScatterBatch& batch, void* stream) {
+  if (batch.count <= 0) return 0;
+  patch_gather_kernel<<<static_cast<unsigned>(batch.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(batch);
+  return static_cast<int>(cudaGetLastError());
+}
 
 int launch_patch_scatter(const ScatterBatch& batch, void* stream) {
   if (batch.count <= 0) return 0;

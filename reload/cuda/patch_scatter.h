@@ -73,4 +73,8 @@ static_assert(sizeof(ScatterBatch) <= 32764, "ScatterBatch must fit CUDA's kerne
 // success). An empty batch launches nothing.
 int launch_patch_scatter(const ScatterBatch& batch, void* stream);
 
+// The reverse of every task of `batch` (elements only, not sectors):
+// values[i] = dst[indices[i]], `values` written; one launch on `stream`.
+int launch_patch_gather(const ScatterBatch& batch, void* stream);
+
 }  // namespace gk::cuda
