@@ -38,9 +38,10 @@
 //   bench_delta --model llama8b --format dense --densities adamw:1e-6,adamw:3e-6,0.01,0.1 --json out.json
 //   bench_delta --model tiny --device cpu --densities 0.01          (a smoke run anywhere)
 //   bench_delta ... --trace t.json   (a Kineto trace of the last density's stage and commit; bench/trace_summary.py)
+//   bench_delta --model qwen3moe30b --layers 24 ...   (half the MoE's depth, every layer's tensors: fits 80 GB)
 //
 // One JSON object per density, appended as a line to --json (and printed):
-// model, format, density, patch_bytes, model_bytes, make_patch_ms, stage_ms,
+// model, model_layers, format, density, patch_bytes, model_bytes, make_patch_ms, stage_ms,
 // pause_ms, update_ms (stage + pause), full_update_ms (the full update from
 // the same tensors: stage + pause, or a streaming reload), full_pause_ms,
 // full_reload_ms, hash_ms, layers_rerun, blocks_recomputed (rows of FP8
@@ -249,6 +250,7 @@ int main(int argc, char** argv) {
   int warmup = 3;
   bool streaming_full = false;  // the full baseline by a streaming reload (no staged copy of the model)
   std::string trace;            // a Kineto trace of the last density's stage and commit
+  std::int64_t layers = 0;      // > 0: the model's layer count (a MoE's tensors per layer on an 80 GB card)
   for (gkbench::ArgWalker a(argc, argv); a.next();) {
     if (a.common(common)) continue;
     const std::string k = a.flag();
@@ -258,10 +260,11 @@ int main(int argc, char** argv) {
     else if (k == "--warmup") warmup = std::stoi(val());
     else if (k == "--streaming-full") streaming_full = true;
     else if (k == "--trace") trace = val();
+    else if (k == "--layers") layers = std::stoll(val());
     else {
       std::fprintf(stderr, "usage: bench_delta [--model llama8b|qwen3moe30b|llama8b-e32|dsv3-count|moe-narrow|llama1b|tiny] [--format dense|fp8|w4a16] "
                            "[--device auto|cpu|cuda] [--densities adamw:LR,SHARE,...] [--batch B] [--max-batch N] "
-                           "[--warmup STEPS] [--streaming-full] [--json FILE] [--trace FILE]\n");
+                           "[--warmup STEPS] [--streaming-full] [--layers N] [--json FILE] [--trace FILE]\n");
       return 2;
     }
   }
@@ -269,7 +272,8 @@ int main(int argc, char** argv) {
     at::NoGradGuard no_grad;
     const bool cuda = device_name == "cuda" || (device_name == "auto" && gk::runtime::cuda_device_available());
     const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-    const demo::HfConfig cfg = gkbench::model_config(model);
+    demo::HfConfig cfg = gkbench::model_config(model);
+    if (layers > 0) cfg.num_hidden_layers = layers;
     const demo::WeightFormat format = demo::parse_weight_format(format_name);
     std::vector<gk::CheckpointTensor> shapes;
     {
@@ -428,6 +432,7 @@ int main(int argc, char** argv) {
       }
       nlohmann::json row = {
           {"model", model},
+          {"model_layers", cfg.num_hidden_layers},
           {"format", format_name},
           {"change", c.label},
           {"density", total > 0 ? static_cast<double>(changed) / static_cast<double>(total) : 0.0},

@@ -125,7 +125,7 @@ std::uint64_t host_overlaid_hash(const at::Tensor& t, const std::vector<x::Overl
       std::uint64_t v[4];
       for (int lane = 0; lane < 4; ++lane) {
         x::OverlayLoad<x::HostLoad> load{x::HostLoad{}, sources.data(), static_cast<int>(sources.size())};
-        load.start(q);
+        load.start(q + 8 * lane);
         v[lane] = x::lane_stripes<16>(x::lane_init(lane, 0), q + 8 * lane, len / 32, load);
       }
       x::OverlayLoad<x::HostLoad> tail{x::HostLoad{}, sources.data(), static_cast<int>(sources.size())};

@@ -83,7 +83,8 @@ OverlayCase overlay_case(std::uint64_t seed, c10::Device device) {
   auto view = [&](std::int64_t off, std::int64_t len) { return c.storage.narrow(0, off, len); };
   // Views: aligned, odd offsets, a tiny one, one under 32 bytes at an edge, overlapping ones.
   const std::vector<std::pair<std::int64_t, std::int64_t>> spans = {
-      {0, n}, {64, 65536 * 2 + 5}, {3, 40000}, {65536 * 2 + 77, 65536}, {n - 19, 19}, {1000, 7}, {4096, 3 * 65536}};
+      {0, n}, {64, 65536 * 2 + 5}, {3, 40000}, {65536 * 2 + 77, 65536}, {n - 19, 19}, {1000, 7}, {4096, 3 * 65536},
+      {65536 * 2 + 64, 65536 - 64}};  // (aligned, four lists of writes, one of sectors: the prefetched words)
   for (const auto& [off, len] : spans) c.tensors.push_back(view(off, len));
   // Writes: (dst offset in the storage, dst length, unit, density).
   struct W { std::int64_t off, len; int unit; double density; };

@@ -117,16 +117,17 @@ __global__ void __launch_bounds__(kThreads) content_hash_kernel(const ContentHas
   std::uint64_t digest;
   if constexpr (kOverlaid) {
     // Note [Hashing through the writes] (overlaid_hash.h): each thread reads
-    // its words through a cursor per list of writes.
+    // its words through a cursor per list of writes, from its first word;
+    // lane 0 then reads the block's tail bytes through the same cursors.
     const std::uint32_t sb = job.source_begin[t];
     const int n = static_cast<int>(job.source_begin[t + 1] - sb);
     if (aligned) {
       x::OverlayLoad<StreamLoad> load{StreamLoad{}, job.sources + sb, n};
-      load.start(p);
+      load.start(p + 8 * lane);
       digest = quad_xxh64(p, len, 0, lane, mask, load);
     } else {
       x::OverlayLoad<ByteLoad> load{ByteLoad{}, job.sources + sb, n};
-      load.start(p);
+      load.start(p + 8 * lane);
       digest = quad_xxh64(p, len, 0, lane, mask, load);
     }
   } else {
