@@ -59,14 +59,6 @@ struct OverlayLoad {
   // sources are unrolled, so a word no write covers costs n comparisons.
   mutable std::uint64_t k[kMaxOverlaySources] = {};
   mutable std::uint64_t at[kMaxOverlaySources] = {};
-  // Sector sources (unit 32): the offset in a sector of this reader's words
-  // (its reads advance 32 bytes at a time, so it is the same in every
-  // sector), and, where that offset is a multiple of 8, the word of write k
-  // it will read, loaded when the cursor reaches the write: a covered word
-  // then costs no load of its own (Note [One quad of threads per block]: a
-  // lane's rounds are a serial chain, so a load waited for there stalls it).
-  mutable std::uint64_t pv[kMaxOverlaySources] = {};
-  std::uint32_t off[kMaxOverlaySources] = {};
 
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
 
@@ -78,28 +70,8 @@ struct OverlayLoad {
   GK_XXH64_HD static std::uint64_t addr(const OverlaySource& s, std::uint64_t j) {
     return j < s.count ? s.base + index(s, j) * s.unit : kNone;
   }
-  GK_XXH64_HD static std::uint64_t load8(const unsigned char* q) {
-#if defined(__CUDA_ARCH__)
-    return *reinterpret_cast<const std::uint64_t*>(q);
-#else
-    std::uint64_t x;
-    std::memcpy(&x, q, sizeof x);
-    return x;
-#endif
-  }
-  GK_XXH64_HD bool prefetched(int i) const {
-    return src[i].unit == 32 && (off[i] & 7u) == 0 &&
-           (static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(src[i].values)) & 7u) == 0;
-  }
-  // Moves source i's cursor to its next write (and loads that write's word).
-  GK_XXH64_HD void advance(int i) const {
-    const OverlaySource& s = src[i];
-    at[i] = addr(s, ++k[i]);
-    if (at[i] != kNone && prefetched(i)) pv[i] = load8(s.values + k[i] * 32 + off[i]);
-  }
 
-  // Sets each cursor to the source's first write that ends above p, the
-  // reader's first address (a lane reader: its first word).
+  // Sets each cursor to the source's first write that ends above p.
   GK_XXH64_HD void start(const unsigned char* p) {
     const auto a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
     GK_XXH64_UNROLL
@@ -110,9 +82,8 @@ struct OverlayLoad {
         const std::uint64_t mid = lo + (hi - lo) / 2;
         if (addr(src[i], mid) + src[i].unit <= a) lo = mid + 1; else hi = mid;
       }
-      off[i] = static_cast<std::uint32_t>((a - src[i].base) & 31u);
-      k[i] = lo - 1;
-      advance(i);
+      k[i] = lo;
+      at[i] = addr(src[i], lo);
     }
   }
 
@@ -121,8 +92,15 @@ struct OverlayLoad {
   GK_XXH64_HD static std::uint64_t patch(std::uint64_t v, std::uint64_t a, std::uint64_t len, std::uint64_t w,
                                          const unsigned char* vals, std::uint32_t unit) {
     if (len == 8 && w <= a && a + 8 <= w + unit &&
-        (((a - w) | static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(vals))) & 7u) == 0)
-      return load8(vals + (a - w));
+        (((a - w) | static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(vals))) & 7u) == 0) {
+#if defined(__CUDA_ARCH__)
+      return *reinterpret_cast<const std::uint64_t*>(vals + (a - w));
+#else
+      std::uint64_t x;
+      std::memcpy(&x, vals + (a - w), sizeof x);
+      return x;
+#endif
+    }
     const std::uint64_t lo = w > a ? w : a, hi = w + unit < a + len ? w + unit : a + len;
     for (std::uint64_t b = lo; b < hi; ++b) {
       const int shift = static_cast<int>(8 * (b - a));
@@ -132,34 +110,25 @@ struct OverlayLoad {
   }
 
   // `v`, the `len` bytes of memory at address a (little-endian), with every
-  // write that covers one of them applied, sources in order. The reader's
-  // next read is at a + step or above: writes that end there are passed now,
-  // so that the next write's index (and word) load while other work runs.
-  GK_XXH64_HD std::uint64_t apply(std::uint64_t v, std::uint64_t a, std::uint64_t len, std::uint64_t step) const {
+  // write that covers one of them applied, sources in order.
+  GK_XXH64_HD std::uint64_t apply(std::uint64_t v, std::uint64_t a, std::uint64_t len) const {
     GK_XXH64_UNROLL
     for (int i = 0; i < kMaxOverlaySources; ++i) {
       if (i >= n || at[i] >= a + len) continue;  // (the common case: no write here)
       const OverlaySource& s = src[i];
-      while (at[i] != kNone && at[i] + s.unit <= a) advance(i);  // wholly below: passed for good
-      if (at[i] < a + len) {
-        if (len == 8 && at[i] + off[i] == a && prefetched(i)) v = pv[i];
-        else
-          for (std::uint64_t j = k[i], w = at[i]; w < a + len; w = addr(s, ++j))
-            v = patch(v, a, len, w, s.values + j * s.unit, s.unit);
-      }
-      while (at[i] != kNone && at[i] + s.unit <= a + step) advance(i);
+      while (at[i] != kNone && at[i] + s.unit <= a) at[i] = addr(s, ++k[i]);  // wholly below: passed for good
+      for (std::uint64_t j = k[i], w = at[i]; w < a + len; w = addr(s, ++j))
+        v = patch(v, a, len, w, s.values + j * s.unit, s.unit);
     }
     return v;
   }
 
   GK_XXH64_HD std::uint64_t word(const unsigned char* p) const { return mem.word(p); }
-  // A lane reader's word: its next is 32 bytes on (a stripe), or the tail's
-  // bytes after its last stripe.
   GK_XXH64_HD std::uint64_t fix(std::uint64_t v, const unsigned char* p) const {
-    return apply(v, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)), 8, 32);
+    return apply(v, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)), 8);
   }
   GK_XXH64_HD std::uint64_t byte(const unsigned char* p) const {
-    return apply(mem.byte(p), static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)), 1, 1);
+    return apply(mem.byte(p), static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)), 1);
   }
 };
 
