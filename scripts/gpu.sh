@@ -413,6 +413,10 @@ suite_python() {
     > "$LOG/pip-build.log" 2>&1 || { grep -E "error|Error" "$LOG/pip-build.log" | head -40; return 1; }
   echo "== pip install took $(( $(date +%s) - start )) s"
   if [ "${GK_PYTEST:-1}" = 1 ]; then
+    # First: the extension built here shares torch's libstdc++ (the engine's
+    # crash on this machine points at a copy of its own; docs/gpu-runs.md).
+    (cd /tmp && python3 -m pytest -q -p no:cacheprovider -rA "$REPO/tests/python/test_extension_runtime.py") 2>&1 \
+      | tee "$LOG/pytest-runtime.log"
     (cd /tmp && python3 -m pytest -q -p no:cacheprovider -rA -s -m gpu "$REPO/tests/python") 2>&1 | tee "$LOG/pytest-gpu.log"
     rc=${PIPESTATUS[0]}
   fi
