@@ -62,14 +62,22 @@ std::uint64_t host_tensor_hash(const at::Tensor& t) {
 
 #if defined(GRAPHKEEP_WITH_CUDA)
 DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::vector<std::size_t> which,
-                                  c10::Device device, c10::cuda::CUDAStream stream, const DeviceOverlays* overlays) {
+                                  c10::Device device, c10::cuda::CUDAStream stream,
+                                  const std::vector<std::vector<xxh64::OverlaySource>>* sources) {
   const c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStreamGuard on(stream);
   const auto n = static_cast<std::int64_t>(which.size());
   GK_CHECK(WeightError, n <= std::numeric_limits<int>::max(), "gk::content_hashes: ", n,
            " tensors on one device in one call; at most ", std::numeric_limits<int>::max());
-  // One upload: data[n], nbytes[n], block_begin[n + 1], done[n], out[n].
-  const std::int64_t words = 5 * n + 1;
+  // One upload: data[n], nbytes[n], block_begin[n + 1], done[n], out[n];
+  // with `sources`, then the tensors' OverlaySource rows (5 words each) and
+  // where each tensor's rows begin (n + 1 uint32).
+  static_assert(sizeof(xxh64::OverlaySource) == 40, "an OverlaySource row is 5 words of the upload");
+  std::size_t rows = 0;
+  if (sources != nullptr)
+    for (const std::size_t w : which) rows += (*sources)[w].size();
+  const std::int64_t base_words = 5 * n + 1, row_words = 5 * static_cast<std::int64_t>(rows);
+  const std::int64_t words = base_words + (sources != nullptr ? row_words + (n + 2) / 2 : 0);
   at::Tensor host = at::empty({words}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   auto* h = reinterpret_cast<std::uint64_t*>(host.mutable_data_ptr<std::int64_t>());
   std::uint64_t blocks = 0;
@@ -82,6 +90,16 @@ DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::v
   }
   h[3 * n] = blocks;
   std::fill(h + 3 * n + 1, h + words, 0);
+  if (sources != nullptr) {
+    auto* row = reinterpret_cast<xxh64::OverlaySource*>(h + base_words);
+    auto* begin = reinterpret_cast<std::uint32_t*>(h + base_words + row_words);
+    begin[0] = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::vector<xxh64::OverlaySource>& src = (*sources)[which[static_cast<std::size_t>(i)]];
+      row = std::copy(src.begin(), src.end(), row);
+      begin[i + 1] = begin[i] + static_cast<std::uint32_t>(src.size());
+    }
+  }
   at::Tensor dev = at::empty({words}, at::TensorOptions().dtype(at::kLong).device(device));
   dev.copy_(host, /*non_blocking=*/true);
   at::Tensor digests = at::empty({static_cast<std::int64_t>(blocks)}, dev.options());
@@ -96,9 +114,9 @@ DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::v
   job.digests = reinterpret_cast<std::uint64_t*>(digests.mutable_data_ptr<std::int64_t>());
   job.count = static_cast<int>(n);
   job.blocks = blocks;
-  if (overlays != nullptr) {
-    job.sources = reinterpret_cast<const gk::detail::xxh64::OverlaySource*>(overlays->sources.const_data_ptr());
-    job.source_begin = reinterpret_cast<const std::uint32_t*>(overlays->begin.const_data_ptr());
+  if (sources != nullptr) {
+    job.sources = reinterpret_cast<const xxh64::OverlaySource*>(d + base_words);
+    job.source_begin = reinterpret_cast<const std::uint32_t*>(d + base_words + row_words);
   }
   const int err = cuda::launch_content_hash(job, stream.stream());
   GK_CHECK(StateError, err == 0, "gk::content_hashes: the hash kernel failed to launch on ", device, " (cudaError ",
@@ -107,8 +125,7 @@ DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::v
   // reading them waits for this launch only, not for what the stream runs next.
   at::Tensor result = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   result.copy_(dev.narrow(0, 4 * n + 1, n), /*non_blocking=*/true);
-  DeviceLaunch l{std::move(which), std::move(host), std::move(dev), std::move(digests), stream, std::move(result), {},
-                 overlays != nullptr ? *overlays : DeviceOverlays{}};
+  DeviceLaunch l{std::move(which), std::move(host), std::move(dev), std::move(digests), stream, std::move(result), {}};
   l.read.record(stream);
   return l;
 }

@@ -3,6 +3,8 @@
 // one device's launch of the hash kernel with its read-back.
 #pragma once
 
+#include <graphkeep/hashing/overlay_load.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
@@ -33,12 +35,6 @@ std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_tensors(const std
                                                                        std::vector<std::uint64_t>& out);
 
 #if defined(GRAPHKEEP_WITH_CUDA)
-// Device bytes of an overlaid launch: the OverlaySource rows and, per tensor
-// of the launch, where its rows begin (count + 1 uint32); empty: no overlays.
-struct DeviceOverlays {
-  at::Tensor sources, begin;
-};
-
 // One device's launch: the upload buffer (pinned, read by an asynchronous
 // copy), the device words whose tail receives the hashes, and the stream.
 struct DeviceLaunch {
@@ -47,15 +43,15 @@ struct DeviceLaunch {
   c10::cuda::CUDAStream stream;
   at::Tensor result;          // pinned: the hashes, copied after the kernel
   at::cuda::CUDAEvent read;   // recorded after that copy
-  DeviceOverlays overlays;    // kept until the launch is read
 };
 
 // Hashes the tensors `which` (all on `device`, all non-empty) in one launch
-// on `stream` (a stream of `device`), through `overlays` when given (rows
-// for the tensors `which`, in that order); read_device_hashes collects them.
+// on `stream` (a stream of `device`), each read through its writes
+// (*sources)[w] when `sources` is given (indexed like `tensors`; an empty
+// list: read as memory holds it); read_device_hashes collects them.
 DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
-                                  const DeviceOverlays* overlays = nullptr);
+                                  const std::vector<std::vector<xxh64::OverlaySource>>* sources = nullptr);
 
 // Waits for the launch's hashes and writes them into out[which[i]].
 void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out);

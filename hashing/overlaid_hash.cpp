@@ -13,14 +13,13 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <numeric>
 
 #include "device_hashes.h"
 
 #if defined(GRAPHKEEP_WITH_CUDA)
-#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace gk {
@@ -143,52 +142,31 @@ std::vector<std::uint64_t> overlaid_content_hashes(const std::vector<at::Tensor>
   for (std::size_t i = 0; i < tensors.size(); ++i) detail::check_hashable(tensors[i], i);
   for (std::size_t i = 0; i < overlays.size(); ++i) check_overlay(overlays[i], i);
   const std::vector<std::vector<std::size_t>> which = match(tensors, overlays);
-  // Tensors no overlay meets, and those too many meet (hashed from a copy
-  // with the writes made), go through content_hashes; the rest are overlaid.
-  std::vector<at::Tensor> plain(tensors.size());
-  std::vector<std::size_t> overlaid;
+  // What each tensor is hashed as: itself read through its overlays, or,
+  // where too many meet it, a copy with the writes made, read as it is.
+  std::vector<at::Tensor> targets = tensors;
+  std::vector<std::vector<x::OverlaySource>> sources(tensors.size());
   for (std::size_t t = 0; t < tensors.size(); ++t) {
-    if (which[t].empty()) plain[t] = tensors[t];
-    else if (which[t].size() > static_cast<std::size_t>(x::kMaxOverlaySources))
-      plain[t] = applied_copy(tensors[t], overlays, which[t]);
-    else overlaid.push_back(t);
+    if (which[t].size() > static_cast<std::size_t>(x::kMaxOverlaySources)) {
+      targets[t] = applied_copy(tensors[t], overlays, which[t]);
+      continue;
+    }
+    for (std::size_t i : which[t]) sources[t].push_back(source_of(overlays[i]));
   }
   std::vector<std::uint64_t> out(tensors.size());
-  {
-    std::vector<at::Tensor> rest;
-    std::vector<std::size_t> at_pos;
-    for (std::size_t t = 0; t < tensors.size(); ++t)
-      if (plain[t].defined()) rest.push_back(plain[t]), at_pos.push_back(t);
-    const std::vector<std::uint64_t> h = content_hashes(rest);
-    for (std::size_t k = 0; k < h.size(); ++k) out[at_pos[k]] = h[k];
-  }
-  std::vector<std::vector<x::OverlaySource>> sources(tensors.size());
   std::map<c10::DeviceIndex, std::vector<std::size_t>> by_device;
-  for (std::size_t t : overlaid) {
-    for (std::size_t i : which[t]) sources[t].push_back(source_of(overlays[i]));
-    if (tensors[t].is_cpu()) out[t] = host_overlaid_hash(tensors[t], sources[t]);
-    else by_device[tensors[t].device().index()].push_back(t);
+  for (std::size_t t = 0; t < targets.size(); ++t) {
+    const at::Tensor& g = targets[t];
+    if (g.is_cuda() && g.nbytes() > 0) by_device[g.device().index()].push_back(t);
+    else if (sources[t].empty()) out[t] = detail::host_hash(static_cast<const std::byte*>(g.const_data_ptr()), g.nbytes());
+    else out[t] = host_overlaid_hash(g, sources[t]);
   }
 #if defined(GRAPHKEEP_WITH_CUDA)
-  // One launch per device: the rows of every overlaid tensor in one upload.
+  // One launch and one wait per device, every tensor of it in the launch.
   for (auto& [index, ts] : by_device) {
     const c10::Device device(c10::kCUDA, index);
-    const c10::cuda::CUDAGuard guard(device);
-    std::vector<x::OverlaySource> rows;
-    std::vector<std::uint32_t> begin{0};
-    for (std::size_t t : ts) {
-      rows.insert(rows.end(), sources[t].begin(), sources[t].end());
-      begin.push_back(static_cast<std::uint32_t>(rows.size()));
-    }
-    auto upload = [&](const void* data, std::size_t bytes) {
-      at::Tensor host = at::empty({static_cast<std::int64_t>(bytes)}, at::TensorOptions(at::kByte).pinned_memory(true));
-      std::memcpy(host.data_ptr(), data, bytes);
-      return host.to(device, /*non_blocking=*/true);
-    };
-    detail::DeviceOverlays dev{upload(rows.data(), rows.size() * sizeof(x::OverlaySource)),
-                               upload(begin.data(), begin.size() * sizeof(std::uint32_t))};
     detail::DeviceLaunch l =
-        detail::launch_device_hashes(tensors, ts, device, c10::cuda::getCurrentCUDAStream(index), &dev);
+        detail::launch_device_hashes(targets, ts, device, c10::cuda::getCurrentCUDAStream(index), &sources);
     detail::read_device_hashes(l, out);
   }
 #else
