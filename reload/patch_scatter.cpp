@@ -78,6 +78,25 @@ void launch_gather(const cuda::ScatterBatch& b, c10::Device device) {
   const int err = cuda::launch_patch_gather(b, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   GK_CHECK(StateError, err == 0, "the patch gather failed to launch on ", device, " (cudaError ", err, ")");
 }
+
+// Appends the tasks of one item (n entries of eb bytes, indices of ib bytes,
+// at most `chunk` entries a task) to `batch`, calling flush() when it is full.
+template <class Flush>
+void add_tasks(cuda::ScatterBatch& batch, void* dst, const void* indices, const void* values, std::uint64_t n,
+               std::size_t eb, std::size_t ib, std::uint64_t chunk, Flush&& flush) {
+  const auto* idx = static_cast<const unsigned char*>(indices);
+  const auto* val = static_cast<const unsigned char*>(values);
+  for (std::uint64_t o = 0; o < n; o += chunk) {
+    if (batch.full()) flush();
+    cuda::ScatterTask& t = batch.task[batch.count++];
+    t.dst = dst;
+    t.indices = idx + o * ib;
+    t.values = val + o * eb;
+    t.count = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, n - o));
+    t.elem_bytes = static_cast<std::uint16_t>(eb);
+    t.index_bytes = static_cast<std::uint16_t>(ib);
+  }
+}
 #endif
 
 }  // namespace
@@ -148,21 +167,9 @@ void scatter_items(const std::vector<ScatterItem>& items) {
       device = it.dst.device();
       guard.set_device(device);
     }
-    const auto n = static_cast<std::uint64_t>(it.indices.numel());
-    const std::size_t ib = it.indices.element_size(), eb = it.sectors ? cuda::kSectorBytes : it.dst.element_size();
-    const std::uint64_t chunk = it.sectors ? cuda::kSectorChunk : cuda::kScatterChunk;
-    const auto* idx = static_cast<const unsigned char*>(it.indices.const_data_ptr());
-    const auto* val = static_cast<const unsigned char*>(it.values.const_data_ptr());
-    for (std::uint64_t o = 0; o < n; o += chunk) {
-      if (batch.full()) flush();
-      cuda::ScatterTask& t = batch.task[batch.count++];
-      t.dst = it.dst.data_ptr();
-      t.indices = idx + o * ib;
-      t.values = val + o * eb;
-      t.count = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, n - o));
-      t.elem_bytes = static_cast<std::uint16_t>(eb);
-      t.index_bytes = static_cast<std::uint16_t>(ib);
-    }
+    add_tasks(batch, it.dst.data_ptr(), it.indices.const_data_ptr(), it.values.const_data_ptr(),
+              static_cast<std::uint64_t>(it.indices.numel()), it.sectors ? cuda::kSectorBytes : it.dst.element_size(),
+              it.indices.element_size(), it.sectors ? cuda::kSectorChunk : cuda::kScatterChunk, flush);
 #else
     GK_THROW(StateError, "a CUDA tensor in a build without CUDA");
 #endif
@@ -186,26 +193,20 @@ void gather_items(std::vector<ScatterItem>& items) {
     const at::Tensor buffer = at::empty({total}, at::TensorOptions(at::kByte).device(device));
     std::int64_t at_byte = 0;
     cuda::ScatterBatch batch;
+    auto flush = [&] {
+      if (batch.count > 0) launch_gather(batch, device);
+      batch.count = 0;
+    };
     for (ScatterItem& it : items) {
       if (it.values.defined() || !it.indices.defined() || it.dst.device() != device) continue;
       const std::int64_t n = it.indices.numel(), eb = static_cast<std::int64_t>(it.dst.element_size());
       it.values = buffer.narrow(0, at_byte, n * eb).view(it.dst.scalar_type());
       at_byte += padded(n * eb);
-      const auto* idx = static_cast<const unsigned char*>(it.indices.const_data_ptr());
-      auto* val = static_cast<unsigned char*>(it.values.data_ptr());
-      const std::int64_t ib = it.indices.element_size();
-      for (std::int64_t o = 0; o < n; o += cuda::kScatterChunk) {
-        if (batch.full()) launch_gather(batch, device), batch.count = 0;
-        cuda::ScatterTask& t = batch.task[batch.count++];
-        t.dst = it.dst.data_ptr();
-        t.indices = idx + o * ib;
-        t.values = val + o * eb;
-        t.count = static_cast<std::uint32_t>(std::min<std::int64_t>(cuda::kScatterChunk, n - o));
-        t.elem_bytes = static_cast<std::uint16_t>(eb);
-        t.index_bytes = static_cast<std::uint16_t>(ib);
-      }
+      add_tasks(batch, it.dst.data_ptr(), it.indices.const_data_ptr(), it.values.data_ptr(),
+                static_cast<std::uint64_t>(n), it.dst.element_size(), it.indices.element_size(), cuda::kScatterChunk,
+                flush);
     }
-    if (batch.count > 0) launch_gather(batch, device);
+    flush();
   }
 #endif
   for (ScatterItem& it : items)

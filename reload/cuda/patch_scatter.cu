@@ -56,24 +56,6 @@ __device__ void scatter_sectors(const ScatterTask& t) {
   for (; i < n; i += kThreads) dst[2 * static_cast<std::uint64_t>(idx[i >> 1]) + (i & 1)] = val[i];
 }
 
-template <class I>
-__device__ void scatter_by_size(const ScatterTask& t) {
-  switch (t.elem_bytes) {
-    case 1: scatter<unsigned char, I>(t); break;
-    case 2: scatter<unsigned short, I>(t); break;
-    case 4: scatter<unsigned int, I>(t); break;
-    case 8: scatter<unsigned long long, I>(t); break;
-    case kSectorBytes: scatter_sectors<I>(t); break;
-    default: break;
-  }
-}
-
-__global__ void __launch_bounds__(kThreads) patch_scatter_kernel(const __grid_constant__ ScatterBatch batch) {
-  const ScatterTask& t = batch.task[blockIdx.x];
-  if (t.index_bytes == 8) scatter_by_size<long long>(t);
-  else scatter_by_size<int>(t);
-}
-
 // The mirror of scatter(): values[i] = dst[indices[i]] (a commit's undo,
 // read from the served storage at staging).
 template <class T, class I>
@@ -96,35 +78,45 @@ __device__ void gather(const ScatterTask& t) {
   for (; i < n; i += kThreads) out[i] = src[idx[i]];
 }
 
-template <class I>
-__device__ void gather_by_size(const ScatterTask& t) {
+template <bool kGather, class T, class I>
+__device__ void move(const ScatterTask& t) {
+  if constexpr (kGather) gather<T, I>(t);
+  else scatter<T, I>(t);
+}
+
+// A task of the scatter or, kGather, of its mirror (elements only).
+template <bool kGather, class I>
+__device__ void move_by_size(const ScatterTask& t) {
   switch (t.elem_bytes) {
-    case 1: gather<unsigned char, I>(t); break;
-    case 2: gather<unsigned short, I>(t); break;
-    case 4: gather<unsigned int, I>(t); break;
-    case 8: gather<unsigned long long, I>(t); break;
+    case 1: move<kGather, unsigned char, I>(t); break;
+    case 2: move<kGather, unsigned short, I>(t); break;
+    case 4: move<kGather, unsigned int, I>(t); break;
+    case 8: move<kGather, unsigned long long, I>(t); break;
+    case kSectorBytes:
+      if constexpr (!kGather) scatter_sectors<I>(t);
+      break;
     default: break;
   }
 }
 
-__global__ void __launch_bounds__(kThreads) patch_gather_kernel(const __grid_constant__ ScatterBatch batch) {
+template <bool kGather>
+__global__ void __launch_bounds__(kThreads) patch_move_kernel(const __grid_constant__ ScatterBatch batch) {
   const ScatterTask& t = batch.task[blockIdx.x];
-  if (t.index_bytes == 8) gather_by_size<long long>(t);
-  else gather_by_size<int>(t);
+  if (t.index_bytes == 8) move_by_size<kGather, long long>(t);
+  else move_by_size<kGather, int>(t);
+}
+
+template <bool kGather>
+int launch(const ScatterBatch& batch, void* stream) {
+  if (batch.count <= 0) return 0;
+  patch_move_kernel<kGather><<<static_cast<unsigned>(batch.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(batch);
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
 
-int launch_patch_gather(const ScatterBatch& batch, void* stream) {
-  if (batch.count <= 0) return 0;
-  patch_gather_kernel<<<static_cast<unsigned>(batch.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(batch);
-  return static_cast<int>(cudaGetLastError());
-}
+int launch_patch_scatter(const ScatterBatch& batch, void* stream) { return launch<false>(batch, stream); }
 
-int launch_patch_scatter(const ScatterBatch& batch, void* stream) {
-  if (batch.count <= 0) return 0;
-  patch_scatter_kernel<<<static_cast<unsigned>(batch.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(batch);
-  return static_cast<int>(cudaGetLastError());
-}
+int launch_patch_gather(const ScatterBatch& batch, void* stream) { return launch<true>(batch, stream); }
 
 }  // namespace gk::cuda
