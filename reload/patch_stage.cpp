@@ -399,10 +399,9 @@ void ReloadEngine::Impl::check_scatter_targets(PatchStaging& ps) {
     else
       dense[{w.dst.const_data_ptr(), w.dst.nbytes()}] = w.values;
   }
-  std::vector<at::Tensor> targets = ps.targets;
-  for (at::Tensor& t : targets)
+  for (at::Tensor& t : ps.targets)
     if (const auto it = dense.find({t.const_data_ptr(), t.nbytes()}); it != dense.end()) t = it->second;
-  const std::vector<std::uint64_t> got = overlaid_content_hashes(targets, overlays);
+  const std::vector<std::uint64_t> got = overlaid_content_hashes(ps.targets, overlays);
   for (std::size_t j = 0; j < got.size(); ++j) {
     const PatchEntry& pe = *ps.target_entries[j];
     GK_CHECK(WeightError, got[j] == pe.target_hash, ps.label, ": tensor '", pe.name, "': after the patch its "
@@ -525,10 +524,9 @@ void ReloadEngine::Impl::land_rerun_passthrough(PatchStaging& ps, LayerPlan& lp,
 
 // The commit's undo, gathered from the served storage in one launch
 // (gather_items), then how the commit writes (Note [Sector images] in
-// cuda/patch_scatter.h): the
-// images are made here, from the captured storage the commit will write,
-// which nothing writes before then (a commit after another write of the
-// weights is refused as stale). PatchWrites::automatic writes sectors on a
+// cuda/patch_scatter.h): the images are made here, from the captured
+// storage the commit will write, which nothing writes before then (a
+// commit after another write of the weights is refused as stale). PatchWrites::automatic writes sectors on a
 // GPU only while their images (at most) fit in half of what the device has
 // left: at a real AdamW step's density a 30B MoE's images come near the
 // model's own size.
