@@ -1,5 +1,5 @@
-// bench_content_hash: the CUDA content hash (gk::content_hashes, Note [One
-// quad of threads per block] in hashing/cuda/content_hash.cu) against a
+// bench_content_hash: the CUDA content hash (gk::content_hashes, Note
+// [Summing at memory speed] in hashing/cuda/content_hash.cu) against a
 // device copy of the same bytes, measured in the same run.
 //
 //   bench_content_hash [--out FILE] [--reps N] [--max-gib G]

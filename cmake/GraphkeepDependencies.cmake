@@ -1,7 +1,5 @@
 # Finds graphkeep's dependencies and decides GRAPHKEEP_CUDA.
 #
-# xxHash: libxxhash (Debian libxxhash-dev), through cmake/FindxxHash.cmake.
-#
 # Torch: PyTorch 2.11.0's libtorch from the PyPI wheel. Its CMake config is
 # found through `python3 -c "import torch; print(torch.utils.cmake_prefix_path)"`
 # unless Torch_DIR or CMAKE_PREFIX_PATH already point at one.
@@ -64,7 +62,6 @@ endif()
 
 find_package(Boost 1.81 CONFIG REQUIRED)       # header-only: PFR, Hana, Describe, mp11, PP
 find_package(nlohmann_json 3.10 CONFIG REQUIRED)
-find_package(xxHash REQUIRED)                  # cmake/FindxxHash.cmake: the content hash's XXH64
 if(GRAPHKEEP_BUILD_TESTS)
   find_package(doctest CONFIG REQUIRED)
 endif()

@@ -27,5 +27,4 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/graphkeepConfigVers
   COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/graphkeepConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/graphkeepConfigVersion.cmake
-              ${CMAKE_CURRENT_SOURCE_DIR}/cmake/FindxxHash.cmake
         DESTINATION ${_gk_cmake_dir})

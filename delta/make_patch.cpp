@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -171,11 +172,14 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
     for (detail::ChangedElements& d : on_devices) d.run();
 #endif
   }
-  const std::vector<std::uint64_t> base_hashes = content_hashes(base_bytes);
-  const std::vector<std::uint64_t> target_hashes = content_hashes(target_bytes);
+  // Both sides' hashes in one call: one launch and one wait per device.
+  const std::size_t n = base_bytes.size();
+  base_bytes.insert(base_bytes.end(), std::make_move_iterator(target_bytes.begin()),
+                    std::make_move_iterator(target_bytes.end()));
+  const std::vector<std::uint64_t> hashes = content_hashes(base_bytes);
   for (std::size_t i = 0; i < patch.entries.size(); ++i) {
-    patch.entries[i].base_hash = base_hashes[i];
-    patch.entries[i].target_hash = target_hashes[i];
+    patch.entries[i].base_hash = hashes[i];
+    patch.entries[i].target_hash = hashes[n + i];
   }
   return patch;
 }

@@ -154,7 +154,7 @@ Patch read_patch(const std::string& path) {
   GK_CHECK(WeightError, format == "gk-patch", what, ": \"format\" is \"", format, "\", not \"gk-patch\"");
   const std::string hash = member(header, "hash", json::value_t::string, what).get<std::string>();
   GK_CHECK(WeightError, hash == kContentHashName, what, ": the hashes are \"", hash, "\"; this graphkeep computes \"",
-           kContentHashName, "\"");
+           kContentHashName, "\": make the patch again with this graphkeep (gk::make_patch, gk-patch diff)");
   patch.version = static_cast<int>(version);
   patch.base_version = member(header, "base", json::value_t::string, what).get<std::string>();
   patch.target_version = member(header, "target", json::value_t::string, what).get<std::string>();

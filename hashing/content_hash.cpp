@@ -1,15 +1,14 @@
-// gk::content_hash: the host function (libxxhash, at::parallel_for over
+// gk::content_hash: the host function (sum64.h, at::parallel_for over
 // blocks) and the CUDA dispatch (hashing/cuda/content_hash.cu), Note [Content
-// hash: gk-xxh64-blocks v1] in content_hash.h.
+// hash: gk-sum64 v1] in content_hash.h.
 #include <graphkeep/core/check.h>
 #include <graphkeep/hashing/content_hash.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <xxhash.h>
-
 #include <algorithm>
+#include <functional>
 #include <bit>
 #include <limits>
 #include <map>
@@ -25,20 +24,30 @@
 namespace gk {
 
 static_assert(std::endian::native == std::endian::little,
-              "the content hash combines the block digests as little-endian words, as they lie in memory here");
+              "the content hash reads little-endian words as they lie in memory here");
 
 namespace detail {
 
-std::uint64_t host_hash(const std::byte* p, std::size_t n) {
-  const std::size_t blocks = (n + kContentHashBlockBytes - 1) / kContentHashBlockBytes;
-  std::vector<std::uint64_t> digests(blocks);
-  at::parallel_for(0, static_cast<std::int64_t>(blocks), kHostGrainBlocks, [&](std::int64_t b, std::int64_t e) {
+std::uint64_t sum_blocks(std::size_t n, const std::function<std::uint64_t(std::uint64_t, std::uint64_t)>& words) {
+  const std::uint64_t nwords = sum64::words_of(n);
+  const auto blocks = static_cast<std::int64_t>((nwords + kBlockWords - 1) / kBlockWords);
+  std::vector<std::uint64_t> partial(static_cast<std::size_t>(blocks));
+  at::parallel_for(0, blocks, kHostGrainBlocks, [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) {
-      const std::size_t offset = static_cast<std::size_t>(i) * kContentHashBlockBytes;
-      digests[static_cast<std::size_t>(i)] = XXH64(p + offset, std::min(kContentHashBlockBytes, n - offset), 0);
+      const std::uint64_t first = static_cast<std::uint64_t>(i) * kBlockWords;
+      partial[static_cast<std::size_t>(i)] = words(first, std::min(nwords, first + kBlockWords));
     }
   });
-  return XXH64(digests.data(), digests.size() * sizeof(std::uint64_t), n);
+  std::uint64_t s = 0;
+  for (const std::uint64_t v : partial) s += v;  // modulo 2^64: the order does not matter
+  return s;
+}
+
+std::uint64_t host_hash(const std::byte* p, std::size_t n) {
+  const auto* q = reinterpret_cast<const unsigned char*>(p);
+  return sum64::length_term(n) + sum_blocks(n, [&](std::uint64_t first, std::uint64_t last) {
+           return sum64::sum_words(q, n, first, last, sum64::HostLoad{});
+         });
 }
 
 void check_hashable(const at::Tensor& t, std::size_t index) {
@@ -63,69 +72,72 @@ std::uint64_t host_tensor_hash(const at::Tensor& t) {
 #if defined(GRAPHKEEP_WITH_CUDA)
 DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
-                                  const std::vector<std::vector<xxh64::OverlaySource>>* sources) {
+                                  const std::vector<std::vector<sum64::OverlaySource>>* sources,
+                                  const std::vector<std::uint64_t>* before) {
   const c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStreamGuard on(stream);
   const auto n = static_cast<std::int64_t>(which.size());
   GK_CHECK(WeightError, n <= std::numeric_limits<int>::max(), "gk::content_hashes: ", n,
            " tensors on one device in one call; at most ", std::numeric_limits<int>::max());
-  // One upload: data[n], nbytes[n], block_begin[n + 1], done[n], out[n];
+  // One upload: data[n], nbytes[n], block_begin[n + 1], sums[n] (zero);
   // with `sources`, then the tensors' OverlaySource rows (5 words each) and
   // where each tensor's rows begin (n + 1 uint32).
-  static_assert(sizeof(xxh64::OverlaySource) == 40, "an OverlaySource row is 5 words of the upload");
+  static_assert(sizeof(sum64::OverlaySource) == 40, "an OverlaySource row is 5 words of the upload");
   std::size_t rows = 0;
   if (sources != nullptr)
     for (const std::size_t w : which) rows += (*sources)[w].size();
-  const std::int64_t base_words = 5 * n + 1, row_words = 5 * static_cast<std::int64_t>(rows);
+  const std::int64_t base_words = 4 * n + 1, row_words = 5 * static_cast<std::int64_t>(rows);
   const std::int64_t words = base_words + (sources != nullptr ? row_words + (n + 2) / 2 : 0);
   at::Tensor host = at::empty({words}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   auto* h = reinterpret_cast<std::uint64_t*>(host.mutable_data_ptr<std::int64_t>());
+  std::vector<std::uint64_t> add(static_cast<std::size_t>(n));
   std::uint64_t blocks = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    const at::Tensor& t = tensors[which[static_cast<std::size_t>(i)]];
+    const std::size_t w = which[static_cast<std::size_t>(i)];
+    const at::Tensor& t = tensors[w];
     h[i] = reinterpret_cast<std::uintptr_t>(t.const_data_ptr());
     h[n + i] = t.nbytes();
     h[2 * n + i] = blocks;
-    blocks += (t.nbytes() + kContentHashBlockBytes - 1) / kContentHashBlockBytes;
+    blocks += (sum64::words_of(t.nbytes()) + kBlockWords - 1) / kBlockWords;
+    // What the kernel's sum is added to: the length term for a whole hash,
+    // the hash before the writes for a change.
+    add[static_cast<std::size_t>(i)] = sources != nullptr ? (*before)[w] : sum64::length_term(t.nbytes());
   }
   h[3 * n] = blocks;
   std::fill(h + 3 * n + 1, h + words, 0);
   if (sources != nullptr) {
-    auto* row = reinterpret_cast<xxh64::OverlaySource*>(h + base_words);
+    auto* row = reinterpret_cast<sum64::OverlaySource*>(h + base_words);
     auto* begin = reinterpret_cast<std::uint32_t*>(h + base_words + row_words);
     begin[0] = 0;
     for (std::int64_t i = 0; i < n; ++i) {
-      const std::vector<xxh64::OverlaySource>& src = (*sources)[which[static_cast<std::size_t>(i)]];
+      const std::vector<sum64::OverlaySource>& src = (*sources)[which[static_cast<std::size_t>(i)]];
       row = std::copy(src.begin(), src.end(), row);
       begin[i + 1] = begin[i] + static_cast<std::uint32_t>(src.size());
     }
   }
   at::Tensor dev = at::empty({words}, at::TensorOptions().dtype(at::kLong).device(device));
   dev.copy_(host, /*non_blocking=*/true);
-  at::Tensor digests = at::empty({static_cast<std::int64_t>(blocks)}, dev.options());
 
   auto* d = reinterpret_cast<std::uint64_t*>(dev.mutable_data_ptr<std::int64_t>());
   cuda::ContentHashJob job;
   job.data = d;
   job.nbytes = d + n;
   job.block_begin = d + 2 * n;
-  job.done = reinterpret_cast<unsigned long long*>(d + 3 * n + 1);
-  job.out = d + 4 * n + 1;
-  job.digests = reinterpret_cast<std::uint64_t*>(digests.mutable_data_ptr<std::int64_t>());
+  job.sums = reinterpret_cast<unsigned long long*>(d + 3 * n + 1);
   job.count = static_cast<int>(n);
   job.blocks = blocks;
   if (sources != nullptr) {
-    job.sources = reinterpret_cast<const xxh64::OverlaySource*>(d + base_words);
+    job.sources = reinterpret_cast<const sum64::OverlaySource*>(d + base_words);
     job.source_begin = reinterpret_cast<const std::uint32_t*>(d + base_words + row_words);
   }
   const int err = cuda::launch_content_hash(job, stream.stream());
   GK_CHECK(StateError, err == 0, "gk::content_hashes: the hash kernel failed to launch on ", device, " (cudaError ",
            err, ")");
-  // The hashes come back through pinned memory behind an event, so that
+  // The sums come back through pinned memory behind an event, so that
   // reading them waits for this launch only, not for what the stream runs next.
   at::Tensor result = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-  result.copy_(dev.narrow(0, 4 * n + 1, n), /*non_blocking=*/true);
-  DeviceLaunch l{std::move(which), std::move(host), std::move(dev), std::move(digests), stream, std::move(result), {}};
+  result.copy_(dev.narrow(0, 3 * n + 1, n), /*non_blocking=*/true);
+  DeviceLaunch l{std::move(which), std::move(add), std::move(host), std::move(dev), stream, std::move(result), {}};
   l.read.record(stream);
   return l;
 }
@@ -134,7 +146,8 @@ void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out) {
   l.read.synchronize();
   const auto n = static_cast<std::int64_t>(l.which.size());
   const auto* r = reinterpret_cast<const std::uint64_t*>(l.result.const_data_ptr<std::int64_t>());
-  for (std::int64_t i = 0; i < n; ++i) out[l.which[static_cast<std::size_t>(i)]] = r[i];
+  for (std::int64_t i = 0; i < n; ++i)
+    out[l.which[static_cast<std::size_t>(i)]] = l.add[static_cast<std::size_t>(i)] + r[i];
 }
 #endif
 

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -19,14 +20,21 @@
 
 namespace gk::detail {
 
+// Words per block, the unit of parallel work on the host and on a device:
+// 64 KiB of input.
+inline constexpr std::uint64_t kBlockWords = 8192;
 // Blocks per parallel_for grain on the host: 1 MiB of input.
 inline constexpr std::int64_t kHostGrainBlocks = 16;
 
-// The content hash of n bytes at p, on the host (libxxhash, parallel over blocks).
+// The sum, modulo 2^64, of words(first, last) over the blocks of the words
+// of n bytes, the blocks in parallel on the host.
+std::uint64_t sum_blocks(std::size_t n, const std::function<std::uint64_t(std::uint64_t, std::uint64_t)>& words);
+
+// The content hash of n bytes at p, on the host (parallel over blocks).
 std::uint64_t host_hash(const std::byte* p, std::size_t n);
 
 // The tensor's bytes may be hashed as they lie (Note [Content hash:
-// gk-xxh64-blocks v1]); gk::WeightError naming position `index` otherwise.
+// gk-sum64 v1]); gk::WeightError naming position `index` otherwise.
 void check_hashable(const at::Tensor& t, std::size_t index);
 
 // Checks every tensor, hashes the CPU ones into out; returns the non-empty
@@ -36,22 +44,27 @@ std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_tensors(const std
 
 #if defined(GRAPHKEEP_WITH_CUDA)
 // One device's launch: the upload buffer (pinned, read by an asynchronous
-// copy), the device words whose tail receives the hashes, and the stream.
+// copy), the device words whose tail receives the kernel's sums, the stream,
+// and what each sum is added to.
 struct DeviceLaunch {
   std::vector<std::size_t> which;
-  at::Tensor host, dev, digests;
+  std::vector<std::uint64_t> add;
+  at::Tensor host, dev;
   c10::cuda::CUDAStream stream;
-  at::Tensor result;          // pinned: the hashes, copied after the kernel
+  at::Tensor result;          // pinned: the sums, copied after the kernel
   at::cuda::CUDAEvent read;   // recorded after that copy
 };
 
 // Hashes the tensors `which` (all on `device`, all non-empty) in one launch
-// on `stream` (a stream of `device`), each read through its writes
-// (*sources)[w] when `sources` is given (indexed like `tensors`; an empty
-// list: read as memory holds it); read_device_hashes collects them.
+// on `stream` (a stream of `device`): whole, or, when `sources` is given
+// (indexed like `tensors`), each as it will be after its writes
+// (*sources)[w], from its hash now (*before)[w] and the words the writes
+// cover (Note [Hashing through the writes]); read_device_hashes collects
+// them.
 DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
-                                  const std::vector<std::vector<xxh64::OverlaySource>>* sources = nullptr);
+                                  const std::vector<std::vector<sum64::OverlaySource>>* sources = nullptr,
+                                  const std::vector<std::uint64_t>* before = nullptr);
 
 // Waits for the launch's hashes and writes them into out[which[i]].
 void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out);

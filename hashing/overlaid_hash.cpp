@@ -1,7 +1,7 @@
 // gk::overlaid_content_hashes (Note [Hashing through the writes] in
 // overlaid_hash.h): the overlays matched to the tensors by address, then the
-// hash kernel through OverlayLoad on a CUDA device, or the same lane code
-// through OverlayLoad on the host.
+// change of each tensor's hash through OverlayLoad::delta, in the CUDA
+// kernel or on the host (the same code).
 #include <graphkeep/core/check.h>
 #include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/hashing/overlaid_hash.h>
@@ -9,8 +9,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-
-#include <xxhash.h>
 
 #include <algorithm>
 #include <map>
@@ -25,7 +23,7 @@
 namespace gk {
 namespace {
 
-namespace x = detail::xxh64;
+namespace x = detail::sum64;
 
 std::uint64_t address_of(const at::Tensor& t) {
   return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(t.const_data_ptr()));
@@ -109,69 +107,59 @@ at::Tensor applied_copy(const at::Tensor& t, const std::vector<HashOverlay>& ove
   return bytes;
 }
 
-// The host: every block's digest through the lane code and OverlayLoad, the
-// outer hash by libxxhash (Note [Content hash: gk-xxh64-blocks v1]).
-std::uint64_t host_overlaid_hash(const at::Tensor& t, const std::vector<x::OverlaySource>& sources) {
+// The host: the change through the writes, block by block in parallel.
+std::uint64_t host_delta(const at::Tensor& t, const std::vector<x::OverlaySource>& sources) {
   const auto* p = static_cast<const unsigned char*>(t.const_data_ptr());
   const std::size_t n = t.nbytes();
-  const std::size_t blocks = (n + kContentHashBlockBytes - 1) / kContentHashBlockBytes;
-  std::vector<std::uint64_t> digests(blocks);
-  at::parallel_for(0, static_cast<std::int64_t>(blocks), detail::kHostGrainBlocks, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) {
-      const std::size_t offset = static_cast<std::size_t>(i) * kContentHashBlockBytes;
-      const unsigned char* q = p + offset;
-      const std::uint64_t len = std::min(kContentHashBlockBytes, n - offset);
-      std::uint64_t v[4];
-      for (int lane = 0; lane < 4; ++lane) {
-        x::OverlayLoad<x::HostLoad> load{x::HostLoad{}, sources.data(), static_cast<int>(sources.size())};
-        load.start(q + 8 * lane);
-        v[lane] = x::lane_stripes<16>(x::lane_init(lane, 0), q + 8 * lane, len / 32, load);
-      }
-      x::OverlayLoad<x::HostLoad> tail{x::HostLoad{}, sources.data(), static_cast<int>(sources.size())};
-      tail.start(q);
-      digests[static_cast<std::size_t>(i)] = x::finish(v, q, len, 0, tail);
-    }
+  return detail::sum_blocks(n, [&](std::uint64_t first, std::uint64_t last) {
+    x::OverlayLoad<x::HostLoad> load{x::HostLoad{}, sources.data(), static_cast<int>(sources.size())};
+    return load.delta(p, n, 8 * first, std::min<std::uint64_t>(n, 8 * last));
   });
-  return XXH64(digests.data(), digests.size() * sizeof(std::uint64_t), n);
 }
 
 }  // namespace
 
 std::vector<std::uint64_t> overlaid_content_hashes(const std::vector<at::Tensor>& tensors,
+                                                   const std::vector<std::uint64_t>& hashes,
                                                    const std::vector<HashOverlay>& overlays) {
+  GK_CHECK(WeightError, hashes.size() == tensors.size(), "gk::overlaid_content_hashes: ", tensors.size(),
+           " tensors but ", hashes.size(), " hashes; give each tensor's content hash now");
   for (std::size_t i = 0; i < tensors.size(); ++i) detail::check_hashable(tensors[i], i);
   for (std::size_t i = 0; i < overlays.size(); ++i) check_overlay(overlays[i], i);
   const std::vector<std::vector<std::size_t>> which = match(tensors, overlays);
-  // What each tensor is hashed as: itself read through its overlays, or,
-  // where too many meet it, a copy with the writes made, read as it is.
-  std::vector<at::Tensor> targets = tensors;
+  // Each tensor's hash: its hash now where no write meets it; its hash now
+  // plus the change through its writes; or, where too many lists of writes
+  // meet it, the whole hash of a copy with the writes made.
+  std::vector<std::uint64_t> out = hashes;
+  std::vector<at::Tensor> copies;
+  std::vector<std::size_t> copied;
   std::vector<std::vector<x::OverlaySource>> sources(tensors.size());
+  std::map<c10::DeviceIndex, std::vector<std::size_t>> by_device;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
+    if (which[t].empty()) continue;
     if (which[t].size() > static_cast<std::size_t>(x::kMaxOverlaySources)) {
-      targets[t] = applied_copy(tensors[t], overlays, which[t]);
+      copies.push_back(applied_copy(tensors[t], overlays, which[t]));
+      copied.push_back(t);
       continue;
     }
     for (std::size_t i : which[t]) sources[t].push_back(source_of(overlays[i]));
-  }
-  std::vector<std::uint64_t> out(tensors.size());
-  std::map<c10::DeviceIndex, std::vector<std::size_t>> by_device;
-  for (std::size_t t = 0; t < targets.size(); ++t) {
-    const at::Tensor& g = targets[t];
-    if (g.is_cuda() && g.nbytes() > 0) by_device[g.device().index()].push_back(t);
-    else if (sources[t].empty()) out[t] = detail::host_hash(static_cast<const std::byte*>(g.const_data_ptr()), g.nbytes());
-    else out[t] = host_overlaid_hash(g, sources[t]);
+    if (tensors[t].is_cuda()) by_device[tensors[t].device().index()].push_back(t);
+    else out[t] = hashes[t] + host_delta(tensors[t], sources[t]);
   }
 #if defined(GRAPHKEEP_WITH_CUDA)
-  // One launch and one wait per device, every tensor of it in the launch.
-  for (auto& [index, ts] : by_device) {
-    const c10::Device device(c10::kCUDA, index);
-    detail::DeviceLaunch l =
-        detail::launch_device_hashes(targets, ts, device, c10::cuda::getCurrentCUDAStream(index), &sources);
-    detail::read_device_hashes(l, out);
-  }
+  // One launch per device for every tensor of it that writes meet; the
+  // copies' whole hashes launched before the first wait.
+  std::vector<detail::DeviceLaunch> launches;
+  for (auto& [index, ts] : by_device)
+    launches.push_back(detail::launch_device_hashes(tensors, ts, c10::Device(c10::kCUDA, index),
+                                                    c10::cuda::getCurrentCUDAStream(index), &sources, &hashes));
+  const std::vector<std::uint64_t> whole = content_hashes(copies);
+  for (detail::DeviceLaunch& l : launches) detail::read_device_hashes(l, out);
 #else
   GK_INTERNAL_ASSERT(by_device.empty(), "CUDA tensors passed the checks of a build without CUDA");
+  const std::vector<std::uint64_t> whole = content_hashes(copies);
 #endif
+  for (std::size_t i = 0; i < copied.size(); ++i) out[copied[i]] = whole[i];
   return out;
 }
 

@@ -37,9 +37,9 @@
 //               overwrite (the commit's undo). Once the commit's writes are
 //               made (sector images or elements), every touched tensor is
 //               hashed through them (Note [Hashing through the writes] in
-//               graphkeep/hashing/overlaid_hash.h: one launch, no copy)
-//               against the target hash. O(changed) memory kept, one read
-//               of each touched tensor for its hash.
+//               graphkeep/hashing/overlaid_hash.h: one launch, no copy,
+//               the served hash plus the change of the words written)
+//               against the target hash. O(changed) memory kept and read.
 //      re-run   anything else (an FP8 weight or scale made from the
 //               parameter, a Marlin repack, a derived stride array, a
 //               load_weight() of the layer's own): the layer's checkpoint
@@ -379,18 +379,21 @@ void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
 }
 
 // The target hash of every tensor the scatter layers touch, over the bytes
-// the commit will leave: the served bytes read through the commit's writes
-// as choose_patch_writes made them (sector images included), in one launch
-// and one wait for the whole patch (Note [Hashing through the writes] in
-// graphkeep/hashing/overlaid_hash.h). Nothing is copied, and a write that
-// would leave a wrong byte fails here, before the commit.
+// the commit will leave: the served hash plus the change of the words the
+// commit's writes cover, as choose_patch_writes made them (sector images
+// included), in one launch and one wait for the whole patch (Note [Hashing
+// through the writes] in graphkeep/hashing/overlaid_hash.h). Nothing is
+// copied, only the covered words are read, and a write that would leave a
+// wrong byte fails here, before the commit.
 void ReloadEngine::Impl::check_scatter_targets(PatchStaging& ps) {
   if (hooks.patch_writes)
     for (ScatterItem& w : ps.sp->writes) hooks.patch_writes(w.values, w.sectors);
   if (ps.targets.empty()) return;
   ScopedMsTimer t(ps.rep.times.hash_ms);
-  // A tensor a dense write covers whole will hold that write's values; the
-  // others, their bytes through the sparse writes.
+  // A tensor a dense write covers whole will hold that write's values (its
+  // whole hash); the others, their served bytes through the sparse writes
+  // (the served hash, which check_patch_against_served found equal to the
+  // entry's base hash, plus the change).
   std::vector<HashOverlay> overlays;
   std::map<std::pair<const void*, std::size_t>, at::Tensor> dense;
   for (const ScatterItem& w : ps.sp->writes) {
@@ -399,9 +402,26 @@ void ReloadEngine::Impl::check_scatter_targets(PatchStaging& ps) {
     else
       dense[{w.dst.const_data_ptr(), w.dst.nbytes()}] = w.values;
   }
-  for (at::Tensor& t : ps.targets)
-    if (const auto it = dense.find({t.const_data_ptr(), t.nbytes()}); it != dense.end()) t = it->second;
-  const std::vector<std::uint64_t> got = overlaid_content_hashes(ps.targets, overlays);
+  std::vector<at::Tensor> sparse, whole;
+  std::vector<std::uint64_t> before;
+  std::vector<std::size_t> sparse_of, whole_of;
+  for (std::size_t j = 0; j < ps.targets.size(); ++j) {
+    const at::Tensor& t = ps.targets[j];
+    if (const auto it = dense.find({t.const_data_ptr(), t.nbytes()}); it != dense.end()) {
+      whole.push_back(it->second);
+      whole_of.push_back(j);
+    } else {
+      sparse.push_back(t);
+      before.push_back(ps.target_entries[j]->base_hash);
+      sparse_of.push_back(j);
+    }
+  }
+  std::vector<std::uint64_t> got(ps.targets.size());
+  PendingContentHashes pending(std::move(whole), HashStream::current);
+  const std::vector<std::uint64_t> through = overlaid_content_hashes(sparse, before, overlays);
+  const std::vector<std::uint64_t> of_whole = pending.get();
+  for (std::size_t i = 0; i < sparse_of.size(); ++i) got[sparse_of[i]] = through[i];
+  for (std::size_t i = 0; i < whole_of.size(); ++i) got[whole_of[i]] = of_whole[i];
   for (std::size_t j = 0; j < got.size(); ++j) {
     const PatchEntry& pe = *ps.target_entries[j];
     GK_CHECK(WeightError, got[j] == pe.target_hash, ps.label, ": tensor '", pe.name, "': after the patch its "

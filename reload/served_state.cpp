@@ -6,8 +6,8 @@
 // Note [Content versions]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // A weight version that counts reloads says that something changed, not
-// what is served. The content version does: XXH64 (the content hash of
-// graphkeep/hashing, over bytes) of the checkpoint tensors' names and
+// what is served. The content version does: the content hash
+// (graphkeep/hashing, over bytes) of the checkpoint tensors' names and
 // content hashes, sorted by name, each as the name's bytes, a zero byte and
 // the hash as 8 little-endian bytes. Equal bytes give an equal version
 // whichever way they arrived (a full reload, a patch, a chain of patches),

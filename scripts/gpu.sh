@@ -94,7 +94,7 @@ gpu_ctest() {
 # --- the suites ----------------------------------------------------------------
 
 # On the build machine: what the GPU machine lacks, into .devdeps/.
-#   *.deb    Boost 1.81, doctest, nlohmann-json, Google Benchmark, xxHash (Debian
+#   *.deb    Boost 1.81, doctest, nlohmann-json, Google Benchmark (Debian
 #            packages; `gpu_env` unpacks them there).
 #   wheels/  the oracle's Python packages (transformers and what it imports) at
 #            the versions installed here, for the GPU machine's Python 3.12:
@@ -106,7 +106,7 @@ suite_deps() {
   mkdir -p .devdeps/wheels
   ls /var/lib/apt/lists/*_Packages > /dev/null 2>&1 || apt-get update -qq
   (cd .devdeps && apt-get download libboost1.81-dev doctest-dev nlohmann-json3-dev libbenchmark-dev libbenchmark1debian \
-      libxxhash-dev libxxhash0 2>&1 \
+      2>&1 \
     | grep -v 'unsandboxed') || true
   ls .devdeps/*.deb > /dev/null || return 1
   ls -la .devdeps
@@ -430,8 +430,8 @@ suite_python() {
 
 # On the build machine: binaries of this machine's build (GK_PACK_BUILD,
 # default build/), made for sm_90 against the same PyTorch (2.11, CUDA 13) as
-# the GPU machine's, into .gpu-bin/ with the shared library that machine lacks
-# (libxxhash) and .gpu-bin/run, which runs one of them there against that
+# the GPU machine's, into .gpu-bin/ with .gpu-bin/run, which runs one of them
+# there against that
 # machine's PyTorch: carry [".gpu-bin"] and no build is needed there (a build
 # there takes 150-200 s of device time). GK_PACK: the binaries, paths in the
 # build directory (default the patch layer's tests and bench_delta).
@@ -445,7 +445,6 @@ suite_pack() {
   for b in ${GK_PACK:-tests/test_delta tests/test_patch_reload tests/test_content_hash bench/bench_delta}; do
     cp "$from/$b" .gpu-bin/ || return 1
   done
-  cp -L "$(ldconfig -p | sed -n 's/.*libxxhash.so.0 .*=> //p' | head -1)" .gpu-bin/lib/ || return 1
   cat > .gpu-bin/run <<'RUN'
 #!/usr/bin/env bash
 # Runs one packed binary against this machine's PyTorch (made by scripts/gpu.sh pack).

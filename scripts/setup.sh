@@ -13,7 +13,7 @@ TORCH_VERSION=2.11.0
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-pkgs=(cmake ninja-build g++ clang libclang-rt-14-dev libboost1.81-dev doctest-dev nlohmann-json3-dev libbenchmark-dev libxxhash-dev)
+pkgs=(cmake ninja-build g++ clang libclang-rt-14-dev libboost1.81-dev doctest-dev nlohmann-json3-dev libbenchmark-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -34,7 +34,7 @@ fi
 # A pinned entry (pkg==version) is reinstalled when the installed version differs
 # (transformers: the oracle of tests/hf/make_reference.py; peft: the oracle of
 # the LoRA adapters, tests/python/test_lora.py).
-for mod_pkg in "safetensors:safetensors" "numpy:numpy" "xxhash:xxhash" "transformers:transformers==4.57.6" \
+for mod_pkg in "safetensors:safetensors" "numpy:numpy" "transformers:transformers==4.57.6" \
                "peft:peft==0.21.2"; do
   mod=${mod_pkg%%:*}; pkg=${mod_pkg##*:}
   want=""; case "$pkg" in *==*) want=${pkg##*==} ;; esac

@@ -1,5 +1,5 @@
 // The C++ half of tests/content_hash_interop.py, which checks graphkeep's
-// content hash against one computed in Python with the `xxhash` package.
+// content hash against one computed in Python from its definition.
 //
 //   content_hash_check FILE.safetensors
 //

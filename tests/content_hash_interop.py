@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""graphkeep's content hash ("gk-xxh64-blocks v1") against the same function
-written here with the `xxhash` PyPI package (its own copy of the reference
-xxHash, not the libxxhash graphkeep links).
+"""graphkeep's content hash ("gk-sum64 v1") against the same function
+written here from its definition, twice: with NumPy arrays, and with plain
+Python integers word by word; the splitmix64 outputs it builds on are checked
+against their published values.
 
     python3 tests/content_hash_interop.py BUILD/tests/content_hash_check
 
 Tensors of edge sizes and every safetensors dtype are written with
 safetensors.torch.save_file; the C++ checker hashes each with
-gk::content_hash; every hash must equal Python's. A missing `xxhash`,
-`safetensors`, `numpy` or `torch` module is a failure (scripts/setup.sh
-installs them).
+gk::content_hash; every hash must equal Python's. A missing `safetensors`,
+`numpy` or `torch` module is a failure (scripts/setup.sh installs them).
 """
 import os
 import subprocess
@@ -17,25 +17,51 @@ import sys
 import tempfile
 
 try:
-    import numpy  # noqa: F401  (save_file needs it)
+    import numpy as np
     import torch
-    import xxhash
     from safetensors.torch import save_file
 except ImportError as e:  # pragma: no cover - environment problem
     print(f"content_hash_interop: FAILED: cannot import a reference ({e}).\n"
-          f"  Install with scripts/setup.sh or: {sys.executable} -m pip install xxhash safetensors numpy",
+          f"  Install with scripts/setup.sh or: {sys.executable} -m pip install safetensors numpy",
           file=sys.stderr)
     sys.exit(1)
 
 BLOCK = 64 * 1024
+MASK = (1 << 64) - 1
+GAMMA, LENGTH_KEY = 0x9E3779B97F4A7C15, 0x27D4EB2F165667C5
+# splitmix64 started from state 0: its first four outputs (Vigna's splitmix64.c; published test values).
+SPLITMIX64_FROM_0 = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F, 0xF88BB8A8724C81EC]
+
+
+def mix_int(z):
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def content_hash_int(data: bytes) -> int:
+    """gk-sum64 v1 in plain integers, one word at a time (for small inputs)."""
+    h = mix_int(len(data) ^ LENGTH_KEY)
+    for j in range(0, len(data), 8):
+        w = int.from_bytes(data[j:j + 8], "little")  # the last word zero-padded
+        h = (h + mix_int((w + (j // 8 + 1) * GAMMA) & MASK)) & MASK
+    return h
+
+
+def mix_np(z):
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 def content_hash(data: bytes) -> int:
-    """gk-xxh64-blocks v1 (docs/delta.md): XXH64 of each 64 KiB block, seed 0;
-    then XXH64 of the digests as little-endian uint64, seed = the byte length."""
-    digests = b"".join(xxhash.xxh64_intdigest(data[i:i + BLOCK], seed=0).to_bytes(8, "little")
-                       for i in range(0, len(data), BLOCK))
-    return xxhash.xxh64_intdigest(digests, seed=len(data))
+    """gk-sum64 v1 (docs/delta.md) with NumPy: little-endian words, the last
+    one zero-padded; mix(w_j + (j + 1) * GAMMA) summed modulo 2^64, plus
+    mix(length ^ LENGTH_KEY)."""
+    words = np.frombuffer(data + bytes(-len(data) % 8), dtype="<u8")
+    j = np.arange(1, len(words) + 1, dtype=np.uint64)
+    terms = mix_np(words + j * np.uint64(GAMMA))
+    return (int(terms.sum(dtype=np.uint64)) + mix_int(len(data) ^ LENGTH_KEY)) & MASK
 
 
 def tensor_bytes(t):
@@ -75,14 +101,29 @@ def main():
             want = f"{content_hash(tensor_bytes(t)):016x}"
             if got.get(name) != want:
                 failures += 1
-                print(f"FAIL: {name}: graphkeep {got.get(name)}, Python xxhash {want}", file=sys.stderr)
+                print(f"FAIL: {name}: graphkeep {got.get(name)}, Python {want}", file=sys.stderr)
+    # The building blocks: splitmix64's published outputs are the terms of
+    # zero words, and the two Python versions agree on small inputs.
+    for j, want in enumerate(SPLITMIX64_FROM_0):
+        checks += 1
+        if mix_int((j + 1) * GAMMA & MASK) != want:
+            failures += 1
+            print(f"FAIL: splitmix64 output {j} is {mix_int((j + 1) * GAMMA & MASK):016x}, published {want:016x}",
+                  file=sys.stderr)
+    for name in ["bytes_0", "bytes_1", "bytes_31", "bytes_33", "dtype_float64", "scalar_f32"]:
+        checks += 1
+        data = tensor_bytes(tensors[name])
+        if content_hash_int(data) != content_hash(data):
+            failures += 1
+            print(f"FAIL: {name}: the two Python versions differ", file=sys.stderr)
     # Negative: the function here is sensitive to what the definition says
-    # (a seed-0 outer hash would be another function), so agreement means something.
-    data = tensor_bytes(tensors[f"bytes_{BLOCK}"])
+    # (the word positions and the length are in it), so agreement means something.
+    data = tensor_bytes(tensors["bytes_33"])
     checks += 1
-    if xxhash.xxh64_intdigest(xxhash.xxh64_intdigest(data).to_bytes(8, "little"), seed=0) == content_hash(data):
+    if content_hash(data[8:16] + data[0:8] + data[16:]) == content_hash(data) or \
+            content_hash(data + b"\0") == content_hash(data):
         failures += 1
-        print("FAIL: the outer seed does not matter?", file=sys.stderr)
+        print("FAIL: the positions or the length do not matter?", file=sys.stderr)
     print(f"content_hash_interop: {len(tensors)} tensors, {checks - failures} passed, {failures} failed")
     return 1 if failures else 0
 

@@ -1,20 +1,20 @@
-// The content hash "gk-xxh64-blocks v1" (graphkeep/hashing/content_hash.h):
-// the host function against the definition computed here block by block with
-// straight libxxhash calls; the CUDA kernel's XXH64 lane code run on the host
-// against libxxhash; edge sizes, dtypes and views; the refusals. The suite
-// "gpu content hash" checks the kernel against the host function bitwise
-// (ctest: test_content_hash_gpu, label gpu). tests/content_hash_interop.py
-// checks the host function against the Python `xxhash` package.
+// The content hash "gk-sum64 v1" (graphkeep/hashing/content_hash.h): the
+// host function against the definition written here from the Note's formula,
+// and the definition's arithmetic against splitmix64's published outputs;
+// edge sizes, dtypes and views; the change through a set of writes
+// (overlaid_content_hashes); the refusals. The suite "gpu content hash"
+// checks the kernels against the host functions bitwise (ctest:
+// test_content_hash_gpu, label gpu). tests/content_hash_interop.py checks
+// the host function against a NumPy computation of the definition.
 #include "gk_test.h"
 
 #include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/hashing/overlaid_hash.h>
-#include <graphkeep/hashing/xxh64_lanes.h>
+#include <graphkeep/hashing/overlay_load.h>
 
 #include <ATen/Parallel.h>
 
-#include <xxhash.h>
-
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -22,17 +22,24 @@
 
 namespace {
 
-// The definition (Note [Content hash: gk-xxh64-blocks v1]), serially, from
-// libxxhash: the blocks' digests as little-endian bytes, hashed with the
-// length as seed.
+// The definition (Note [Content hash: gk-sum64 v1]), serially, from the
+// Note's formula: splitmix64's output function written out here, one word
+// at a time, none of graphkeep's code.
+std::uint64_t ref_mix(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 std::uint64_t reference_hash(const void* data, std::size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
-  std::vector<unsigned char> digests;
-  for (std::size_t off = 0; off < n; off += 65536) {
-    const std::uint64_t d = XXH64(p + off, std::min<std::size_t>(65536, n - off), 0);
-    for (int i = 0; i < 8; ++i) digests.push_back(static_cast<unsigned char>(d >> (8 * i)));
+  std::uint64_t h = ref_mix(n ^ 0x27D4EB2F165667C5ull);
+  for (std::size_t j = 0; 8 * j < n; ++j) {
+    std::uint64_t w = 0;
+    for (std::size_t b = 0; b < 8 && 8 * j + b < n; ++b) w |= std::uint64_t{p[8 * j + b]} << (8 * b);
+    h += ref_mix(w + (j + 1) * 0x9E3779B97F4A7C15ull);
   }
-  return XXH64(digests.data(), digests.size(), n);
+  return h;
 }
 
 std::uint64_t reference_hash(const at::Tensor& t) {
@@ -44,17 +51,6 @@ std::uint64_t reference_hash(const at::Tensor& t) {
 at::Tensor random_bytes(std::int64_t n, at::Generator g = {}) {
   return at::randint(0, 256, {n}, g, at::TensorOptions().dtype(at::kByte));
 }
-
-// XXH64 through the device kernel's lane code (four lanes, then finish), on the host.
-template <int U>
-std::uint64_t lanes_xxh64(const unsigned char* p, std::uint64_t len, std::uint64_t seed) {
-  namespace x = gk::detail::xxh64;
-  std::uint64_t v[4];
-  for (int lane = 0; lane < 4; ++lane)
-    v[lane] = x::lane_stripes<U>(x::lane_init(lane, seed), p + 8 * lane, len / 32, x::HostLoad{});
-  return x::finish(v, p, len, seed, x::HostLoad{});
-}
-
 
 // A storage of random bytes, tensors viewing parts of it (some at odd byte
 // offsets, some sharing bytes), and lists of writes of every unit over it:
@@ -110,63 +106,77 @@ OverlayCase overlay_case(std::uint64_t seed, c10::Device device) {
   return c;
 }
 
+// The first 8 bytes [w, w + 8) of the case's storage, w = from + 8k, that no
+// write covers, or -1.
+std::int64_t first_uncovered_word(const OverlayCase& c, std::int64_t from) {
+  std::vector<char> covered(static_cast<std::size_t>(c.storage.numel()), 0);
+  for (const gk::HashOverlay& o : c.overlays) {
+    const at::Tensor idx = o.indices.cpu().to(at::kLong);
+    for (std::int64_t k = 0; k < idx.numel(); ++k)
+      for (int b = 0; b < o.unit; ++b)
+        covered[static_cast<std::size_t>(o.dst.storage_offset() + idx[k].item<std::int64_t>() * o.unit + b)] = 1;
+  }
+  for (std::int64_t w = from; w + 8 <= c.storage.numel(); w += 8)
+    if (std::count(covered.begin() + w, covered.begin() + w + 8, 1) == 0) return w;
+  return -1;
+}
+
 }  // namespace
 
 TEST_SUITE("content hash") {
 
-TEST_CASE("the kernel's XXH64 lane code equals libxxhash at every length, alignment and seed") {
+TEST_CASE("the hash's terms are splitmix64's outputs; the arithmetic is the definition's") {
+  namespace s64 = gk::detail::sum64;
+  // splitmix64 started from state 0 (Vigna's splitmix64.c) gives, first,
+  // these four outputs (published test values): the terms of four zero words.
+  const std::uint64_t published[4] = {0xE220A8397B1DCDAFull, 0x6E789E6AA1B965F4ull, 0x06C45D188009454Full,
+                                      0xF88BB8A8724C81ECull};
+  for (std::uint64_t j = 0; j < 4; ++j) CHECK(s64::word_term(0, j) == published[j]);
+  const at::Tensor zeros = at::zeros({32}, at::kByte);
+  CHECK(gk::content_hash(zeros) ==
+        ref_mix(32 ^ 0x27D4EB2F165667C5ull) + published[0] + published[1] + published[2] + published[3]);
+  // The empty input: the length term alone.
+  CHECK(gk::content_hash(at::empty({0}, at::kFloat)) == ref_mix(0x27D4EB2F165667C5ull));
+  CHECK(gk::content_hash(at::empty({3, 0, 2}, at::kBFloat16)) == ref_mix(0x27D4EB2F165667C5ull));
+  // The header's arithmetic (the kernels run it) against the definition, at
+  // every tail length and alignment.
   std::mt19937_64 rng(1234);
-  std::vector<unsigned char> buf(70000 + 16);
+  std::vector<unsigned char> buf(4096 + 16);
   for (auto& b : buf) b = static_cast<unsigned char>(rng());
-  std::vector<std::uint64_t> lengths;
-  for (std::uint64_t n = 0; n <= 200; ++n) lengths.push_back(n);
-  // around the double-buffered chunks of U = 16 stripes (512 bytes) and the 64 KiB block
-  for (std::uint64_t k : {1, 2, 3, 4, 5, 7, 128})
-    for (std::int64_t d : {-33, -32, -31, -1, 0, 1, 31, 32, 33}) lengths.push_back(512 * k + d);
-  for (std::uint64_t n : {65535, 65536, 65537, 70000}) lengths.push_back(n);
   int compared = 0;
-  for (std::uint64_t len : lengths)
+  for (std::uint64_t n = 0; n <= 300; ++n)
     for (int offset : {0, 1, 3, 8}) {
       const unsigned char* p = buf.data() + offset;
-      for (std::uint64_t seed : std::vector<std::uint64_t>{0, 1, len, 0x8000000000000005ull}) {
-        const std::uint64_t want = XXH64(p, len, seed);
-        INFO("len " << len << " offset " << offset << " seed " << seed);
-        CHECK(lanes_xxh64<16>(p, len, seed) == want);
-        CHECK(lanes_xxh64<1>(p, len, seed) == want);
-        CHECK(lanes_xxh64<5>(p, len, seed) == want);
-        ++compared;
-      }
+      INFO("bytes " << n << " offset " << offset);
+      CHECK(s64::length_term(n) + s64::sum_words(p, n, 0, s64::words_of(n), s64::HostLoad{}) ==
+            reference_hash(p, n));
+      ++compared;
     }
   CHECK(compared > 1000);
-  // The specification's known answer for the empty input, seed 0.
-  CHECK(lanes_xxh64<16>(buf.data(), 0, 0) == 0xEF46DB3751D8E999ull);
-  CHECK(XXH64(nullptr, 0, 0) == 0xEF46DB3751D8E999ull);
-  // Negative: one flipped byte changes the result (the lanes read every byte).
-  for (std::uint64_t pos : {0, 7, 31, 32, 100, 511, 512, 4999}) {
-    std::vector<unsigned char> copy(buf.begin(), buf.begin() + 5000);
-    copy[pos] ^= 0x40;
-    CHECK(lanes_xxh64<16>(copy.data(), 5000, 0) != lanes_xxh64<16>(buf.data(), 5000, 0));
-  }
+  // A term is a bijection of its word: a change confined to one word always
+  // changes the hash (every single-bit change of one word, here).
+  for (std::uint64_t j : {0ull, 1ull, 1000ull})
+    for (int bit = 0; bit < 64; ++bit) CHECK(s64::word_term(0x0123456789ABCDEFull ^ (1ull << bit), j) !=
+                                             s64::word_term(0x0123456789ABCDEFull, j));
 }
 
 TEST_CASE("the content hash is the definition at the edge sizes") {
   at::Generator g = at::detail::createCPUGenerator(7);
-  for (std::int64_t n : {0, 1, 2, 31, 32, 33, 65535, 65536, 65537, 131072, 131073, 3 * 65536 + 17, 1 << 22}) {
+  for (std::int64_t n : {0, 1, 2, 7, 8, 9, 31, 32, 33, 65535, 65536, 65537, 131072, 131073, 3 * 65536 + 17,
+                         16 * 65536 + 3, 1 << 22}) {
     INFO("bytes " << n);
     const at::Tensor t = random_bytes(n, g);
     const std::uint64_t want = reference_hash(t);
     CHECK(gk::content_hash(t) == want);
     CHECK(gk::content_hash_bytes({static_cast<const std::byte*>(t.const_data_ptr()), t.nbytes()}) == want);
   }
-  // The empty tensor hashes the empty digest array with seed 0.
-  CHECK(gk::content_hash(at::empty({0}, at::kFloat)) == XXH64(nullptr, 0, 0));
-  CHECK(gk::content_hash(at::empty({3, 0, 2}, at::kBFloat16)) == XXH64(nullptr, 0, 0));
-  // One block: the digest of the block, hashed as 8 bytes with seed = length.
-  const at::Tensor one = random_bytes(65536, g);
-  const std::uint64_t d = XXH64(one.const_data_ptr(), 65536, 0);
-  CHECK(gk::content_hash(one) == XXH64(&d, 8, 65536));
-  // Negative: the outer seed is the length (seed 0 would be another function).
-  CHECK(gk::content_hash(one) != XXH64(&d, 8, 0));
+  // Negative: the length is hashed (a zero byte appended pads the same last
+  // word), and so is each word's position.
+  const at::Tensor seven = at::tensor({1, 2, 3, 4, 5, 6, 7}, at::kByte);
+  const at::Tensor eight = at::tensor({1, 2, 3, 4, 5, 6, 7, 0}, at::kByte);
+  CHECK(gk::content_hash(seven) != gk::content_hash(eight));
+  CHECK(gk::content_hash(seven) - ref_mix(7 ^ 0x27D4EB2F165667C5ull) ==
+        gk::content_hash(eight) - ref_mix(8 ^ 0x27D4EB2F165667C5ull));
 }
 
 TEST_CASE("the content hash covers every byte, the block order and the length") {
@@ -178,13 +188,13 @@ TEST_CASE("the content hash covers every byte, the block order and the length") 
     c[pos] = (c[pos].item<int>() + 1) % 256;
     CHECK(gk::content_hash(c) != h);
   }
-  // Two whole blocks swapped: same multiset of digests, different hash.
+  // Two whole blocks swapped: the same words at other positions, another hash.
   at::Tensor swapped = t.clone();
   swapped.narrow(0, 0, 65536).copy_(t.narrow(0, 65536, 65536));
   swapped.narrow(0, 65536, 65536).copy_(t.narrow(0, 0, 65536));
   CHECK(gk::content_hash(swapped) != h);
-  // A zero byte appended to a 64 KiB block: the first digest is the same, the
-  // length differs.
+  // A zero byte appended to a 64 KiB block: the same words (the last one
+  // zero), another length.
   const at::Tensor zeros = at::zeros({65536}, at::kByte);
   CHECK(gk::content_hash(zeros) != gk::content_hash(at::zeros({65537}, at::kByte)));
 }
@@ -269,18 +279,46 @@ TEST_CASE("overlaid hashes are the hashes of the bytes with the writes made, wit
     INFO("seed " << seed);
     const OverlayCase c = overlay_case(seed, at::kCPU);
     const at::Tensor untouched = c.storage.clone();
-    CHECK(gk::overlaid_content_hashes(c.tensors, c.overlays) == c.want);
+    CHECK(gk::overlaid_content_hashes(c.tensors, c.before, c.overlays) == c.want);
     CHECK(at::equal(c.storage, untouched));  // nothing was written
     // Negative: without the writes, or with one written byte changed, the
     // hashes are not the target's.
-    CHECK(gk::overlaid_content_hashes(c.tensors, {}) == c.before);
+    CHECK(gk::overlaid_content_hashes(c.tensors, c.before, {}) == c.before);
     for (std::size_t t = 0; t < c.want.size(); ++t) CHECK(c.want[t] != c.before[t]);
     std::vector<gk::HashOverlay> wrong = c.overlays;
     wrong[1].values = wrong[1].values.clone();
     wrong[1].values[0] = (wrong[1].values[0].item<int>() + 1) % 256;
-    const std::vector<std::uint64_t> got = gk::overlaid_content_hashes(c.tensors, wrong);
+    const std::vector<std::uint64_t> got = gk::overlaid_content_hashes(c.tensors, c.before, wrong);
     CHECK(got[0] != c.want[0]);  // the whole storage holds the changed byte
     CHECK(got[4] == c.want[4]);  // the last 19 bytes do not
+    // The result is the given hash plus the change: a wrong hash now gives a
+    // wrong hash after (the caller's promise is not checked) ... (tensor 7:
+    // four lists of writes meet it, the change is summed; the whole storage,
+    // tensor 0, met by more, is hashed whole from a copy)
+    std::vector<std::uint64_t> off = c.before;
+    off[7] += 1;
+    off[0] += 1;
+    const std::vector<std::uint64_t> shifted = gk::overlaid_content_hashes(c.tensors, off, c.overlays);
+    CHECK(shifted[7] == c.want[7] + 1);
+    CHECK(shifted[0] == c.want[0]);
+    // ... and only the words the writes cover are read (O(changed)): a word
+    // no write covers, changed after the hashes now were taken, goes unseen.
+    at::Tensor changed = c.storage.clone();
+    std::vector<at::Tensor> views;
+    for (const at::Tensor& t : c.tensors) views.push_back(changed.narrow(0, t.storage_offset(), t.numel()));
+    std::vector<gk::HashOverlay> moved = c.overlays;
+    for (gk::HashOverlay& o : moved) o.dst = changed.narrow(0, o.dst.storage_offset(), o.dst.numel());
+    const std::vector<std::uint64_t> same = gk::overlaid_content_hashes(views, c.before, moved);
+    CHECK(same == c.want);
+    const std::int64_t from = c.tensors[7].storage_offset();
+    const std::int64_t free_word = first_uncovered_word(c, from);  // in tensor 7, 8-aligned from its start
+    REQUIRE(free_word >= from);
+    REQUIRE(free_word + 8 <= from + views[7].numel());
+    changed[free_word] = (changed[free_word].item<int>() + 1) % 256;
+    const std::vector<std::uint64_t> unseen = gk::overlaid_content_hashes(views, c.before, moved);
+    CHECK(unseen[7] == c.want[7]);
+    CHECK(gk::content_hash(views[7]) != c.before[7]);  // (the byte did change)
+    CHECK(unseen[0] != c.want[0]);                      // (a whole hash sees it)
   }
   // The order of two lists writing the same bytes is the order given.
   const at::Tensor t = at::zeros({64}, at::kByte);
@@ -288,13 +326,16 @@ TEST_CASE("overlaid hashes are the hashes of the bytes with the writes made, wit
   const gk::HashOverlay ones{t, idx, at::full({4}, 1, at::kByte), 1}, twos{t, idx, at::full({4}, 2, at::kByte), 1};
   at::Tensor two = t.clone();
   two.narrow(0, 0, 4).fill_(2);
-  CHECK(gk::overlaid_content_hashes({t}, {ones, twos})[0] == gk::content_hash(two));
-  CHECK(gk::overlaid_content_hashes({t}, {twos, ones})[0] != gk::content_hash(two));
-  // Refusals name the overlay.
-  GK_CHECK_THROWS_WITH_SUBSTR(gk::overlaid_content_hashes({t}, {ones, {t, idx, at::full({4}, 1, at::kByte), 3}}),
+  const std::vector<std::uint64_t> h = {gk::content_hash(t)};
+  CHECK(gk::overlaid_content_hashes({t}, h, {ones, twos})[0] == gk::content_hash(two));
+  CHECK(gk::overlaid_content_hashes({t}, h, {twos, ones})[0] != gk::content_hash(two));
+  // Refusals name the overlay, or the count of hashes.
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::overlaid_content_hashes({t}, h, {ones, {t, idx, at::full({4}, 1, at::kByte), 3}}),
                               gk::WeightError, "overlay 1 has unit 3");
-  GK_CHECK_THROWS_WITH_SUBSTR(gk::overlaid_content_hashes({t}, {{t, idx, at::full({3}, 1, at::kByte), 1}}),
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::overlaid_content_hashes({t}, h, {{t, idx, at::full({3}, 1, at::kByte), 1}}),
                               gk::WeightError, "overlay 0 has 4 indices of 1 bytes each but 3 bytes of values");
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::overlaid_content_hashes({t, t}, h, {ones}), gk::WeightError,
+                              "2 tensors but 1 hashes");
 }
 
 TEST_CASE("hashes format as 16 hex digits and parse back") {
@@ -369,7 +410,7 @@ TEST_CASE("many small tensors and one large one hash in one call") {
     host.push_back(random_bytes(1 + i % 300, g));
     dev.push_back(host.back().cuda());
   }
-  host.push_back(random_bytes(std::int64_t{256} << 20, g));  // 256 MiB: 4096 blocks, 32 KiB of digests
+  host.push_back(random_bytes(std::int64_t{256} << 20, g));  // 256 MiB: 4096 blocks
   dev.push_back(host.back().cuda());
   CHECK(gk::content_hashes(dev) == gk::content_hashes(host));
   // On a side stream, after the caller's writes: the caller's stream keeps
@@ -419,9 +460,18 @@ TEST_CASE("overlaid hashes on the device equal the host's, through every unit, a
     INFO("seed " << seed);
     const OverlayCase c = overlay_case(seed, c10::Device(c10::kCUDA, 0));
     const at::Tensor untouched = c.storage.clone();
-    CHECK(gk::overlaid_content_hashes(c.tensors, c.overlays) == c.want);
+    CHECK(gk::overlaid_content_hashes(c.tensors, c.before, c.overlays) == c.want);
     CHECK(at::equal(c.storage, untouched));
-    CHECK(gk::overlaid_content_hashes(c.tensors, {}) == c.before);
+    CHECK(gk::overlaid_content_hashes(c.tensors, c.before, {}) == c.before);
+    // The device's answer is the host's for the same bytes and writes.
+    std::vector<at::Tensor> host_views;
+    const at::Tensor host = c.storage.cpu();
+    for (const at::Tensor& t : c.tensors) host_views.push_back(host.narrow(0, t.storage_offset(), t.numel()));
+    std::vector<gk::HashOverlay> host_overlays;
+    for (const gk::HashOverlay& o : c.overlays)
+      host_overlays.push_back({host.narrow(0, o.dst.storage_offset(), o.dst.numel()), o.indices.cpu(), o.values.cpu(),
+                               o.unit});
+    CHECK(gk::overlaid_content_hashes(host_views, c.before, host_overlays) == c.want);
   }
 }
 

@@ -10,8 +10,8 @@ written with safetensors.torch.save_file. Then:
 (a) `gk-patch diff` writes a patch; the Python `safetensors` package reads
     it, and everything in it is checked against what this script computes on
     its own: the header, which tensors and indices changed (bitwise), the
-    values, the encodings, and the content hashes recomputed with the
-    `xxhash` package;
+    values, the encodings, and the content hashes recomputed from their
+    definition in plain Python integers;
 (b) `gk-patch apply` writes a directory equal to the target bitwise, with the
     base's layout (files, tensor order, metadata, index, config.json);
     `gk-patch stats --json` reports the counts; the patch writes NaN and
@@ -31,7 +31,7 @@ written with safetensors.torch.save_file. Then:
     tensor and in the totals (none for an integer tensor holding a NaN's
     bits); a finite patch passes verify, and stats counts 0.
 
-A missing `safetensors`, `numpy`, `torch` or `xxhash` module is a failure
+A missing `safetensors`, `numpy` or `torch` module is a failure
 (scripts/setup.sh installs them).
 """
 import json
@@ -44,12 +44,11 @@ import tempfile
 try:
     import numpy  # noqa: F401  (save_file needs it)
     import torch
-    import xxhash
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 except ImportError as e:  # pragma: no cover - environment problem
     print(f"delta_interop: FAILED: cannot import a reference ({e}).\n"
-          f"  Install with scripts/setup.sh or: {sys.executable} -m pip install safetensors numpy xxhash",
+          f"  Install with scripts/setup.sh or: {sys.executable} -m pip install safetensors numpy",
           file=sys.stderr)
     sys.exit(1)
 
@@ -76,11 +75,20 @@ def raw(t):
     return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
-def xxh_content_hash(t):
-    """gk-xxh64-blocks v1, from the definition (not the snippet under test)."""
+def ref_content_hash(t):
+    """gk-sum64 v1 from the definition in plain integers (not the snippet under test's NumPy)."""
+    mask = (1 << 64) - 1
+
+    def mix(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
     data = raw(t)
-    digests = b"".join(xxhash.xxh64(data[i:i + BLOCK]).digest()[::-1] for i in range(0, len(data), BLOCK))
-    return f"{xxhash.xxh64(digests, seed=len(data)).intdigest():016x}"
+    h = mix(len(data) ^ 0x27D4EB2F165667C5)
+    for j in range(0, len(data), 8):
+        h = (h + mix((int.from_bytes(data[j:j + 8], "little") + (j // 8 + 1) * 0x9E3779B97F4A7C15) & mask)) & mask
+    return f"{h:016x}"
 
 
 def bits_equal(a, b):
@@ -215,7 +223,7 @@ def main():
             file_tensors = {k: f.get_tensor(k) for k in f.keys()}
         check(header["format"] == "gk-patch" and header["version"] == 1, f"format/version: {header}")
         check(header["base"] == "s1" and header["target"] == "s2", "version ids")
-        check(header["hash"] == "gk-xxh64-blocks v1", "hash name")
+        check(header["hash"] == "gk-sum64 v1", "hash name")
         check(sorted(header["tensors"]) == sorted(expect), f"entries {sorted(header['tensors'])}")
         want_files = set()
         for n, idx in expect.items():
@@ -226,8 +234,8 @@ def main():
             check(e.get("encoding") == ("dense" if dense else "sparse"), f"{n}: encoding {e.get('encoding')}")
             check(e.get("dtype") == ST_NAME[t.dtype] and e.get("shape") == list(t.shape), f"{n}: dtype/shape")
             check(e.get("count") == (numel if dense else idx.numel()), f"{n}: count {e.get('count')}")
-            check(e.get("base_hash") == xxh_content_hash(b), f"{n}: base hash {e.get('base_hash')}")
-            check(e.get("target_hash") == xxh_content_hash(t), f"{n}: target hash {e.get('target_hash')}")
+            check(e.get("base_hash") == ref_content_hash(b), f"{n}: base hash {e.get('base_hash')}")
+            check(e.get("target_hash") == ref_content_hash(t), f"{n}: target hash {e.get('target_hash')}")
             if dense:
                 want_files.add(f"{n}::dense")
                 check(bits_equal(file_tensors.get(f"{n}::dense", torch.empty(0)), t), f"{n}: dense values")

@@ -333,7 +333,7 @@ TEST_CASE("a patch file round trips, and any safetensors reader sees its format"
   REQUIRE(src.metadata().count("gk_patch") == 1);
   const std::string& header = src.metadata().at("gk_patch");
   CHECK(header.find("\"format\":\"gk-patch\"") != std::string::npos);
-  CHECK(header.find("\"hash\":\"gk-xxh64-blocks v1\"") != std::string::npos);
+  CHECK(header.find("\"hash\":\"gk-sum64 v1\"") != std::string::npos);
   CHECK(header.find("\"base_hash\":\"" + gk::format_content_hash(p.entries[0].base_hash) + "\"") != std::string::npos);
   // The patch pins the unchanged tensor too: applied to another norm weight, refused.
   std::vector<gk::NamedTensor> other = clone_all(w.base);
@@ -572,8 +572,11 @@ TEST_CASE("bad patch files are refused, naming the file and the tensor") {
   check_msg(refusal(tensors, {{"gk_patch", replaced("\"version\":1", "\"version\":1,\"extra\":0")}}),
             "has the member \"extra\", which format version 1 does not have");
   check_msg(refusal(tensors, {{"gk_patch", replaced("\"format\":\"gk-patch\",", "")}}), "lacks the member \"format\"");
-  check_msg(refusal(tensors, {{"gk_patch", replaced("gk-xxh64-blocks v1", "sha256")}}),
-            "the hashes are \"sha256\"; this graphkeep computes \"gk-xxh64-blocks v1\"");
+  check_msg(refusal(tensors, {{"gk_patch", replaced("gk-sum64 v1", "sha256")}}),
+            "the hashes are \"sha256\"; this graphkeep computes \"gk-sum64 v1\"");
+  // A patch of the earlier hash function is refused by its name.
+  check_msg(refusal(tensors, {{"gk_patch", replaced("gk-sum64 v1", "gk-xxh64-blocks v1")}}),
+            "the hashes are \"gk-xxh64-blocks v1\"; this graphkeep computes \"gk-sum64 v1\"");
   check_msg(refusal(tensors, {{"gk_patch", replaced("\"encoding\":\"sparse\"", "\"encoding\":\"rle\"")}}),
             "tensor 'embed.weight': unknown encoding \"rle\"");
   const std::string h0 = gk::format_content_hash(p.entries[0].base_hash);

@@ -1,6 +1,7 @@
 // hashing/cuda/content_hash_launch.h: the plain CUDA launcher behind
-// gk::content_hashes on a CUDA device (no Torch in the .cu). Internal to the
-// hashing layer; hashing/content_hash.cpp builds the job.
+// gk::content_hashes and gk::overlaid_content_hashes on a CUDA device (no
+// Torch in the .cu). Internal to the hashing layer; hashing/content_hash.cpp
+// builds the job.
 #pragma once
 
 #include <graphkeep/hashing/overlay_load.h>
@@ -9,22 +10,23 @@
 
 namespace gk::cuda {
 
-// One launch hashes `count` non-empty tensors of one device. Every pointer is
-// device memory of that device; the caller allocates and fills the inputs,
-// zeroes `done`, and keeps it all alive until the stream has run.
+// One launch sums, for `count` non-empty tensors of one device, the word
+// terms of Note [Content hash: gk-sum64 v1] (content_hash.h) into sums[t]:
+// every word's term, or, with `sources`, the change the writes make to the
+// terms of the words they cover. Every pointer is device memory of that
+// device; the caller allocates and fills the inputs, zeroes `sums`, and
+// keeps it all alive until the stream has run.
 struct ContentHashJob {
   const std::uint64_t* data = nullptr;         // [count] address of each tensor's first byte
   const std::uint64_t* nbytes = nullptr;       // [count] its byte length (> 0)
   const std::uint64_t* block_begin = nullptr;  // [count + 1] its first 64 KiB block among all blocks
-  unsigned long long* done = nullptr;          // [count] zeroed: blocks hashed so far
-  std::uint64_t* digests = nullptr;            // [blocks] XXH64 of every block
-  std::uint64_t* out = nullptr;                // [count] the content hashes
+  unsigned long long* sums = nullptr;          // [count] zeroed: the sums, modulo 2^64
   int count = 0;
   std::uint64_t blocks = 0;  // block_begin[count]
-  // Optional (gk::overlaid_content_hashes): tensor t is read through the
-  // writes sources[source_begin[t] .. source_begin[t + 1]) (at most
-  // kMaxOverlaySources of them); null: read as memory holds it.
-  const gk::detail::xxh64::OverlaySource* sources = nullptr;
+  // Optional (gk::overlaid_content_hashes): tensor t's writes are
+  // sources[source_begin[t] .. source_begin[t + 1]) (at most
+  // kMaxOverlaySources of them); null: the whole hash's terms.
+  const gk::detail::sum64::OverlaySource* sources = nullptr;
   const std::uint32_t* source_begin = nullptr;  // [count + 1]
 };
 

@@ -99,7 +99,7 @@ def read_patch(path: str) -> Patch:
     """gk::read_patch: reads and validates a patch file."""
 
 def content_hash(tensor: torch.Tensor) -> int:
-    """gk::content_hash (gk-xxh64-blocks v1), on the tensor's device."""
+    """gk::content_hash (gk-sum64 v1), on the tensor's device."""
 
 def format_content_hash(hash: int) -> str:
     """16 lowercase hex digits."""

@@ -96,7 +96,7 @@ def adapter_tensors(adapter: Union[torch.nn.Module, Mapping[str, torch.Tensor]])
 
 
 def content_hash(tensor: torch.Tensor) -> int:
-    """The content hash of a tensor (gk-xxh64-blocks v1, docs/delta.md): of its elements'
+    """The content hash of a tensor (gk-sum64 v1, docs/delta.md): of its elements'
     bytes in row-major order, on its device; the same value on a CPU and a GPU. A
     non-contiguous tensor is copied first (the C++ function refuses one)."""
     if not isinstance(tensor, torch.Tensor):

@@ -1,8 +1,8 @@
 """Weight patches from Python (graphkeep/patch.py): make_patch, files, content hashes,
 the trainer-side PatchPublisher, and an RL loop that publishes a patch every step.
 
-Oracles nobody here wrote: the content hash is computed again from its definition with
-the `xxhash` package; a patch is applied in plain PyTorch (index assignment) and must
+Oracles: the content hash is computed again from its definition in plain Python integers
+(docs/delta.md), whose splitmix64 outputs are checked against their published values; a patch is applied in plain PyTorch (index assignment) and must
 give the target bit for bit; patch files are read back with the `safetensors` package;
 the served tokens after each patch equal a fresh engine built from the published
 weights (bitwise: same code, same weights)."""
@@ -14,19 +14,27 @@ import torch
 
 import graphkeep
 
-xxhash = pytest.importorskip("xxhash")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 BLOCK = 64 * 1024
+MASK = (1 << 64) - 1
 
 
-def xxh_content_hash(t: torch.Tensor) -> int:
-    """gk-xxh64-blocks v1 (docs/delta.md), from its definition."""
+def _mix(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def ref_content_hash(t: torch.Tensor) -> int:
+    """gk-sum64 v1 (docs/delta.md), from its definition, one word at a time."""
     t = t.contiguous()
     data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    digests = b"".join(xxhash.xxh64_intdigest(data[i:i + BLOCK]).to_bytes(8, "little")
-                       for i in range(0, len(data), BLOCK))
-    return xxhash.xxh64_intdigest(digests, seed=len(data))
+    h = _mix(len(data) ^ 0x27D4EB2F165667C5)
+    for j in range(0, len(data), 8):
+        w = int.from_bytes(data[j:j + 8], "little")
+        h = (h + _mix((w + (j // 8 + 1) * 0x9E3779B97F4A7C15) & MASK)) & MASK
+    return h
 
 
 def applied(before: dict, patch) -> dict:
@@ -47,14 +55,19 @@ def bits(t: torch.Tensor) -> bytes:
 
 
 def test_content_hash_is_the_documented_function():
+    # splitmix64's first outputs from state 0 (published values) are the terms of zero words
+    published = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F, 0xF88BB8A8724C81EC]
+    assert [_mix((j + 1) * 0x9E3779B97F4A7C15 & MASK) for j in range(4)] == published
+    assert graphkeep.content_hash(torch.zeros(32, dtype=torch.uint8)) == \
+        (_mix(32 ^ 0x27D4EB2F165667C5) + sum(published)) & MASK
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int8):
         for n in (0, 1, 7, BLOCK // 2 + 3, BLOCK + 1):
             t = (torch.randn(n, generator=g) * 50).to(dtype)
-            assert graphkeep.content_hash(t) == xxh_content_hash(t), (dtype, n)
+            assert graphkeep.content_hash(t) == ref_content_hash(t), (dtype, n)
     # a non-contiguous view hashes as its row-major elements
     m = torch.randn(64, 33, generator=g)
-    assert graphkeep.content_hash(m.t()) == xxh_content_hash(m.t().contiguous())
+    assert graphkeep.content_hash(m.t()) == ref_content_hash(m.t().contiguous())
     with pytest.raises(TypeError, match="tensor must be a torch.Tensor"):
         graphkeep.content_hash([1.0])
 
@@ -74,8 +87,8 @@ def test_make_patch_save_read_and_apply_bitwise(tmp_path):
     assert b.encoding == "dense" and b.indices is None
     assert p.find("c.same") is None
     for e in p.entries:
-        assert e.base_hash == xxh_content_hash(before[e.name])
-        assert e.target_hash == xxh_content_hash(after[e.name])
+        assert e.base_hash == ref_content_hash(before[e.name])
+        assert e.target_hash == ref_content_hash(after[e.name])
     got = applied(before, p)
     assert all(bits(got[n]) == bits(after[n]) for n in after)
     # every unchanged tensor recorded too, so that applying checks its base

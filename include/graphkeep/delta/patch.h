@@ -24,7 +24,7 @@
 //
 //   {"format": "gk-patch", "version": 1,
 //    "base": "<base version id>", "target": "<target version id>",
-//    "hash": "gk-xxh64-blocks v1",
+//    "hash": "gk-sum64 v1",
 //    "tensors": {"<name>": {"dtype": "BF16", "shape": [4096, 4096],
 //                           "encoding": "sparse", "count": 1234,
 //                           "base_hash": "<16 hex digits>", "target_hash": "<16 hex digits>"}, ...}}

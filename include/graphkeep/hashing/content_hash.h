@@ -1,36 +1,46 @@
 // graphkeep/hashing/content_hash.h
 //
-// The content hash of a tensor's bytes: one function, "gk-xxh64-blocks v1",
-// computed identically on the host (libxxhash, in parallel over blocks) and
-// on a CUDA device (graphkeep's own kernel, many tensors in one launch). A
-// patch records the hash of each tensor it touches before and after (the
-// delta layer), so that a patch is applied only to the bytes it was made
-// from, and the result is checked to be the bytes it was made for.
+// The content hash of a tensor's bytes: one function, "gk-sum64 v1",
+// computed identically on the host and on a CUDA device (graphkeep's own
+// kernel, many tensors in one launch). A patch records the hash of each
+// tensor it touches before and after (the delta layer), so that a patch is
+// applied only to the bytes it was made from, and the result is checked to
+// be the bytes it was made for.
 //
 //   std::uint64_t h = gk::content_hash(weight);                   // CPU or CUDA
 //   std::vector<std::uint64_t> hs = gk::content_hashes(weights);  // one launch, one sync per device
 //   std::string s = gk::format_content_hash(h);                   // "0123456789abcdef"
 //
-// Note [Content hash: gk-xxh64-blocks v1]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// The bytes hashed are a contiguous tensor's numel * itemsize bytes from its
-// first element (its data pointer, storage offset included), row-major, as
-// they lie in memory. They are split into blocks of 64 KiB (65,536 bytes;
-// the last block may be shorter; zero bytes give no block), and
+// Note [Content hash: gk-sum64 v1]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The bytes hashed are a contiguous tensor's numel * itemsize = n bytes from
+// its first element (its data pointer, storage offset included), row-major,
+// as they lie in memory. They are read as ceil(n / 8) little-endian 64-bit
+// words w_j (the last one zero-padded), and, modulo 2^64,
 //
-//   digest_i = XXH64(block_i, seed = 0)
-//   hash     = XXH64(digest_0 .. digest_{n-1} as little-endian uint64 (8n bytes),
-//                    seed = the total byte length)
+//   mix(z)  = splitmix64's output function of z (Vigna's splitmix64.c)
+//   hash    = mix(n ^ 0x27D4EB2F165667C5) + sum_j mix(w_j + (j + 1) * 0x9E3779B97F4A7C15)
 //
-// XXH64 is xxHash's 64-bit function (the reference library libxxhash; the
-// Python package `xxhash` computes the same). The
-// seed of the outer hash makes two byte strings of different lengths whose
-// digests agree (which the block split alone would allow for a final short
-// block) differ anyway. The dtype and shape are not hashed: they are
+// so the term of word j is the (j + 1)-th output of splitmix64 started from
+// state w_j (graphkeep/hashing/sum64.h has the arithmetic; docs/delta.md a
+// NumPy version in ten lines). The dtype and shape are not hashed: they are
 // recorded next to the hash where it matters (a patch header records both).
-// Blocks make the function parallel with a fixed result: every host thread
-// and every group of four device threads hashes whole blocks on its own, and
-// the outer hash reads 8 bytes per 64 KiB (1/8192 of the input).
+//
+// Why a sum (an incremental hash in the sense of Bellare and Micciancio's
+// AdHash) rather than a chained one such as XXH64 (this project's earlier
+// "gk-xxh64-blocks v1", whose files an engine now refuses by that name):
+// changing word j from a to b changes the hash by
+// mix(b + ...) - mix(a + ...), so the hash of a tensor after a sparse write
+// is its hash before plus a sum over the words written, O(changed) instead of
+// a read of the whole tensor (gk::overlaid_content_hashes; a weight patch's
+// stage checks its target hashes that way: Note [Hashing through the
+// writes]). And every word is independent, so a device reads at memory speed
+// with no serial chain per lane. What it detects: each term is a bijection of
+// its word, so any change confined to one word always changes the hash;
+// other accidental changes (several words, moved words: the position is in
+// each term) collide with probability about 2^-64. It is not a cryptographic
+// hash, nor was XXH64: a party that can write the patch can write the
+// weights, and a sum of 64-bit terms can be forged on purpose.
 //
 // Why the hash refuses a non-contiguous tensor instead of hashing
 // t.contiguous(): the copy would be a hidden allocation as large as the
@@ -52,11 +62,9 @@
 namespace gk {
 
 // The name of the function, as recorded in files that carry its hashes.
-inline constexpr std::string_view kContentHashName = "gk-xxh64-blocks v1";
-// Bytes per block (Note [Content hash: gk-xxh64-blocks v1]).
-inline constexpr std::size_t kContentHashBlockBytes = 64 * 1024;
+inline constexpr std::string_view kContentHashName = "gk-sum64 v1";
 
-// The content hash of bytes in host memory (parallel over blocks).
+// The content hash of bytes in host memory (parallel over 64 KiB blocks).
 std::uint64_t content_hash_bytes(std::span<const std::byte> bytes);
 
 // The content hash of a contiguous tensor's bytes, on its device (CPU: the

@@ -1,36 +1,32 @@
 // graphkeep/hashing/overlay_load.h
 //
-// A Load policy for the XXH64 lane code (xxh64_lanes.h) that reads memory as
-// it will be after a set of writes: each word or byte read comes from memory
-// unless a write covers it, in which case it comes from that write's value.
-// Header-only, host and device, no Torch: the CUDA content hash kernel runs
-// it for gk::overlaid_content_hashes (overlaid_hash.h), and the host runs
-// the very same code, so the tests check the device arithmetic on machines
-// without a GPU.
+// What a set of writes not yet made changes in a content hash: each word a
+// write covers is read as memory holds it and as it will be, and the
+// difference of the two words' terms (sum64.h) is summed. Header-only, host
+// and device, no Torch: the CUDA kernel runs it for
+// gk::overlaid_content_hashes (overlaid_hash.h), and the host runs the very
+// same code, so the tests check the device arithmetic on machines without a
+// GPU.
 //
-//   using namespace gk::detail::xxh64;
+//   using namespace gk::detail::sum64;
 //   OverlayLoad<HostLoad> load{HostLoad{}, sources, n};
-//   load.start(p);                                  // p: the first byte to be read
-//   std::uint64_t v = load.fix(load.word(p), p);    // memory at p, the writes applied
+//   std::uint64_t d = load.delta(p, nbytes, 0, nbytes);   // whole tensor at p
+//   // content_hash(tensor with the writes made) == content_hash(tensor) + d
 //
 // A source is one list of writes of `unit` bytes each: write k puts the
 // `unit` bytes at values + k * unit at address base + indices[k] * unit.
 // Indices ascend strictly within a source, so the writes of a source never
-// overlap and a cursor per source walks them in address order. word() only
-// loads; fix() applies the writes, and the lane loop calls it in ascending
-// address order once the loads of a chunk are in flight (then finish()
-// reads the tail bytes, above them, through byte()): each read passes the
-// writes below it once, and the whole read costs O(bytes + writes). Sources
-// apply in order: where two sources write the same byte, the later one's
-// byte is read. Reading an address below one already fixed is not supported
-// (the cursors do not move back).
+// overlap and a cursor per source walks them in address order: delta()
+// jumps from one covered word to the next, so it costs O(writes + covered
+// words), whatever the bytes between them. Sources apply in order: where two
+// sources write the same byte, the later one's byte counts.
 #pragma once
 
-#include <graphkeep/hashing/xxh64_lanes.h>
+#include <graphkeep/hashing/sum64.h>
 
 #include <cstdint>
 
-namespace gk::detail::xxh64 {
+namespace gk::detail::sum64 {
 
 // One list of writes (see the header comment). Plain data, shared by the
 // host and the kernel.
@@ -43,7 +39,7 @@ struct OverlaySource {
   std::uint32_t index_bytes = 0;         // 4 or 8
 };
 
-// Sources one read may apply (a tensor overlapped by more is hashed from a
+// Sources one tensor may meet (a tensor overlapped by more is hashed from a
 // copy with the writes made: gk::overlaid_content_hashes). A tensor a patch
 // touches meets at most three: the elements in its first partial sector,
 // the whole sectors, the elements in its last partial sector.
@@ -54,27 +50,29 @@ struct OverlayLoad {
   Mem mem;                     // reads memory: word(p), byte(p)
   const OverlaySource* src = nullptr;
   int n = 0;                   // sources, at most kMaxOverlaySources
-  // Per source: its first write not wholly below the bytes read so far, and
-  // that write's address (~0: none left). Kept in registers: the loops over
-  // sources are unrolled, so a word no write covers costs n comparisons.
-  mutable std::uint64_t k[kMaxOverlaySources] = {};
-  mutable std::uint64_t at[kMaxOverlaySources] = {};
+  // Per source: its first write not wholly below the bytes visited so far,
+  // and that write's address (~0: none left). Kept in registers: the loops
+  // over sources are unrolled.
+  std::uint64_t k[kMaxOverlaySources] = {};
+  std::uint64_t at[kMaxOverlaySources] = {};
 
   static constexpr std::uint64_t kNone = ~std::uint64_t{0};
 
-  GK_XXH64_HD static std::uint64_t index(const OverlaySource& s, std::uint64_t j) {
+  GK_SUM64_HD static std::uint64_t index(const OverlaySource& s, std::uint64_t j) {
     return s.index_bytes == 4
                ? static_cast<std::uint64_t>(static_cast<const std::int32_t*>(s.indices)[j])
                : static_cast<std::uint64_t>(static_cast<const std::int64_t*>(s.indices)[j]);
   }
-  GK_XXH64_HD static std::uint64_t addr(const OverlaySource& s, std::uint64_t j) {
+  GK_SUM64_HD static std::uint64_t addr(const OverlaySource& s, std::uint64_t j) {
     return j < s.count ? s.base + index(s, j) * s.unit : kNone;
   }
+  GK_SUM64_HD static std::uint64_t address(const unsigned char* p) {
+    return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
+  }
 
-  // Sets each cursor to the source's first write that ends above p.
-  GK_XXH64_HD void start(const unsigned char* p) {
-    const auto a = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p));
-    GK_XXH64_UNROLL
+  // Sets each cursor to the source's first write that ends above address a.
+  GK_SUM64_HD void start(std::uint64_t a) {
+    GK_SUM64_UNROLL
     for (int i = 0; i < kMaxOverlaySources; ++i) {
       if (i >= n) break;
       std::uint64_t lo = 0, hi = src[i].count;
@@ -87,12 +85,27 @@ struct OverlayLoad {
     }
   }
 
+  // The lowest address at or above a that a write covers (kNone: none).
+  // Passes, for good, the writes wholly below a.
+  GK_SUM64_HD std::uint64_t next_covered(std::uint64_t a) {
+    std::uint64_t best = kNone;
+    GK_SUM64_UNROLL
+    for (int i = 0; i < kMaxOverlaySources; ++i) {
+      if (i >= n) break;
+      const OverlaySource& s = src[i];
+      while (at[i] != kNone && at[i] + s.unit <= a) at[i] = addr(s, ++k[i]);
+      if (at[i] == kNone) continue;
+      const std::uint64_t c = at[i] > a ? at[i] : a;
+      if (c < best) best = c;
+    }
+    return best;
+  }
+
   // v with the bytes of [a, a + len) that the write of `unit` bytes at
   // address w (its bytes at vals) covers.
-  GK_XXH64_HD static std::uint64_t patch(std::uint64_t v, std::uint64_t a, std::uint64_t len, std::uint64_t w,
+  GK_SUM64_HD static std::uint64_t patch(std::uint64_t v, std::uint64_t a, std::uint64_t len, std::uint64_t w,
                                          const unsigned char* vals, std::uint32_t unit) {
-    if (len == 8 && w <= a && a + 8 <= w + unit &&
-        (((a - w) | static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(vals))) & 7u) == 0) {
+    if (len == 8 && w <= a && a + 8 <= w + unit && (((a - w) | address(vals)) & 7u) == 0) {
 #if defined(__CUDA_ARCH__)
       return *reinterpret_cast<const std::uint64_t*>(vals + (a - w));
 #else
@@ -110,11 +123,12 @@ struct OverlayLoad {
   }
 
   // `v`, the `len` bytes of memory at address a (little-endian), with every
-  // write that covers one of them applied, sources in order.
-  GK_XXH64_HD std::uint64_t apply(std::uint64_t v, std::uint64_t a, std::uint64_t len) const {
-    GK_XXH64_UNROLL
+  // write that covers one of them applied, sources in order. The cursors
+  // must be at or below a (start(), next_covered()).
+  GK_SUM64_HD std::uint64_t apply(std::uint64_t v, std::uint64_t a, std::uint64_t len) {
+    GK_SUM64_UNROLL
     for (int i = 0; i < kMaxOverlaySources; ++i) {
-      if (i >= n || at[i] >= a + len) continue;  // (the common case: no write here)
+      if (i >= n || at[i] >= a + len) continue;  // (no write here)
       const OverlaySource& s = src[i];
       while (at[i] != kNone && at[i] + s.unit <= a) at[i] = addr(s, ++k[i]);  // wholly below: passed for good
       for (std::uint64_t j = k[i], w = at[i]; w < a + len; w = addr(s, ++j))
@@ -123,13 +137,26 @@ struct OverlayLoad {
     return v;
   }
 
-  GK_XXH64_HD std::uint64_t word(const unsigned char* p) const { return mem.word(p); }
-  GK_XXH64_HD std::uint64_t fix(std::uint64_t v, const unsigned char* p) const {
-    return apply(v, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)), 8);
-  }
-  GK_XXH64_HD std::uint64_t byte(const unsigned char* p) const {
-    return apply(mem.byte(p), static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)), 1);
+  // The change the writes make to the hash's word terms over bytes [lo, hi)
+  // of the `nbytes` bytes at p (lo a multiple of 8, hi <= nbytes): the sum
+  // of word_term(as it will be) - word_term(as it is) over the words there
+  // that a write covers (a word a write leaves as it was adds 0). Words are
+  // numbered from p; writes outside [p + lo, p + hi) are ignored.
+  GK_SUM64_HD std::uint64_t delta(const unsigned char* p, std::uint64_t nbytes, std::uint64_t lo, std::uint64_t hi) {
+    const std::uint64_t base = address(p);
+    start(base + lo);
+    std::uint64_t d = 0;
+    for (std::uint64_t a = base + lo;;) {
+      const std::uint64_t c = next_covered(a);
+      if (c >= base + hi) break;  // (kNone included)
+      const std::uint64_t j = (c - base) / 8;
+      const std::uint64_t len = nbytes - 8 * j < 8 ? nbytes - 8 * j : 8;
+      const std::uint64_t was = word_at(p, nbytes, j, mem);
+      d += word_term(apply(was, base + 8 * j, len), j) - word_term(was, j);
+      a = base + 8 * j + 8;
+    }
+    return d;
   }
 };
 
-}  // namespace gk::detail::xxh64
+}  // namespace gk::detail::sum64

@@ -1,7 +1,7 @@
 // graphkeep/reload/served_weights.h
 //
-// What a ReloadEngine serves, by content: the content hash ("gk-xxh64-blocks
-// v1", graphkeep/hashing/content_hash.h) of every checkpoint tensor as it was
+// What a ReloadEngine serves, by content: the content hash ("gk-sum64 v1",
+// graphkeep/hashing/content_hash.h) of every checkpoint tensor as it was
 // loaded (checkpoint format, before PWAL), recorded during the first load,
 // every reload and stage, and every patch; and a content version that names
 // the whole set. This is what a weight patch is checked against (its base
@@ -47,7 +47,7 @@ class ServedWeights {
   std::optional<std::uint64_t> hash(std::string_view name) const;
   // Every checkpoint tensor with its hash, sorted by name.
   const std::vector<std::pair<std::string, std::uint64_t>>& hashes() const noexcept;
-  // The content version: XXH64 over the sorted (name, hash) pairs (Note
+  // The content version: the content hash of the sorted (name, hash) pairs (Note
   // [Content versions] in reload/served_state.cpp). Equal content gives an
   // equal version, so weights A reloaded after B are recognised as A.
   std::uint64_t content_version() const noexcept;
