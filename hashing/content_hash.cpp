@@ -8,7 +8,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <functional>
 #include <bit>
 #include <limits>
 #include <map>
@@ -27,21 +26,6 @@ static_assert(std::endian::native == std::endian::little,
               "the content hash reads little-endian words as they lie in memory here");
 
 namespace detail {
-
-std::uint64_t sum_blocks(std::size_t n, const std::function<std::uint64_t(std::uint64_t, std::uint64_t)>& words) {
-  const std::uint64_t nwords = sum64::words_of(n);
-  const auto blocks = static_cast<std::int64_t>((nwords + kBlockWords - 1) / kBlockWords);
-  std::vector<std::uint64_t> partial(static_cast<std::size_t>(blocks));
-  at::parallel_for(0, blocks, kHostGrainBlocks, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) {
-      const std::uint64_t first = static_cast<std::uint64_t>(i) * kBlockWords;
-      partial[static_cast<std::size_t>(i)] = words(first, std::min(nwords, first + kBlockWords));
-    }
-  });
-  std::uint64_t s = 0;
-  for (const std::uint64_t v : partial) s += v;  // modulo 2^64: the order does not matter
-  return s;
-}
 
 std::uint64_t host_hash(const std::byte* p, std::size_t n) {
   const auto* q = reinterpret_cast<const unsigned char*>(p);

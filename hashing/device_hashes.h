@@ -5,11 +5,12 @@
 
 #include <graphkeep/hashing/overlay_load.h>
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <vector>
 
@@ -27,8 +28,24 @@ inline constexpr std::uint64_t kBlockWords = 8192;
 inline constexpr std::int64_t kHostGrainBlocks = 16;
 
 // The sum, modulo 2^64, of words(first, last) over the blocks of the words
-// of n bytes, the blocks in parallel on the host.
-std::uint64_t sum_blocks(std::size_t n, const std::function<std::uint64_t(std::uint64_t, std::uint64_t)>& words);
+// of n bytes, the blocks in parallel on the host (one block: inline, with
+// nothing allocated; a patch's targets are mostly that small at MoE scale).
+template <class Words>
+std::uint64_t sum_blocks(std::size_t n, const Words& words) {
+  const std::uint64_t nwords = sum64::words_of(n);
+  if (nwords <= kBlockWords) return nwords == 0 ? 0 : words(std::uint64_t{0}, nwords);
+  const auto blocks = static_cast<std::int64_t>((nwords + kBlockWords - 1) / kBlockWords);
+  std::vector<std::uint64_t> partial(static_cast<std::size_t>(blocks));
+  at::parallel_for(0, blocks, kHostGrainBlocks, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) {
+      const std::uint64_t first = static_cast<std::uint64_t>(i) * kBlockWords;
+      partial[static_cast<std::size_t>(i)] = words(first, std::min(nwords, first + kBlockWords));
+    }
+  });
+  std::uint64_t s = 0;
+  for (const std::uint64_t v : partial) s += v;  // modulo 2^64: the order does not matter
+  return s;
+}
 
 // The content hash of n bytes at p, on the host (parallel over blocks).
 std::uint64_t host_hash(const std::byte* p, std::size_t n);

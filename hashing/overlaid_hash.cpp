@@ -135,6 +135,7 @@ std::vector<std::uint64_t> overlaid_content_hashes(const std::vector<at::Tensor>
   std::vector<std::size_t> copied;
   std::vector<std::vector<x::OverlaySource>> sources(tensors.size());
   std::map<c10::DeviceIndex, std::vector<std::size_t>> by_device;
+  std::vector<std::size_t> on_host;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     if (which[t].empty()) continue;
     if (which[t].size() > static_cast<std::size_t>(x::kMaxOverlaySources)) {
@@ -144,8 +145,16 @@ std::vector<std::uint64_t> overlaid_content_hashes(const std::vector<at::Tensor>
     }
     for (std::size_t i : which[t]) sources[t].push_back(source_of(overlays[i]));
     if (tensors[t].is_cuda()) by_device[tensors[t].device().index()].push_back(t);
-    else out[t] = hashes[t] + host_delta(tensors[t], sources[t]);
+    else on_host.push_back(t);
   }
+  // The host's: the tensors in parallel (a MoE patch's are many and small),
+  // each one's blocks in parallel where it is large.
+  at::parallel_for(0, static_cast<std::int64_t>(on_host.size()), 1, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) {
+      const std::size_t t = on_host[static_cast<std::size_t>(i)];
+      out[t] = hashes[t] + host_delta(tensors[t], sources[t]);
+    }
+  });
 #if defined(GRAPHKEEP_WITH_CUDA)
   // One launch per device for every tensor of it that writes meet; the
   // copies' whole hashes launched before the first wait.

@@ -50,14 +50,14 @@ at::Tensor whole_storage(const at::Tensor& t) {
 void land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bool verify) {
   if (verify) {
     for (const PatchLanding& l : ls) {
-      sp.verify.push_back(detail::flat_bits(l.dst));
+      sp.verify.push_back(l.bits);
       sp.verify_names.push_back(l.entry->name);
       sp.verify_hashes.push_back(l.entry->target_hash);
     }
   }
   auto alone = [&](std::size_t i) {
     const PatchLanding& l = ls[i];
-    const at::Tensor bits = detail::flat_bits(l.dst);
+    const at::Tensor& bits = l.bits;
     // (A sparse undo's values are gathered at the end of the stage, all at once: gather_items.)
     sp.undo.push_back({bits, l.indices, l.indices.defined() ? at::Tensor() : bits.clone()});
     sp.writes.push_back({bits, l.indices, l.values});

@@ -23,6 +23,7 @@ inline const void* storage_key(const at::Tensor& t) { return t.storage().unsafeG
 // checkpoint format: the entry's flat indices are its flat indices).
 struct PatchLanding {
   at::Tensor dst;
+  at::Tensor bits;  // detail::flat_bits(dst): what the writes and the target hash see
   const PatchEntry* entry = nullptr;
   at::Tensor indices, values;  // on dst's device; values as integers of their size; indices undefined: dense
 };

@@ -22,9 +22,13 @@ inline at::ScalarType bits_dtype(std::size_t itemsize) {
   GK_THROW(WeightError, "a patch moves elements of 1, 2, 4 or 8 bytes, not ", itemsize);
 }
 
-// A contiguous tensor as a 1-D view of integers of its element size (no copy).
+// A contiguous tensor as a 1-D view of integers of its element size (no
+// copy; no view made of what is one already: a MoE patch asks this of each
+// of 18,000 entries).
 inline at::Tensor flat_bits(const at::Tensor& contiguous) {
-  return contiguous.view(-1).view(bits_dtype(contiguous.element_size()));
+  const at::ScalarType bits = bits_dtype(contiguous.element_size());
+  const at::Tensor flat = contiguous.dim() == 1 ? contiguous : contiguous.view(-1);
+  return flat.scalar_type() == bits ? flat : flat.view(bits);
 }
 
 }  // namespace gk::detail
