@@ -213,7 +213,10 @@ void validate_patch(const Patch& patch) {
   for (const auto& [device, which] : by_device.list()) {
     std::vector<at::Tensor> indices;
     indices.reserve(which.size());
-    for (const std::size_t i : which) indices.push_back(patch.entries[i].indices.reshape({-1}));
+    for (const std::size_t i : which) {
+      const at::Tensor& t = patch.entries[i].indices;
+      indices.push_back(t.dim() == 1 ? t : t.reshape({-1}));  // (no dispatch per entry where it is 1-D already)
+    }
     const auto [ends, disorder] = ends_and_disorder(indices);
     const at::Tensor summary = at::cat({ends.reshape({-1}), disorder.reshape({1})}).cpu();
     const auto* f = summary.const_data_ptr<std::int64_t>();

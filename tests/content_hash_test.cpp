@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -80,7 +81,7 @@ OverlayCase overlay_case(std::uint64_t seed, c10::Device device) {
   // Views: aligned, odd offsets, a tiny one, one under 32 bytes at an edge, overlapping ones.
   const std::vector<std::pair<std::int64_t, std::int64_t>> spans = {
       {0, n}, {64, 65536 * 2 + 5}, {3, 40000}, {65536 * 2 + 77, 65536}, {n - 19, 19}, {1000, 7}, {4096, 3 * 65536},
-      {65536 * 2 + 64, 65536 - 64}};  // (aligned, four lists of writes, one of sectors: the prefetched words)
+      {65536 * 2 + 64, 65536 - 64}};  // (aligned; four lists of writes, one of sectors)
   for (const auto& [off, len] : spans) c.tensors.push_back(view(off, len));
   // Writes: (dst offset in the storage, dst length, unit, density).
   struct W { std::int64_t off, len; int unit; double density; };
@@ -103,6 +104,52 @@ OverlayCase overlay_case(std::uint64_t seed, c10::Device device) {
     c.want.push_back(reference_hash(after.narrow(0, off, len)));
     c.before.push_back(reference_hash(host.narrow(0, off, len)));
   }
+  return c;
+}
+
+// A tensor of several 64 KiB blocks at an odd address, with sectors (32
+// bytes, at 32-byte aligned addresses, so they straddle the tensor's words
+// and blocks) and single bytes written: each block's change is summed on its
+// own (a thread per block on a device), and the sum must be the whole hash
+// of the bytes with the writes made.
+struct BlocksCase {
+  at::Tensor storage, tensor;
+  std::vector<gk::HashOverlay> overlays;
+  std::uint64_t before = 0, want = 0;
+};
+
+BlocksCase blocks_case(std::uint64_t seed, c10::Device device) {
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  const std::int64_t n = 5 * 65536 + 4096;
+  const at::Tensor host = random_bytes(n, g);
+  at::Tensor after = host.clone();
+  BlocksCase c;
+  c.storage = host.to(device).clone();
+  const std::int64_t off = 5, len = 4 * 65536 + 1001;
+  c.tensor = c.storage.narrow(0, off, len);
+  // Sectors: every 32-byte sector of the storage whose index is 3 mod 7,
+  // and the four around each 64 KiB boundary of the tensor.
+  std::vector<std::int64_t> sec;
+  for (std::int64_t k = 0; k < n / 32; ++k) {
+    const std::int64_t boundary = ((k * 32 - off) / 65536 + 1) * 65536 + off;
+    if (k % 7 == 3 || std::abs(k * 32 - boundary) < 64) sec.push_back(k);
+  }
+  const at::Tensor sv = random_bytes(static_cast<std::int64_t>(sec.size()) * 32, g);
+  // Bytes: every 13th byte not in a written sector (applied after the sectors).
+  std::vector<std::int64_t> bytes;
+  std::vector<char> in_sector(static_cast<std::size_t>(n), 0);
+  for (std::int64_t k : sec) std::fill_n(in_sector.begin() + 32 * k, 32, 1);
+  for (std::int64_t b = 0; b < n; b += 13)
+    if (!in_sector[static_cast<std::size_t>(b)]) bytes.push_back(b);
+  const at::Tensor bv = random_bytes(static_cast<std::int64_t>(bytes.size()), g);
+  auto* a = after.data_ptr<std::uint8_t>();
+  for (std::size_t i = 0; i < sec.size(); ++i)
+    std::memcpy(a + 32 * sec[i], sv.data_ptr<std::uint8_t>() + 32 * i, 32);
+  for (std::size_t i = 0; i < bytes.size(); ++i) a[bytes[i]] = bv.data_ptr<std::uint8_t>()[i];
+  c.overlays = {{c.storage, at::tensor(sec, at::kLong).to(device), sv.to(device), 32},
+                {c.storage, at::tensor(bytes, at::kLong).to(at::kInt).to(device), bv.to(device), 1}};
+  c.before = reference_hash(host.narrow(0, off, len));
+  c.want = reference_hash(after.narrow(0, off, len));
   return c;
 }
 
@@ -295,11 +342,15 @@ TEST_CASE("overlaid hashes are the hashes of the bytes with the writes made, wit
     // wrong hash after (the caller's promise is not checked) ... (tensor 7:
     // four lists of writes meet it, the change is summed; the whole storage,
     // tensor 0, met by more, is hashed whole from a copy)
+    // Tensor 3 also takes the summed path, from an odd address: its words
+    // straddle the 32-byte sectors of one of its lists.
     std::vector<std::uint64_t> off = c.before;
     off[7] += 1;
+    off[3] += 5;
     off[0] += 1;
     const std::vector<std::uint64_t> shifted = gk::overlaid_content_hashes(c.tensors, off, c.overlays);
     CHECK(shifted[7] == c.want[7] + 1);
+    CHECK(shifted[3] == c.want[3] + 5);
     CHECK(shifted[0] == c.want[0]);
     // ... and only the words the writes cover are read (O(changed)): a word
     // no write covers, changed after the hashes now were taken, goes unseen.
@@ -336,6 +387,16 @@ TEST_CASE("overlaid hashes are the hashes of the bytes with the writes made, wit
                               gk::WeightError, "overlay 0 has 4 indices of 1 bytes each but 3 bytes of values");
   GK_CHECK_THROWS_WITH_SUBSTR(gk::overlaid_content_hashes({t, t}, h, {ones}), gk::WeightError,
                               "2 tensors but 1 hashes");
+}
+
+TEST_CASE("the change through writes is summed block by block, across blocks and sectors that straddle them") {
+  for (std::uint64_t seed : {31, 32}) {
+    const BlocksCase c = blocks_case(seed, at::kCPU);
+    CHECK(gk::overlaid_content_hashes({c.tensor}, {c.before}, c.overlays)[0] == c.want);
+    CHECK(gk::overlaid_content_hashes({c.tensor}, {c.before + 9}, c.overlays)[0] == c.want + 9);  // summed, not whole
+    // Negative: without the byte writes, another hash.
+    CHECK(gk::overlaid_content_hashes({c.tensor}, {c.before}, {c.overlays[0]})[0] != c.want);
+  }
 }
 
 TEST_CASE("hashes format as 16 hex digits and parse back") {
@@ -472,6 +533,16 @@ TEST_CASE("overlaid hashes on the device equal the host's, through every unit, a
       host_overlays.push_back({host.narrow(0, o.dst.storage_offset(), o.dst.numel()), o.indices.cpu(), o.values.cpu(),
                                o.unit});
     CHECK(gk::overlaid_content_hashes(host_views, c.before, host_overlays) == c.want);
+  }
+}
+
+TEST_CASE("the device sums the change block by block as the host does") {
+  REQUIRE(gk::testing::cuda_available());
+  for (std::uint64_t seed : {31, 32, 33}) {
+    const BlocksCase c = blocks_case(seed, c10::Device(c10::kCUDA, 0));
+    CHECK(gk::overlaid_content_hashes({c.tensor}, {c.before}, c.overlays)[0] == c.want);
+    CHECK(gk::overlaid_content_hashes({c.tensor}, {c.before + 9}, c.overlays)[0] == c.want + 9);
+    CHECK(gk::content_hash(c.tensor) == c.before);
   }
 }
 
