@@ -11,14 +11,19 @@
 // elements; the counts come back in one copy (the synchronization
 // make_patch needs anyway, to size its entries); the other writes each
 // change's position and target value at its rank (a block-wide ballot
-// scan), for the pairs make_patch keeps sparse. No mask is stored, and each
-// pair's bytes are read twice.
+// scan), for the pairs make_patch keeps sparse. No mask is stored. The
+// count reads both tensors as 8-byte words (delta/detail/word_diff.h), and
+// the same words give both content hashes (a sum of one term per word: Note
+// [Content hash: gk-sum64 v1]), so make_patch hashes nothing again: each
+// pair's bytes are read once by the count and, where it has changes to
+// collect, once more by the collection.
 #include "changed_elements.h"
 
 #if defined(GRAPHKEEP_WITH_CUDA)
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/delta/detail/device_upload.h>
+#include <graphkeep/hashing/sum64.h>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -48,7 +53,7 @@ cuda::DiffPair row(const std::pair<at::Tensor, at::Tensor>& p) {
 }  // namespace
 
 ChangedElements::ChangedElements(c10::Device device, const std::vector<std::pair<at::Tensor, at::Tensor>>& pairs)
-    : device_(device), pairs_(pairs), counts_(pairs.size(), 0), out_(pairs.size()) {
+    : device_(device), pairs_(pairs), counts_(pairs.size(), 0), hashes_(pairs.size()), out_(pairs.size()) {
   const c10::cuda::CUDAGuard guard(device_);
   std::vector<cuda::DiffPair> rows;
   std::vector<cuda::DiffTask> tasks;
@@ -66,16 +71,28 @@ ChangedElements::ChangedElements(c10::Device device, const std::vector<std::pair
   first_task_.push_back(static_cast<std::int64_t>(tasks.size()));
   GK_CHECK(StateError, tasks.size() < static_cast<std::size_t>(std::numeric_limits<int>::max()),
            "gk::make_patch: ", tasks.size(), " comparison tasks in one chunk on ", device_);
-  if (tasks.empty()) return;
+  if (tasks.empty()) {  // every pair empty: the hash of no bytes
+    for (std::size_t k = 0; k < pairs_.size(); ++k) hashes_[k] = {sum64::length_term(0), sum64::length_term(0)};
+    return;
+  }
   const at::Tensor d_rows = upload_rows(rows, device_), d_tasks = upload_rows(tasks, device_);
-  at::Tensor counts = at::empty({static_cast<std::int64_t>(tasks.size())}, at::TensorOptions(at::kInt).device(device_));
+  // One buffer: the hash sums (two per pair, zeroed), then the task counts.
+  const auto npairs = static_cast<std::int64_t>(pairs_.size()), ntasks = static_cast<std::int64_t>(tasks.size());
+  at::Tensor out = at::zeros({2 * npairs + (ntasks + 1) / 2}, at::TensorOptions(at::kLong).device(device_));
+  auto* sums = reinterpret_cast<unsigned long long*>(out.mutable_data_ptr<std::int64_t>());
   check_launch(cuda::launch_diff_count(reinterpret_cast<const cuda::DiffPair*>(d_rows.const_data_ptr()),
                                        reinterpret_cast<const cuda::DiffTask*>(d_tasks.const_data_ptr()),
-                                       static_cast<int>(tasks.size()), counts.mutable_data_ptr<std::int32_t>(),
-                                       c10::cuda::getCurrentCUDAStream(device_.index()).stream()),
+                                       static_cast<int>(tasks.size()), reinterpret_cast<std::int32_t*>(sums + 2 * npairs),
+                                       sums, c10::cuda::getCurrentCUDAStream(device_.index()).stream()),
                "comparison", device_);
-  const at::Tensor host = counts.cpu();  // the one synchronization
-  task_counts_.assign(host.const_data_ptr<std::int32_t>(), host.const_data_ptr<std::int32_t>() + tasks.size());
+  const at::Tensor host = out.cpu();  // the one synchronization
+  const auto* h = reinterpret_cast<const std::uint64_t*>(host.const_data_ptr<std::int64_t>());
+  const auto* c = reinterpret_cast<const std::int32_t*>(h + 2 * npairs);
+  task_counts_.assign(c, c + tasks.size());
+  for (std::size_t k = 0; k < pairs_.size(); ++k) {
+    const std::uint64_t len = sum64::length_term(pairs_[k].first.nbytes());
+    hashes_[k] = {len + h[2 * k], len + h[2 * k + 1]};
+  }
   for (std::size_t k = 0; k < pairs_.size(); ++k)
     for (std::int64_t t = first_task_[k]; t < first_task_[k + 1]; ++t) counts_[k] += task_counts_[static_cast<std::size_t>(t)];
 }

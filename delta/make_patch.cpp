@@ -88,7 +88,10 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
   // device, two kernels do it for the whole chunk (Note [Changed elements
   // on the device] in delta/changed_elements.cpp).
   constexpr std::int64_t kChunk = std::int64_t{1} << 30;
-  std::vector<at::Tensor> base_bytes, target_bytes;  // contiguous, for the hashes
+  // The entries' hashes: from the device's count where it read the bytes
+  // (Note [Changed elements on the device]), else hashed at the end.
+  std::vector<at::Tensor> base_bytes, target_bytes;  // contiguous, for the hashes left
+  std::vector<std::size_t> hash_later;               // their entries
   for (std::size_t i = 0; i < pairs.size();) {
     const std::size_t first = i;
     std::int64_t elements = 0;
@@ -164,6 +167,17 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
 #endif
         }
       }
+#if defined(GRAPHKEEP_WITH_CUDA)
+      if (device_of[k - first].first >= 0) {
+        const auto [hb, ht] =
+            on_devices[static_cast<std::size_t>(device_of[k - first].first)].hashes(device_of[k - first].second);
+        e.base_hash = hb;
+        e.target_hash = ht;
+        patch.entries.push_back(std::move(e));
+        continue;
+      }
+#endif
+      hash_later.push_back(patch.entries.size());
       patch.entries.push_back(std::move(e));
       base_bytes.push_back(pr.b);
       target_bytes.push_back(pr.t);
@@ -177,9 +191,9 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
   base_bytes.insert(base_bytes.end(), std::make_move_iterator(target_bytes.begin()),
                     std::make_move_iterator(target_bytes.end()));
   const std::vector<std::uint64_t> hashes = content_hashes(base_bytes);
-  for (std::size_t i = 0; i < patch.entries.size(); ++i) {
-    patch.entries[i].base_hash = hashes[i];
-    patch.entries[i].target_hash = hashes[n + i];
+  for (std::size_t i = 0; i < hash_later.size(); ++i) {
+    patch.entries[hash_later[i]].base_hash = hashes[i];
+    patch.entries[hash_later[i]].target_hash = hashes[n + i];
   }
   return patch;
 }

@@ -10,11 +10,13 @@
 #include "temp_dir.h"
 
 #include <graphkeep/delta/apply_patch.h>
+#include <graphkeep/delta/detail/word_diff.h>
 #include <graphkeep/delta/make_patch.h>
 #include <graphkeep/delta/non_finite.h>
 #include <graphkeep/delta/patch.h>
 #include <graphkeep/delta/patch_file.h>
 #include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/hashing/sum64.h>
 #include <graphkeep/sources/safetensors_source.h>
 
 #include <algorithm>
@@ -213,6 +215,51 @@ TEST_CASE("non_finite_values: per entry, the count and the first NaN or infinity
   bad.entries[0].indices = bad.entries[0].indices.narrow(0, 0, 2);
   CHECK(weight_error([&] { (void)gk::non_finite_values(bad); })
             .find("test patch: tensor 'a.bf16': 2 indices but 4 values") != std::string::npos);
+}
+
+TEST_CASE("the device count's word arithmetic: changed elements and both hashes from one read of each word") {
+  // The count kernel (delta/cuda/changed_elements.cu) reads 8-byte words of
+  // the base and the target; per word it counts the changed elements with
+  // changed_lanes and adds both hashes' terms. The same arithmetic here,
+  // against at::ne and gk::content_hash.
+  namespace s64 = gk::detail::sum64;
+  at::Generator g = at::detail::createCPUGenerator(41);
+  for (const at::ScalarType dtype : {at::kByte, at::kBFloat16, at::kFloat, at::kLong}) {
+    for (const std::int64_t numel : {1, 3, 7, 8, 9, 1000, 4099}) {
+      INFO("dtype " << dtype << " numel " << numel);
+      const std::int64_t e = static_cast<std::int64_t>(c10::elementSize(dtype));
+      const at::Tensor base = at::randint(0, 256, {numel * e}, g, at::kByte).view(dtype);
+      at::Tensor target = base.clone();
+      at::Tensor bytes = target.view(at::kByte);
+      for (std::int64_t i = 0; i < numel; i += 3) {  // every third element: one flipped bit, in any of its bytes
+        const std::int64_t at_byte = i * e + (i / 3) % e;
+        bytes[at_byte] = bytes[at_byte].item<int>() ^ (1 << (i % 8));
+      }
+      const auto* b = static_cast<const unsigned char*>(base.const_data_ptr());
+      const auto* t = static_cast<const unsigned char*>(target.const_data_ptr());
+      const std::uint64_t n = static_cast<std::uint64_t>(numel * e);
+      std::int64_t count = 0;
+      std::uint64_t hb = s64::length_term(n), ht = s64::length_term(n);
+      for (std::uint64_t j = 0; j < s64::words_of(n); ++j) {
+        const std::uint64_t wb = s64::word_at(b, n, j, s64::HostLoad{}), wt = s64::word_at(t, n, j, s64::HostLoad{});
+        count += gk::detail::changed_lanes(wb ^ wt, static_cast<int>(e));
+        hb += s64::word_term(wb, j);
+        ht += s64::word_term(wt, j);
+      }
+      const at::Tensor bits_b = base.view(at::kByte).view({numel, e}), bits_t = target.view(at::kByte).view({numel, e});
+      CHECK(count == at::ne(bits_b, bits_t).any(1).sum().item<std::int64_t>());
+      CHECK(count == (numel + 2) / 3);
+      CHECK(hb == gk::content_hash(base));
+      CHECK(ht == gk::content_hash(target));
+    }
+  }
+  // Every lane position and width: one changed bit anywhere in a lane counts once.
+  for (int e : {1, 2, 4, 8})
+    for (int bit = 0; bit < 64; ++bit) {
+      CHECK(gk::detail::changed_lanes(std::uint64_t{1} << bit, e) == 1);
+      CHECK(gk::detail::changed_lanes(~std::uint64_t{0}, e) == 8 / e);
+      CHECK(gk::detail::changed_lanes(0, e) == 0);
+    }
 }
 
 TEST_CASE("make_patch -> apply_patch reproduces the target bitwise at every density and dtype") {

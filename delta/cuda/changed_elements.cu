@@ -2,6 +2,8 @@
 // (delta/changed_elements.cpp).
 #include "changed_elements.h"
 
+#include <graphkeep/delta/detail/word_diff.h>
+#include <graphkeep/hashing/sum64.h>
 #include <graphkeep/numerics/tile_rank.h>
 
 #include <cuda_runtime.h>
@@ -32,20 +34,76 @@ __device__ __forceinline__ void put(void* to, std::int64_t at, const void* from,
   static_cast<T*>(to)[at] = static_cast<const T*>(from)[i];
 }
 
+namespace s64 = gk::detail::sum64;
+
+struct WordLoad {
+  __device__ __forceinline__ std::uint64_t word(const unsigned char* p) const {
+    return *reinterpret_cast<const unsigned long long*>(p);
+  }
+  __device__ __forceinline__ std::uint64_t byte(const unsigned char* p) const { return *p; }
+};
+struct ByteLoad {
+  __device__ __forceinline__ std::uint64_t word(const unsigned char* p) const { return s64::bytes_le(p, 8, *this); }
+  __device__ __forceinline__ std::uint64_t byte(const unsigned char* p) const { return *p; }
+};
+
+// The task's elements lie in bytes [begin * e, end) of its pair; a task
+// begins at a multiple of kDiffTaskElements elements, hence of 8 bytes, and
+// ends at a multiple of 8 bytes or at the tensor's end (the last word
+// zero-padded in both tensors: no change there). Word by word: the count of
+// changed elements (changed_lanes) and both hashes' word terms, one read of
+// each tensor.
+template <class Load>
+__device__ __forceinline__ void count_words(const DiffPair& p, const DiffTask& t, int& n, std::uint64_t& sb,
+                                            std::uint64_t& st) {
+  const auto* b = static_cast<const unsigned char*>(p.base);
+  const auto* g = static_cast<const unsigned char*>(p.target);
+  const std::uint64_t end = static_cast<std::uint64_t>(t.begin + t.count) * p.elem_bytes;
+  const std::uint64_t first = static_cast<std::uint64_t>(t.begin) * p.elem_bytes / 8;
+  const std::uint64_t last = s64::words_of(end);
+  const Load load;
+  for (std::uint64_t j = first + threadIdx.x; j < last; j += kThreads) {
+    const std::uint64_t wb = s64::word_at(b, end, j, load), wt = s64::word_at(g, end, j, load);
+    n += gk::detail::changed_lanes(wb ^ wt, p.elem_bytes);
+    sb += s64::word_term(wb, j);
+    st += s64::word_term(wt, j);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     diff_count_kernel(const DiffPair* __restrict__ pairs, const DiffTask* __restrict__ tasks,
-                      std::int32_t* __restrict__ counts) {
+                      std::int32_t* __restrict__ counts, unsigned long long* __restrict__ sums) {
   __shared__ int total;
+  __shared__ std::uint64_t sum_b[kWarps], sum_t[kWarps];
   if (threadIdx.x == 0) total = 0;
   __syncthreads();
   const DiffTask t = tasks[blockIdx.x];
   const DiffPair p = pairs[t.pair];
   int n = 0;
-  for (std::uint32_t j = threadIdx.x; j < t.count; j += kThreads) n += changed(p, t.begin + j);
-  for (int o = 16; o > 0; o >>= 1) n += __shfl_down_sync(0xffffffffu, n, o);
-  if ((threadIdx.x & 31) == 0) atomicAdd(&total, n);
+  std::uint64_t sb = 0, st = 0;
+  const bool aligned = ((reinterpret_cast<std::uintptr_t>(p.base) | reinterpret_cast<std::uintptr_t>(p.target)) & 7u) == 0;
+  if (aligned) count_words<WordLoad>(p, t, n, sb, st);
+  else count_words<ByteLoad>(p, t, n, sb, st);
+  for (int o = 16; o > 0; o >>= 1) {
+    n += __shfl_down_sync(0xffffffffu, n, o);
+    sb += __shfl_down_sync(0xffffffffu, sb, o);
+    st += __shfl_down_sync(0xffffffffu, st, o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(&total, n);
+    sum_b[threadIdx.x / 32] = sb;
+    sum_t[threadIdx.x / 32] = st;
+  }
   __syncthreads();
-  if (threadIdx.x == 0) counts[blockIdx.x] = total;
+  if (threadIdx.x == 0) {
+    counts[blockIdx.x] = total;
+    if (sums != nullptr) {
+      std::uint64_t b = 0, g = 0;
+      for (int w = 0; w < kWarps; ++w) b += sum_b[w], g += sum_t[w];
+      atomicAdd(sums + 2 * t.pair, static_cast<unsigned long long>(b));
+      atomicAdd(sums + 2 * t.pair + 1, static_cast<unsigned long long>(g));
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -79,10 +137,10 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 int launch_diff_count(const DiffPair* pairs, const DiffTask* tasks, int task_count, std::int32_t* counts,
-                      void* stream) {
+                      unsigned long long* sums, void* stream) {
   if (task_count <= 0) return 0;
   diff_count_kernel<<<static_cast<unsigned>(task_count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      pairs, tasks, counts);
+      pairs, tasks, counts, sums);
   return static_cast<int>(cudaGetLastError());
 }
 

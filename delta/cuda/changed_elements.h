@@ -28,10 +28,13 @@ struct DiffTask {
   std::uint32_t count = 0;  // at most kDiffTaskElements
 };
 
-// counts: one int32 per task, the elements whose bits differ. Returns the
-// launch's cudaError_t as an int (0: launched); nothing runs for no tasks.
+// counts: one int32 per task, the elements whose bits differ. sums (zeroed,
+// two per pair: base, target): the sums of the word terms of the content
+// hash "gk-sum64 v1" over each pair's bytes (graphkeep/hashing/sum64.h; the
+// hash adds the length term), read in the same pass. Returns the launch's
+// cudaError_t as an int (0: launched); nothing runs for no tasks.
 int launch_diff_count(const DiffPair* pairs, const DiffTask* tasks, int task_count, std::int32_t* counts,
-                      void* stream);
+                      unsigned long long* sums, void* stream);
 
 // For every task whose pair has `indices`: writes each changed element's
 // position and target value at the pair's output slot[task] onwards, in

@@ -46,9 +46,9 @@ struct MakePatchOptions {
 // The patch from `base` to `target`: the same names (in any order; no name
 // twice, shard 0), and for each name the same shape, dtype and device. The
 // patch's tensors are on the tensors' device; hashes are computed there too
-// (one batched content_hashes call for the base tensors, one for the
-// targets). gk::WeightError naming the tensor when the two sets disagree or a
-// dtype has no safetensors name.
+// (on a CUDA device in the same read as the comparison; on the host, one
+// batched content_hashes call for both sides). gk::WeightError naming the
+// tensor when the two sets disagree or a dtype has no safetensors name.
 Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTensor>& target,
                  const MakePatchOptions& options = {});
 
