@@ -80,15 +80,19 @@ __global__ void __launch_bounds__(kThreads) sum_kernel(const ContentHashJob job)
   std::uint64_t s = 0;
   if (aligned && first + kBlockWords <= nbytes / 8) {
     // A whole block of whole words.
+    // Word j's term is mix64(w + (j + 1) * kGamma); this thread's words are
+    // kThreads apart, so their keys are kThreads * kGamma apart (additions,
+    // not a multiply per word).
     const auto* w = reinterpret_cast<const unsigned long long*>(p) + first + threadIdx.x;
-    const std::uint64_t j0 = first + threadIdx.x;
+    constexpr std::uint64_t kStep = kThreads * s64::kGamma;
+    std::uint64_t key = (first + threadIdx.x + 1) * s64::kGamma;
 #pragma unroll 1
-    for (int c = 0; c < kPerThread; c += kUnroll) {
+    for (int c = 0; c < kPerThread; c += kUnroll, key += kUnroll * kStep) {
       std::uint64_t v[kUnroll];
 #pragma unroll
       for (int i = 0; i < kUnroll; ++i) v[i] = __ldcs(w + kThreads * (c + i));
 #pragma unroll
-      for (int i = 0; i < kUnroll; ++i) s += s64::word_term(v[i], j0 + kThreads * (c + i));
+      for (int i = 0; i < kUnroll; ++i) s += s64::mix64(v[i] + key + i * kStep);
     }
   } else if (aligned) {
     for (std::uint64_t j = first + threadIdx.x; j < last; j += kThreads)
