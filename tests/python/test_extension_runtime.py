@@ -8,7 +8,9 @@ _C.so itself (std::codecvt<char16_t, char, mbstate_t>::do_in and the stream
 insertion of an unsigned long): two copies of the C++ runtime's locale and
 stream machinery in one process, as a static libstdc++ (-static-libstdc++,
 e.g. from LDFLAGS) makes them. The extension built on the development machine
-defines none of them. This test reads _C.so's dynamic symbol table (ELF64,
+defines none of them. (The Release build there was also the only one linked
+with pybind11's LTO, now off: Note [The extension without pybind11's extras]
+in python/CMakeLists.txt.) This test reads _C.so's dynamic symbol table (ELF64,
 with the standard library only) and fails, naming the symbols, where the
 extension defines what only libstdc++'s own objects define; its negative case
 reads libstdc++.so itself, which must.
