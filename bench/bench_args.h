@@ -15,7 +15,7 @@
 
 namespace gkbench {
 
-// --model, --format, --json, --device, --batch.
+// --model, --format, --json, --device, --batch, --blocking-sync.
 struct CommonArgs {
   explicit CommonArgs(std::int64_t default_batch) : batch(default_batch) {}
   std::string model = "tiny";
@@ -23,6 +23,9 @@ struct CommonArgs {
   std::string json;  // rows appended here, one JSON object per line
   std::string device = "auto";
   std::int64_t batch;
+  // The device's waits sleep instead of spinning (bench_sync.h): the host
+  // CPU times then count the host's work, not its waits for the device.
+  bool blocking_sync = false;
 };
 
 class ArgWalker {
@@ -45,6 +48,7 @@ class ArgWalker {
     else if (k == "--json") c.json = value();
     else if (k == "--device") c.device = value();
     else if (k == "--batch") c.batch = std::stoll(value());
+    else if (k == "--blocking-sync") c.blocking_sync = true;
     else return false;
     return true;
   }

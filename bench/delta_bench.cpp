@@ -48,6 +48,7 @@
 // weights requantized without PWAL), host_us_per_tensor (the staging
 // thread's CPU time per patched tensor), exact, and more keys.
 #include "bench_args.h"
+#include "bench_sync.h"
 #include "bench_models.h"
 #include "bench_trace.h"
 #include "engine/checkpoint_writer.h"
@@ -264,10 +265,11 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr, "usage: bench_delta [--model llama8b|qwen3moe30b|llama8b-e32|dsv3-count|moe-narrow|llama1b|tiny] [--format dense|fp8|w4a16] "
                            "[--device auto|cpu|cuda] [--densities adamw:LR,SHARE,...] [--batch B] [--max-batch N] "
-                           "[--warmup STEPS] [--streaming-full] [--layers N] [--json FILE] [--trace FILE]\n");
+                           "[--warmup STEPS] [--streaming-full] [--layers N] [--json FILE] [--trace FILE] [--blocking-sync]\n");
       return 2;
     }
   }
+  const std::string sync = gkbench::apply_sync(common.blocking_sync);  // Note [Host time and spinning waits]
   try {
     at::NoGradGuard no_grad;
     const bool cuda = device_name == "cuda" || (device_name == "auto" && gk::runtime::cuda_device_available());
@@ -357,8 +359,9 @@ int main(int argc, char** argv) {
       if (&c == &changes.back()) tracing.emplace(trace);  // the last: kernels loaded, caches warm
       const double cpu0 = thread_cpu_ms();
       gk::StagedReload sp = eng.stage(patch);
-      // The staging thread's CPU time per patched tensor: its own work and
-      // its waits for the device (a synchronization spins).
+      // The staging thread's CPU time per patched tensor: its own work, and
+      // its waits for the device unless --blocking-sync (Note [Host time
+      // and spinning waits] in bench_sync.h).
       const double host_us_per_tensor =
           (thread_cpu_ms() - cpu0) * 1e3 / static_cast<double>(std::max<std::size_t>(1, patch.entries.size()));
       const double stage_peak_gib = DeviceMemory::now_and_peak_gib(device).second - before_stage_gib;
@@ -472,6 +475,7 @@ int main(int argc, char** argv) {
           {"bytes_scattered", staged.patch.bytes_scattered},
           {"exact", exact},
           {"device", device.str()},
+          {"sync", sync},
       };
       const std::string line = row.dump();
       std::printf("%s\n", line.c_str());

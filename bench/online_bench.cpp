@@ -39,7 +39,10 @@
 //                              the streaming reload
 //   largest_layer_gib          the largest layer's checkpoint bytes
 //   host_us_per_slot           the host CPU time of the reload call per slot,
-//                              up to its return (the device may still copy)
+//                              up to its return (the device may still copy);
+//                              its waits for the device included unless
+//                              --blocking-sync (row key "sync"; Note [Host
+//                              time and spinning waits] in bench_sync.h)
 //
 //   gk-online-bench --model llama8b --format dense --json out.json
 //   gk-online-bench --model tiny --device cpu        (a smoke run anywhere)
@@ -51,6 +54,7 @@
 // more tensors). One JSON object per run, appended as a
 // line to --json.
 #include "bench_args.h"
+#include "bench_sync.h"
 #include "bench_models.h"
 #include "bench_trace.h"
 #include "engine/checkpoint_writer.h"
@@ -246,10 +250,11 @@ int main(int argc, char** argv) {
     else if (k == "--trace") trace = val();
     else {
       std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|llama8b-e32|dsv3-count|tiny] [--format dense|fp8|w4a16] "
-                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--min-stage-steps N] [--kv-len L] [--reps N] [--layers N] [--json FILE] [--trace FILE]\n");
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--min-stage-steps N] [--kv-len L] [--reps N] [--layers N] [--json FILE] [--trace FILE] [--blocking-sync]\n");
       return 2;
     }
   }
+  const std::string sync = gkbench::apply_sync(common.blocking_sync);  // Note [Host time and spinning waits]
   try {
     at::NoGradGuard no_grad;
     const bool cuda = device_name == "cuda" || (device_name == "auto" && gk::runtime::cuda_device_available());
@@ -524,6 +529,7 @@ int main(int argc, char** argv) {
         {"high_priority_serving", opts.high_priority_serving},
         {"stage_device_share", num(opts.stage_device_share, 2)},
         {"device", device.str()},
+        {"sync", sync},
     };
     const std::string line = row.dump();
     std::printf("%s\n", line.c_str());
