@@ -63,6 +63,10 @@ ChangedElements::ChangedElements(c10::Device device, const std::vector<std::pair
                            b.numel() == t.numel() && b.element_size() == t.element_size(),
                        "ChangedElements: contiguous pairs of one size on one device");
     rows.push_back(row(pairs_[k]));
+    // Each hash: the length term, plus the word terms the count sums below
+    // (none for an empty pair).
+    const std::uint64_t len = sum64::length_term(b.nbytes());
+    hashes_[k] = {len, len};
     first_task_.push_back(static_cast<std::int64_t>(tasks.size()));
     for (std::int64_t o = 0; o < b.numel(); o += cuda::kDiffTaskElements)
       tasks.push_back({o, static_cast<std::uint32_t>(k),
@@ -71,10 +75,7 @@ ChangedElements::ChangedElements(c10::Device device, const std::vector<std::pair
   first_task_.push_back(static_cast<std::int64_t>(tasks.size()));
   GK_CHECK(StateError, tasks.size() < static_cast<std::size_t>(std::numeric_limits<int>::max()),
            "gk::make_patch: ", tasks.size(), " comparison tasks in one chunk on ", device_);
-  if (tasks.empty()) {  // every pair empty: the hash of no bytes
-    for (std::size_t k = 0; k < pairs_.size(); ++k) hashes_[k] = {sum64::length_term(0), sum64::length_term(0)};
-    return;
-  }
+  if (tasks.empty()) return;
   const at::Tensor d_rows = upload_rows(rows, device_), d_tasks = upload_rows(tasks, device_);
   // One buffer: the hash sums (two per pair, zeroed), then the task counts.
   const auto npairs = static_cast<std::int64_t>(pairs_.size()), ntasks = static_cast<std::int64_t>(tasks.size());
@@ -90,8 +91,8 @@ ChangedElements::ChangedElements(c10::Device device, const std::vector<std::pair
   const auto* c = reinterpret_cast<const std::int32_t*>(h + 2 * npairs);
   task_counts_.assign(c, c + tasks.size());
   for (std::size_t k = 0; k < pairs_.size(); ++k) {
-    const std::uint64_t len = sum64::length_term(pairs_[k].first.nbytes());
-    hashes_[k] = {len + h[2 * k], len + h[2 * k + 1]};
+    hashes_[k].first += h[2 * k];
+    hashes_[k].second += h[2 * k + 1];
   }
   for (std::size_t k = 0; k < pairs_.size(); ++k)
     for (std::int64_t t = first_task_[k]; t < first_task_[k + 1]; ++t) counts_[k] += task_counts_[static_cast<std::size_t>(t)];

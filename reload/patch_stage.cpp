@@ -541,7 +541,7 @@ void ReloadEngine::Impl::land_rerun_passthrough(PatchStaging& ps, LayerPlan& lp,
     for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
       const auto hit = touched.find(lp.full_name(cp.tensors[ti].name));
       if (hit == touched.end()) continue;
-      const at::Tensor dst = captured_tensor(expected.at(hit->first));
+      const at::Tensor& dst = ps.dst[static_cast<std::size_t>(hit->second - ps.patch.entries.data())];
       GK_INTERNAL_ASSERT(dst.defined(), "a passthrough parameter without a captured tensor");
       landings.push_back(PatchStaging::landing_of(dst, *hit->second));
       ps.targets.push_back(landings.back().bits);
