@@ -49,12 +49,12 @@ void check_hashable(const at::Tensor& t, std::size_t index) {
 #endif
 }
 
-std::uint64_t host_tensor_hash(const at::Tensor& t) {
-  return host_hash(static_cast<const std::byte*>(t.const_data_ptr()), t.nbytes());
+HashBytes bytes_of(const at::Tensor& t) {
+  return {t.nbytes() > 0 ? static_cast<const std::byte*>(t.const_data_ptr()) : nullptr, t.nbytes()};
 }
 
 #if defined(GRAPHKEEP_WITH_CUDA)
-DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::vector<std::size_t> which,
+DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
                                   const std::vector<std::vector<sum64::OverlaySource>>* sources,
                                   const std::vector<std::uint64_t>* before) {
@@ -78,14 +78,14 @@ DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::v
   std::uint64_t blocks = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::size_t w = which[static_cast<std::size_t>(i)];
-    const at::Tensor& t = tensors[w];
-    h[i] = reinterpret_cast<std::uintptr_t>(t.const_data_ptr());
-    h[n + i] = t.nbytes();
+    const HashBytes& in = inputs[w];
+    h[i] = reinterpret_cast<std::uintptr_t>(in.p);
+    h[n + i] = in.n;
     h[2 * n + i] = blocks;
-    blocks += (sum64::words_of(t.nbytes()) + kBlockWords - 1) / kBlockWords;
+    blocks += (sum64::words_of(in.n) + kBlockWords - 1) / kBlockWords;
     // What the kernel's sum is added to: the length term for a whole hash,
     // the hash before the writes for a change.
-    add[static_cast<std::size_t>(i)] = sources != nullptr ? (*before)[w] : sum64::length_term(t.nbytes());
+    add[static_cast<std::size_t>(i)] = sources != nullptr ? (*before)[w] : sum64::length_term(in.n);
   }
   h[3 * n] = blocks;
   std::fill(h + 3 * n + 1, h + words, 0);
@@ -135,26 +135,33 @@ void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out) {
 }
 #endif
 
-std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_tensors(const std::vector<at::Tensor>& tensors,
-                                                                       std::vector<std::uint64_t>& out) {
-  for (std::size_t i = 0; i < tensors.size(); ++i) check_hashable(tensors[i], i);
+std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_ranges(const std::vector<ContentRange>& ranges,
+                                                                      std::vector<std::uint64_t>& out) {
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const ContentRange& r = ranges[i];
+    check_hashable(r.tensor, i);
+    GK_CHECK(WeightError, r.offset <= r.tensor.nbytes() && r.nbytes <= r.tensor.nbytes() - r.offset,
+             "gk::content_hashes: range ", i, " (bytes ", r.offset, " to ", r.offset + r.nbytes,
+             ") lies outside its tensor's ", r.tensor.nbytes(), " bytes (shape ", r.tensor.sizes(), ")");
+  }
   std::map<c10::DeviceIndex, std::vector<std::size_t>> by_device;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor& t = tensors[i];
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const ContentRange& r = ranges[i];
 #if defined(GRAPHKEEP_WITH_CUDA)
-    if (t.is_cuda() && t.nbytes() > 0) {
-      by_device[t.device().index()].push_back(i);
+    if (r.tensor.is_cuda() && r.nbytes > 0) {
+      by_device[r.tensor.device().index()].push_back(i);
       continue;
     }
 #endif
-    out[i] = t.nbytes() > 0 ? host_tensor_hash(t) : host_hash(nullptr, 0);
+    out[i] = host_hash(r.nbytes > 0 ? static_cast<const std::byte*>(r.tensor.const_data_ptr()) + r.offset : nullptr,
+                       r.nbytes);
   }
   return by_device;
 }
 
 }  // namespace detail
 
-using detail::hash_host_tensors;
+using detail::hash_host_ranges;
 using detail::host_hash;
 #if defined(GRAPHKEEP_WITH_CUDA)
 using detail::launch_device_hashes;
@@ -170,6 +177,25 @@ std::vector<std::uint64_t> content_hashes(const std::vector<at::Tensor>& tensors
   return PendingContentHashes(tensors, HashStream::current).get();
 }
 
+std::vector<std::uint64_t> content_hashes(const std::vector<ContentRange>& ranges) {
+  return PendingContentHashes(ranges, HashStream::current).get();
+}
+
+namespace {
+// Whole tensors as ranges (each checked first, so that an undefined one is
+// named as a tensor, not as a range).
+std::vector<ContentRange> whole_ranges(std::vector<at::Tensor> tensors) {
+  std::vector<ContentRange> out;
+  out.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    detail::check_hashable(tensors[i], i);
+    const std::size_t n = tensors[i].nbytes();
+    out.push_back({std::move(tensors[i]), 0, n});
+  }
+  return out;
+}
+}  // namespace
+
 struct PendingContentHashes::Launch {
 #if defined(GRAPHKEEP_WITH_CUDA)
   detail::DeviceLaunch l;
@@ -177,23 +203,33 @@ struct PendingContentHashes::Launch {
 };
 
 PendingContentHashes::PendingContentHashes(std::vector<at::Tensor> tensors, HashStream where)
-    : tensors_(std::move(tensors)), out_(tensors_.size()) {
-  const auto by_device = hash_host_tensors(tensors_, out_);
+    : PendingContentHashes(whole_ranges(std::move(tensors)), where) {}
+
+PendingContentHashes::PendingContentHashes(std::vector<ContentRange> ranges, HashStream where)
+    : ranges_(std::move(ranges)), out_(ranges_.size()) {
+  const auto by_device = hash_host_ranges(ranges_, out_);
 #if defined(GRAPHKEEP_WITH_CUDA)
+  std::vector<detail::HashBytes> inputs;
+  if (!by_device.empty()) {
+    inputs.reserve(ranges_.size());
+    for (const ContentRange& r : ranges_)
+      inputs.push_back({r.nbytes > 0 ? static_cast<const std::byte*>(r.tensor.const_data_ptr()) + r.offset : nullptr,
+                        r.nbytes});
+  }
   for (const auto& [index, which] : by_device) {
     const c10::cuda::CUDAGuard guard(index);
     const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index);
     if (where == HashStream::current) {
-      launches_.push_back({launch_device_hashes(tensors_, which, c10::Device(c10::kCUDA, index), caller)});
+      launches_.push_back({launch_device_hashes(inputs, which, c10::Device(c10::kCUDA, index), caller)});
       continue;
     }
     const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
     // The side stream starts after what the caller has enqueued (the writes
-    // of these tensors); tensors_ keeps them alive until it is done.
+    // of these tensors); ranges_ keeps them alive until it is done.
     at::cuda::CUDAEvent written;
     written.record(caller);
     written.block(side);
-    launches_.push_back({launch_device_hashes(tensors_, which, c10::Device(c10::kCUDA, index), side)});
+    launches_.push_back({launch_device_hashes(inputs, which, c10::Device(c10::kCUDA, index), side)});
   }
 #else
   (void)by_device;
@@ -201,7 +237,7 @@ PendingContentHashes::PendingContentHashes(std::vector<at::Tensor> tensors, Hash
 #endif
   // On the caller's stream, later work is ordered after the hash: the caching
   // allocator may reuse the tensors' memory, and the caller may write them.
-  if (where == HashStream::current) tensors_.clear();
+  if (where == HashStream::current) ranges_.clear();
 }
 
 PendingContentHashes::~PendingContentHashes() {

@@ -3,6 +3,7 @@
 // one device's launch of the hash kernel with its read-back.
 #pragma once
 
+#include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/hashing/overlay_load.h>
 
 #include <ATen/Parallel.h>
@@ -54,10 +55,18 @@ std::uint64_t host_hash(const std::byte* p, std::size_t n);
 // gk-sum64 v1]); gk::WeightError naming position `index` otherwise.
 void check_hashable(const at::Tensor& t, std::size_t index);
 
-// Checks every tensor, hashes the CPU ones into out; returns the non-empty
-// CUDA tensors' positions per device.
-std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_tensors(const std::vector<at::Tensor>& tensors,
-                                                                       std::vector<std::uint64_t>& out);
+// What a kernel launch hashes of one input: n bytes at p.
+struct HashBytes {
+  const std::byte* p = nullptr;
+  std::size_t n = 0;
+};
+// The whole tensor's bytes (checked by check_hashable).
+HashBytes bytes_of(const at::Tensor& t);
+
+// Checks every range (check_hashable, and the bounds), hashes the CPU ones
+// into out; returns the non-empty CUDA ranges' positions per device.
+std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_ranges(const std::vector<ContentRange>& ranges,
+                                                                      std::vector<std::uint64_t>& out);
 
 #if defined(GRAPHKEEP_WITH_CUDA)
 // One device's launch: the upload buffer (pinned, read by an asynchronous
@@ -72,13 +81,13 @@ struct DeviceLaunch {
   at::cuda::CUDAEvent read;   // recorded after that copy
 };
 
-// Hashes the tensors `which` (all on `device`, all non-empty) in one launch
+// Hashes the inputs `which` (all on `device`, all non-empty) in one launch
 // on `stream` (a stream of `device`): whole, or, when `sources` is given
-// (indexed like `tensors`), each as it will be after its writes
+// (indexed like `inputs`), each as it will be after its writes
 // (*sources)[w], from its hash now (*before)[w] and the words the writes
 // cover (Note [Hashing through the writes]); read_device_hashes collects
 // them.
-DeviceLaunch launch_device_hashes(const std::vector<at::Tensor>& tensors, std::vector<std::size_t> which,
+DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
                                   const std::vector<std::vector<sum64::OverlaySource>>* sources = nullptr,
                                   const std::vector<std::uint64_t>* before = nullptr);

@@ -159,8 +159,11 @@ std::vector<std::uint64_t> overlaid_content_hashes(const std::vector<at::Tensor>
   // One launch per device for every tensor of it that writes meet; the
   // copies' whole hashes launched before the first wait.
   std::vector<detail::DeviceLaunch> launches;
+  std::vector<detail::HashBytes> inputs;
+  if (!by_device.empty())
+    for (const at::Tensor& t : tensors) inputs.push_back(detail::bytes_of(t));
   for (auto& [index, ts] : by_device)
-    launches.push_back(detail::launch_device_hashes(tensors, ts, c10::Device(c10::kCUDA, index),
+    launches.push_back(detail::launch_device_hashes(inputs, ts, c10::Device(c10::kCUDA, index),
                                                     c10::cuda::getCurrentCUDAStream(index), &sources, &hashes));
   const std::vector<std::uint64_t> whole = content_hashes(copies);
   for (detail::DeviceLaunch& l : launches) detail::read_device_hashes(l, out);

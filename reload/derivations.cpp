@@ -438,26 +438,29 @@ void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>&
 
 bool patch_leaves_unchanged(const PlannedSlot& s) { return s.role.derive == Derive::from_shapes; }
 
-void check_declared_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current,
-                                const std::vector<char>& mismatched) {
-  check_block_derivations(lp, current, "nothing was copied into captured storage for this layer", &mismatched);
-  std::vector<std::size_t> which;
+FromShapesCheck launch_from_shapes_check(const LayerPlan& lp, const std::vector<at::Tensor>& current,
+                                         const std::vector<char>& mismatched) {
+  FromShapesCheck c;
   std::vector<at::Tensor> differs;
   for (std::size_t i = 0; i < lp.slots.size(); ++i) {
     const PlannedSlot& s = lp.slots[i];
     if (!patch_leaves_unchanged(s) || !s.defined() || mismatched[i] || !current[i].defined() ||
         current[i].numel() == 0 || same_storage_and_offset(current[i], s.captured))
       continue;
-    which.push_back(i);
+    c.slots.push_back(i);
     differs.push_back(at::ne(as_bits(current[i]), as_bits(s.captured)).any().reshape({1}));
   }
-  if (which.empty()) return;
-  const at::Tensor any = at::cat(differs).cpu();  // one synchronization for the layer
-  const bool* d = any.data_ptr<bool>();
-  for (std::size_t j = 0; j < which.size(); ++j) {
+  if (!differs.empty()) c.differs = LateFlags(at::cat(differs));
+  return c;
+}
+
+void finish_from_shapes_check(const LayerPlan& lp, const std::vector<at::Tensor>& current, FromShapesCheck& check) {
+  if (!check.differs.pending()) return;
+  const std::vector<char> d = check.differs.read();
+  for (std::size_t j = 0; j < check.slots.size(); ++j) {
     if (!d[j]) continue;
-    const PlannedSlot& s = lp.slots[which[j]];
-    const at::Tensor now = current[which[j]].reshape({-1}), was = s.captured.reshape({-1});
+    const PlannedSlot& s = lp.slots[check.slots[j]];
+    const at::Tensor now = current[check.slots[j]].reshape({-1}), was = s.captured.reshape({-1});
     const std::int64_t at = at::nonzero(at::ne(as_bits(now), as_bits(was))).reshape({-1})[0].item<std::int64_t>();
     GK_THROW(DeclarationError, s.owner, "::", member_name(s.local), " is declared ", to_string(s.role.role),
              ".from_shapes() (a function of shapes and configuration alone), but PWAL of layer '", lp.prefix,
@@ -466,6 +469,13 @@ void check_declared_derivations(const LayerPlan& lp, const std::vector<at::Tenso
              ". It depends on the checkpoint's values: drop .from_shapes() from its declaration (a weight patch "
              "then re-runs this layer's PWAL). Nothing was copied into captured storage for this layer");
   }
+}
+
+void check_declared_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current,
+                                const std::vector<char>& mismatched) {
+  check_block_derivations(lp, current, "nothing was copied into captured storage for this layer", &mismatched);
+  FromShapesCheck c = launch_from_shapes_check(lp, current, mismatched);
+  finish_from_shapes_check(lp, current, c);
 }
 
 }  // namespace gk::detail

@@ -6,6 +6,8 @@
 //   detail::check_declared_derivations(lp, run.current, run.mismatched);  // throws DeclarationError
 #pragma once
 
+#include "late_flags.h"
+
 #include <graphkeep/reload/slot_plan.h>
 
 #include <ATen/core/Tensor.h>
@@ -77,5 +79,19 @@ void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>&
 // Block derivations are checked too (check_block_derivations).
 void check_declared_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current,
                                 const std::vector<char>& mismatched);
+
+// The from_shapes half of check_declared_derivations in two steps, for the
+// layer pipeline: launch_from_shapes_check enqueues the comparisons and the
+// copy of their verdicts (Note [Verdicts read late] in late_flags.h);
+// finish_from_shapes_check reads them and throws as
+// check_declared_derivations does. `current` must be the same tensors at
+// both steps (the error reads the first differing element from them).
+struct FromShapesCheck {
+  std::vector<std::size_t> slots;  // compared, in order of the flags
+  LateFlags differs;
+};
+FromShapesCheck launch_from_shapes_check(const LayerPlan& lp, const std::vector<at::Tensor>& current,
+                                         const std::vector<char>& mismatched);
+void finish_from_shapes_check(const LayerPlan& lp, const std::vector<at::Tensor>& current, FromShapesCheck& check);
 
 }  // namespace gk::detail

@@ -177,7 +177,12 @@ void check(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadRepo
   // accepted by a recovering reload).
   if (recovering) detail::check_block_derivations(lp, run.current, "nothing was copied into captured storage for this "
                                                   "layer", &run.mismatched);
-  else detail::check_declared_derivations(lp, run.current, run.mismatched);
+  else {
+    detail::check_block_derivations(lp, run.current, "nothing was copied into captured storage for this layer",
+                                    &run.mismatched);
+    // Read before the copy-back (process() or copy_back(): Note [Verdicts read late]).
+    run.from_shapes = detail::launch_from_shapes_check(lp, run.current, run.mismatched);
+  }
   if (problems.empty()) return;
   if (o.on_mismatch == MismatchPolicy::raise) {
     std::string msg = concat("PWAL of layer '", lp.prefix, "' changed ", problems.size(),
@@ -320,14 +325,20 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
   record_loaded(lp, run, targets, custom, o, rep);
   run.pending.clear();
   guard.after_load(run, o, rep);
+  // The loaded bytes' hashes go on the current stream after the scan's
+  // launch (which waits for what the stream holds: the loads, not the
+  // hashes), so that PWAL, which may write the loaded tensors in place, runs
+  // after them in stream order; they are read with the hashes after PWAL.
+  const std::function<void()> then = [&] {
+    launch_loaded_hashes(run, rep);
+    if (meanwhile) meanwhile();
+  };
   if (!o.allow_non_finite && !o.source_scanned) {
     ScopedMsTimer t(rep.times.finite_ms);
-    refuse_non_finite(lp, source, meanwhile);
-  } else if (meanwhile) {
-    meanwhile();
+    refuse_non_finite(lp, source, then);
+  } else {
+    then();
   }
-  // Before PWAL, which may write the loaded tensors in place.
-  record_loaded_hashes(run, rep);
   // PWAL may write into the captured tensors it can reach (declared
   // members, buffers it does not load, views of a parameter's storage):
   // Note [Undo by storage], Note [PWAL guards].
@@ -353,6 +364,9 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
   // With `meanwhile` (a streaming reload) the caller finishes the record a
   // layer late (Note [Commit one layer late]).
   record_after_pwal(lp, run, o, rep, /*defer=*/static_cast<bool>(meanwhile));
+  // A streaming reload reads the check's verdicts at the copy-back, a layer
+  // later; the others before they return (a stage() refuses at stage time).
+  if (!meanwhile) detail::finish_from_shapes_check(lp, run.current, run.from_shapes);
   run.phase = LayerRun::Phase::processed;
   if (guard.captured() && o.after_layer) o.after_layer(lp.prefix);
 }
@@ -364,6 +378,7 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
     return;
   }
   ScopedMsTimer t(rep.times.copy_ms);
+  detail::finish_from_shapes_check(lp, run.current, run.from_shapes);  // nothing written yet
   if (!staged) fault(testing::FaultPoint::copy, lp.prefix);
   // Transactional: every captured storage this commit writes is saved
   // first, so a later failure can undo it (Note [Undo by storage]).

@@ -4,6 +4,8 @@
 // a finished load into what the engine serves).
 #pragma once
 
+#include <graphkeep/hashing/content_hash.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
@@ -14,8 +16,6 @@
 #include <vector>
 
 namespace gk {
-
-class PendingContentHashes;
 
 // Note [Patch landings]
 // ~~~~~~~~~~~~~~~~~~~~~
@@ -67,6 +67,8 @@ struct LayerRecord {
   std::vector<char> custom;
   std::vector<std::vector<at::Tensor>> delivered;
   std::vector<char> adopted;
+  // The bytes of each checkpoint tensor, as loaded (until launch_loaded_hashes).
+  std::vector<ContentRange> loaded_ranges;
   // Hashes still on the device: of the loaded tensors (until
   // record_loaded_hashes) and of what PWAL left (until
   // finish_record_after_pwal), with what the latter decides from.

@@ -3,6 +3,7 @@
 // arrived, what it adopted, the post-PWAL tensors, the undo log.
 #pragma once
 
+#include "derivations.h"
 #include "layer_record.h"
 #include "storage_backups.h"
 
@@ -44,6 +45,7 @@ struct LayerRun {
   std::vector<std::shared_ptr<const void>> configs;  // snapshot, per PlannedConfig (null: did not resolve)
   std::vector<at::Tensor> current;                   // per slot: the post-PWAL tensor (a storage view)
   std::vector<char> mismatched;                      // per slot
+  detail::FromShapesCheck from_shapes;               // launched by the check, read before the copy-back
   StorageBackups backups;                            // captured storages this layer may write, before it did
   bool pwal_unguarded = false;  // PWAL ran on writable captured storage without a backup (restore_in_place_writes off)
   std::vector<std::shared_ptr<const void>> configs_after;  // staged: the configuration values PWAL left

@@ -128,6 +128,24 @@ std::vector<at::Tensor> tensor_views(const CheckpointParam& cp, const at::Tensor
   return out;
 }
 
+// The same checkpoint tensors as byte ranges of `param`, appended to `out`:
+// what their content hashes read, with no view made per tensor (a MoE
+// layer's parameters hold hundreds each; ContentRange in content_hash.h).
+void append_tensor_ranges(const CheckpointParam& cp, const at::Tensor& param, std::vector<ContentRange>& out) {
+  if (cp.tensors.size() == 1) {
+    out.push_back({param, 0, param.defined() ? param.nbytes() : 0});
+    return;
+  }
+  const std::size_t row_bytes =
+      param.defined() && param.dim() > 0 && param.size(0) > 0 ? param.nbytes() / static_cast<std::size_t>(param.size(0)) : 0;
+  std::size_t at = 0;
+  for (const CheckpointTensor& t : cp.tensors) {
+    const std::size_t n = row_bytes * static_cast<std::size_t>(t.shape.empty() ? 1 : t.shape.front());
+    out.push_back({param, at, n});
+    at += n;
+  }
+}
+
 // Checkpoint tensor ti alone of tensor_views(cp, param): one view, not all
 // of them (a MoE parameter has hundreds of tensors, and a patch asks for
 // each of them).
@@ -175,27 +193,37 @@ void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Ten
   r.custom = custom;
   r.delivered.resize(n);
   r.adopted.assign(n, 0);
-  std::vector<at::Tensor> to_hash;
+  std::vector<ContentRange> to_hash;
   for (std::size_t pi = 0; pi < n; ++pi) {
     const CheckpointParam& cp = lp.params[pi];
     r.loaded[pi] = detail::storage_view(targets[pi]);
     for (const LayerRun::Adopted& a : run.adopted) r.adopted[pi] = r.adopted[pi] || a.param.is_same(targets[pi]);
     if (!custom[pi]) {
-      for (const at::Tensor& v : tensor_views(cp, r.loaded[pi])) to_hash.push_back(v);
+      append_tensor_ranges(cp, r.loaded[pi], to_hash);
     } else {
       for (std::size_t ti = 0; ti < cp.tensors.size(); ++ti) {
         r.delivered[pi].push_back(delivered_whole(run, pi, ti, cp.tensors[ti]));
-        to_hash.push_back(r.delivered[pi].back());
+        const at::Tensor& d = r.delivered[pi].back();
+        to_hash.push_back({d, 0, d.defined() ? d.nbytes() : 0});
       }
     }
     for (const CheckpointTensor& ct : cp.tensors) r.hashes.emplace_back(lp.full_name(ct.name), 0);
   }
-  r.loaded_hashes = std::make_shared<PendingContentHashes>(std::move(to_hash));
+  r.loaded_ranges = std::move(to_hash);
   r.recorded = true;
+}
+
+void launch_loaded_hashes(LayerRun& run, ReloadReport& rep) {
+  LayerRecord& r = run.record;
+  if (!r.recorded || r.loaded_hashes != nullptr) return;
+  ScopedMsTimer t(rep.times.hash_ms);
+  r.loaded_hashes = std::make_shared<PendingContentHashes>(std::move(r.loaded_ranges), HashStream::current);
+  r.loaded_ranges.clear();
 }
 
 void record_loaded_hashes(LayerRun& run, ReloadReport& rep) {
   LayerRecord& r = run.record;
+  launch_loaded_hashes(run, rep);
   if (r.loaded_hashes == nullptr) return;
   ScopedMsTimer t(rep.times.hash_ms);
   const std::vector<std::uint64_t> h = r.loaded_hashes->get();
@@ -244,10 +272,9 @@ void launch_after_pwal_hashes(const LayerPlan& lp, LayerRun& run, const detail::
     r.rehash[pi] = lp.layer != nullptr && (ok || o.patch_base != PatchBase::none);
   }
   // The bytes PWAL left in the loaded tensors, against those it was given.
-  std::vector<at::Tensor> to_hash;
+  std::vector<ContentRange> to_hash;
   for (std::size_t pi = 0; pi < n; ++pi)
-    if (r.rehash[pi])
-      for (const at::Tensor& v : tensor_views(lp.params[pi], r.loaded[pi])) to_hash.push_back(v);
+    if (r.rehash[pi]) append_tensor_ranges(lp.params[pi], r.loaded[pi], to_hash);
   r.after_hashes = std::make_shared<PendingContentHashes>(std::move(to_hash));
 }
 
@@ -255,8 +282,8 @@ void launch_after_pwal_hashes(const LayerPlan& lp, LayerRun& run, const detail::
 
 void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep, bool defer) {
   if (!run.record.recorded) return;
-  GK_INTERNAL_ASSERT(run.record.loaded_hashes == nullptr,
-                     "record_after_pwal before record_loaded_hashes: PWAL ran before the loaded bytes were hashed");
+  GK_INTERNAL_ASSERT(run.record.loaded_hashes != nullptr || run.record.hashes.empty() || run.record.loaded_ranges.empty(),
+                     "record_after_pwal before launch_loaded_hashes: PWAL ran before the loaded bytes were hashed");
   {
     ScopedMsTimer timer(rep.times.hash_ms);
     launch_after_pwal_hashes(lp, run, o);
@@ -266,6 +293,7 @@ void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOpti
 
 void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep) {
   LayerRecord& r = run.record;
+  record_loaded_hashes(run, rep);
   if (r.after_hashes == nullptr) return;
   ScopedMsTimer timer(rep.times.hash_ms);
   const std::vector<std::uint64_t> after = r.after_hashes->get();

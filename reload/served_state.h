@@ -35,15 +35,18 @@ struct ServedWeights::State {
   std::uint64_t* find(std::string_view name);
 };
 
-// After the layer's loads, before PWAL: launches the hashes of every
-// checkpoint tensor of the layer (one batched launch on a side stream,
-// gk::PendingContentHashes) into run.record; record_loaded_hashes() collects
-// them, before PWAL may write the loaded tensors. `targets`: the
-// materialized checkpoint-format parameters; `custom[pi]`: a load_weight()
-// took some tensor of parameter pi. Reads run.pending (the delivered
-// tensors), so call it before they are dropped.
+// After the layer's loads: which bytes hold each checkpoint tensor of the
+// layer (byte ranges, gk::ContentRange: no view per tensor), into
+// run.record. `targets`: the materialized checkpoint-format parameters;
+// `custom[pi]`: a load_weight() took some tensor of parameter pi. Reads
+// run.pending (the delivered tensors), so call it before they are dropped.
 void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Tensor>& targets,
                    const std::vector<char>& custom, const detail::RunOptions& o, ReloadReport& rep);
+// Launches their hashes (one batched launch on the current stream,
+// gk::PendingContentHashes), before PWAL, which may write the loaded
+// tensors in place and runs after them in stream order.
+// record_loaded_hashes() collects them (finish_record_after_pwal calls it).
+void launch_loaded_hashes(LayerRun& run, ReloadReport& rep);
 void record_loaded_hashes(LayerRun& run, ReloadReport& rep);
 // After the layer's PWAL: which parameters are passthrough, and the bases
 // kept for the others (Note [Patch landings]). In two halves: the first

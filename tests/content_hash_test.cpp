@@ -48,6 +48,27 @@ std::uint64_t reference_hash(const at::Tensor& t) {
   return reference_hash(c.const_data_ptr(), c.nbytes());
 }
 
+// A tensor's bytes cut into ranges (as a stacked MoE parameter's checkpoint
+// tensors are hashed): each range's hash is the hash of a view of those
+// bytes, at any offset and length, on its own or beside whole tensors.
+std::vector<gk::ContentRange> cut(const at::Tensor& t, const std::vector<std::size_t>& lengths) {
+  std::vector<gk::ContentRange> out;
+  std::size_t at = 0;
+  for (const std::size_t n : lengths) {
+    out.push_back({t, at, n});
+    at += n;
+  }
+  return out;
+}
+
+std::vector<std::uint64_t> view_hashes(const std::vector<gk::ContentRange>& ranges) {
+  std::vector<std::uint64_t> out;
+  for (const gk::ContentRange& r : ranges)
+    out.push_back(gk::content_hash(r.tensor.reshape({-1}).view(at::kByte).narrow(0, static_cast<std::int64_t>(r.offset),
+                                                                                 static_cast<std::int64_t>(r.nbytes))));
+  return out;
+}
+
 // `n` random bytes.
 at::Tensor random_bytes(std::int64_t n, at::Generator g = {}) {
   return at::randint(0, 256, {n}, g, at::TensorOptions().dtype(at::kByte));
@@ -307,6 +328,28 @@ TEST_CASE("content_hashes equals content_hash one by one; the thread count does 
   CHECK(serial == all);
 }
 
+
+TEST_CASE("a range of a tensor hashes as a view of its bytes; a range past the tensor is refused") {
+  at::Generator g = at::detail::createCPUGenerator(13);
+  const at::Tensor t = random_bytes(3 * 65536 + 77, g);
+  const std::vector<gk::ContentRange> ranges = cut(t, {0, 1, 7, 8, 65536, 3, 65536 + 13, 57, 65536 - 12});
+  const std::vector<std::uint64_t> got = gk::content_hashes(ranges);
+  CHECK(got == view_hashes(ranges));
+  CHECK(got[3] == reference_hash(t.narrow(0, 8, 8)));
+  // The whole tensor as one range is the tensor's hash.
+  CHECK(gk::content_hashes(std::vector<gk::ContentRange>{{t, 0, t.nbytes()}})[0] == gk::content_hash(t));
+  // A stacked bf16 parameter cut by rows: each row range hashes as its row.
+  const at::Tensor w = t.narrow(0, 0, 3 * 65536).view(at::kBFloat16).reshape({96, 1024});
+  const std::vector<std::uint64_t> rows = gk::content_hashes(cut(w, std::vector<std::size_t>(96, 2048)));
+  for (std::int64_t r = 0; r < 96; r += 19) CHECK(rows[static_cast<std::size_t>(r)] == gk::content_hash(w[r]));
+  // Negative: the same length at the next byte is another hash.
+  CHECK(gk::content_hashes(std::vector<gk::ContentRange>{{t, 9, 8}})[0] != got[3]);
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::content_hashes(std::vector<gk::ContentRange>{{t, 0, 8}, {t, t.nbytes() - 4, 8}}),
+                              gk::WeightError, "range 1 (bytes 196681 to 196689) lies outside its tensor's 196685 bytes");
+  GK_CHECK_THROWS_WITH_SUBSTR(gk::PendingContentHashes(std::vector<gk::ContentRange>{{at::Tensor(), 0, 0}}),
+                              gk::WeightError, "tensor 0 is undefined");
+}
+
 TEST_CASE("PendingContentHashes gives content_hashes' answer; an unread one is destroyed safely") {
   at::Generator g = at::detail::createCPUGenerator(12);
   std::vector<at::Tensor> ts;
@@ -461,6 +504,25 @@ TEST_CASE("the kernel equals the host function on random tensors of many sizes, 
   changed[changed.numel() - 1] = (changed[changed.numel() - 1].item<int>() + 1) % 256;
   CHECK(gk::content_hash(changed) != want[21]);
   CHECK(gk::content_hash(changed) == gk::content_hash(changed.cpu()));
+}
+
+TEST_CASE("ranges of device tensors hash as the host's views, in one launch with whole tensors") {
+  REQUIRE(gk::testing::cuda_available());
+  at::Generator g = at::detail::createCPUGenerator(23);
+  const at::Tensor host = random_bytes(5 * 65536 + 41, g);
+  const at::Tensor dev = host.cuda();
+  const std::vector<std::size_t> lengths = {0, 1, 7, 8, 65536, 3, 65536 + 13, 57, 2 * 65536 - 8, 31};
+  std::vector<gk::ContentRange> on_dev = cut(dev, lengths), on_host = cut(host, lengths);
+  // A whole device tensor and a whole host tensor in the same call.
+  on_dev.push_back({dev, 0, dev.nbytes()});
+  on_host.push_back({host, 0, host.nbytes()});
+  const at::Tensor small = random_bytes(100, g);
+  on_dev.push_back({small, 3, 90});
+  on_host.push_back({small, 3, 90});
+  const std::vector<std::uint64_t> want = view_hashes(on_host);
+  CHECK(gk::content_hashes(on_dev) == want);
+  CHECK(gk::PendingContentHashes(on_dev).get() == want);
+  CHECK(want[4] == reference_hash(host.narrow(0, 16, 65536)));
 }
 
 TEST_CASE("many small tensors and one large one hash in one call") {

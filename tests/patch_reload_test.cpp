@@ -443,6 +443,18 @@ TEST_CASE("a from_shapes declaration that lies is refused at the next full reloa
   // The same weights again are no lie (PWAL gives the captured strides back).
   CHECK_NOTHROW(rig.reload(w0));
   CHECK(pt::same(rig.replay(), out0));
+  // A streaming reload reads the comparison's verdict a layer late, at the
+  // layer's copy-back (Note [Verdicts read late]): refused all the same,
+  // before anything is copied, and a reload of good weights recovers.
+  gk::ReloadOptions streaming = rig.engine->options().defaults;
+  streaming.mode = gk::ReloadMode::streaming;
+  gk::InMemorySource lying(pt::delivered(w1), "full weights");
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(lying, streaming), gk::DeclarationError,
+                              "but PWAL of layer 'moe' built moe.strides_.c with other values from these weights: "
+                              "element 0 was ");
+  gk::InMemorySource good(pt::delivered(w0), "full weights");
+  CHECK_NOTHROW(rig.engine->reload(good, streaming));
+  CHECK(pt::same(rig.replay(), out0));
 }
 
 namespace pt {
