@@ -27,6 +27,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <limits>
@@ -1289,6 +1291,44 @@ TEST_CASE("the CUDA scatter writes every element size and index width exactly, a
   REQUIRE((bp.entries.front().indices.scalar_type() == at::kLong));
   big_engine.reload(bp);
   CHECK(equal_bits(big_model->named_parameters()["big"], big_target));
+}
+
+TEST_CASE("the device's non-finite scan names the first bad element the host names, in every float dtype") {
+  // The scan of reload/cuda/finite_check.cu (several loads in flight per
+  // thread, the lowest hit kept): against the known first position, across
+  // vector boundaries, thread strides and the tensors of one launch.
+  REQUIRE(gk::testing::cuda_available());
+  const c10::Device dev(c10::kCUDA, 0);
+  std::mt19937_64 rng(41);
+  for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf, at::kFloat8_e5m2, at::kFloat8_e4m3fn, at::kDouble}) {
+    for (std::int64_t n : {std::int64_t{1} << 10, (std::int64_t{1} << 22) + 3, std::int64_t{3} << 20}) {
+      std::vector<std::vector<std::int64_t>> cases = {{0}, {n - 1}, {7, 8, 9}, {n / 2, n / 2 + 1}};
+      for (int k = 0; k < 3; ++k) cases.push_back({static_cast<std::int64_t>(rng() % n), static_cast<std::int64_t>(rng() % n)});
+      for (const std::vector<std::int64_t>& bad : cases) {
+        CAPTURE(c10::toString(t));
+        CAPTURE(n);
+        CAPTURE(bad.front());
+        torch::nn::Module m;
+        // Two parameters scanned in one launch: the bad one second.
+        m.register_parameter("clean", at::zeros({1000}, at::TensorOptions().dtype(t).device(dev)), false);
+        m.register_parameter("big", at::zeros({n}, at::TensorOptions().dtype(t).device(dev)), false);
+        at::Tensor v = at::ones({n}, at::TensorOptions().device(dev)).to(t);
+        for (std::int64_t e : bad) v[e] = std::nan("");
+        gk::InMemorySource src({{"clean", at::ones({1000}, at::TensorOptions().device(dev)).to(t)}, {"big", v}});
+        const std::string msg = gk::testing::message_of<gk::WeightError>([&] { gk::load_weights(m, src); });
+        CAPTURE(msg);
+        CHECK(msg.find("weight 'big'") != std::string::npos);
+        CHECK(msg.find(gk::detail::concat(" at element ", *std::min_element(bad.begin(), bad.end()), " of ")) !=
+              std::string::npos);
+      }
+    }
+    // Negative: the largest finite values are no hit.
+    torch::nn::Module m;
+    m.register_parameter("big", at::zeros({4099}, at::TensorOptions().dtype(t).device(dev)), false);
+    const double top = t == at::kFloat8_e4m3fn ? 448.0 : t == at::kFloat8_e5m2 ? -57344.0 : -65504.0;
+    gk::InMemorySource ok({{"big", at::full({4099}, top, at::TensorOptions().device(dev)).to(t)}});
+    CHECK_NOTHROW(gk::load_weights(m, ok));
+  }
 }
 
 }  // TEST_SUITE("gpu patch")
