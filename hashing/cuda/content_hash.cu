@@ -22,10 +22,14 @@
 // time: correct, slower; a whole tensor or a row of one is aligned.
 //
 // The change through a set of writes (overlaid_content_hashes) is a sum over
-// the words the writes cover: one thread per 64 KiB block walks its writes
-// in address order (OverlayLoad::delta), jumping from covered word to
-// covered word, so the kernel reads the writes and the words they cover,
-// O(changed), not the tensor.
+// the words the writes cover: one thread per 4 KiB walks its writes in
+// address order (OverlayLoad::delta), jumping from covered word to covered
+// word, so the kernel reads the writes and the words they cover,
+// O(changed), not the tensor. Each thread's walk is a chain of dependent
+// loads (the next write's index, then its word): a thread per 64 KiB
+// walked ~1,200 covered words of a 1 % bf16 patch's sector images in
+// turn, 9.9 ms for an 8B model on an H200 (docs/gpu-runs.md, 2026-12-06
+// 02:46); sixteen threads per 64 KiB walk sixteen shorter chains at once.
 #include "content_hash_launch.h"
 
 #include <graphkeep/hashing/overlay_load.h>
@@ -39,7 +43,8 @@ namespace {
 namespace s64 = gk::detail::sum64;
 
 constexpr int kThreads = 256;                  // per 64 KiB block (the whole hash)
-constexpr int kDeltaThreads = 128;             // a 64 KiB block each (the change through writes)
+constexpr int kDeltaThreads = 128;             // threads per thread block (the change through writes)
+constexpr int kDeltaParts = 16;                // threads per 64 KiB block there: 4 KiB each
 constexpr std::uint64_t kBlockWords = 8192;    // 64 KiB
 constexpr int kPerThread = static_cast<int>(kBlockWords) / kThreads;
 constexpr int kUnroll = 8;                     // loads in flight per thread
@@ -116,7 +121,8 @@ __global__ void __launch_bounds__(kThreads) sum_kernel(const ContentHashJob job)
 }
 
 __global__ void __launch_bounds__(kDeltaThreads) delta_kernel(const ContentHashJob job) {
-  const std::uint64_t task = static_cast<std::uint64_t>(blockIdx.x) * kDeltaThreads + threadIdx.x;
+  const std::uint64_t part = static_cast<std::uint64_t>(blockIdx.x) * kDeltaThreads + threadIdx.x;
+  const std::uint64_t task = part / kDeltaParts;
   if (task >= job.blocks) return;
   const int t = tensor_of(job, task);
   const std::uint32_t sb = job.source_begin[t];
@@ -124,8 +130,10 @@ __global__ void __launch_bounds__(kDeltaThreads) delta_kernel(const ContentHashJ
   if (n == 0) return;
   const std::uint64_t nbytes = job.nbytes[t];
   const auto* p = reinterpret_cast<const unsigned char*>(job.data[t]);
-  const std::uint64_t lo = (task - job.block_begin[t]) * kBlockWords * 8;
-  const std::uint64_t hi = nbytes - lo < kBlockWords * 8 ? nbytes : lo + kBlockWords * 8;
+  constexpr std::uint64_t kPartBytes = kBlockWords * 8 / kDeltaParts;
+  const std::uint64_t lo = (task - job.block_begin[t]) * kBlockWords * 8 + (part % kDeltaParts) * kPartBytes;
+  if (lo >= nbytes) return;
+  const std::uint64_t hi = nbytes - lo < kPartBytes ? nbytes : lo + kPartBytes;
   std::uint64_t d;
   if ((reinterpret_cast<std::uintptr_t>(p) & 7u) == 0) {
     s64::OverlayLoad<StreamLoad> load{StreamLoad{}, job.sources + sb, n};
@@ -143,7 +151,7 @@ int launch_content_hash(const ContentHashJob& job, void* stream) {
   if (job.count <= 0 || job.blocks == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   if (job.source_begin != nullptr) {
-    const std::uint64_t grid = (job.blocks + kDeltaThreads - 1) / kDeltaThreads;
+    const std::uint64_t grid = (job.blocks * kDeltaParts + kDeltaThreads - 1) / kDeltaThreads;
     if (grid > 0x7FFFFFFFull) return static_cast<int>(cudaErrorInvalidConfiguration);
     delta_kernel<<<static_cast<unsigned>(grid), kDeltaThreads, 0, s>>>(job);
   } else {
