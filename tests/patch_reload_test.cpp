@@ -1294,15 +1294,21 @@ TEST_CASE("the CUDA scatter writes every element size and index width exactly, a
 }
 
 TEST_CASE("the device's non-finite scan names the first bad element the host names, in every float dtype") {
-  // The scan of reload/cuda/finite_check.cu (several loads in flight per
-  // thread, the lowest hit kept): against the known first position, across
-  // vector boundaries, thread strides and the tensors of one launch.
+  // The scan of reload/cuda/finite_check.cu (a thread block per 64 KiB
+  // chunk, several loads in flight per thread, the lowest hit kept): against
+  // the known first position, across vector, chunk and tensor boundaries,
+  // unaligned heads and tails, and the tensors of one launch.
   REQUIRE(gk::testing::cuda_available());
   const c10::Device dev(c10::kCUDA, 0);
   std::mt19937_64 rng(41);
   for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf, at::kFloat8_e5m2, at::kFloat8_e4m3fn, at::kDouble}) {
     for (std::int64_t n : {std::int64_t{1} << 10, (std::int64_t{1} << 22) + 3, std::int64_t{3} << 20}) {
       std::vector<std::vector<std::int64_t>> cases = {{0}, {n - 1}, {7, 8, 9}, {n / 2, n / 2 + 1}};
+      // Around 64 KiB chunks (the elements of one thread block).
+      const auto per_chunk = static_cast<std::int64_t>(65536 / c10::elementSize(t));
+      for (const std::vector<std::int64_t>& c : std::vector<std::vector<std::int64_t>>{
+               {per_chunk - 1, per_chunk + 5}, {per_chunk, 3 * per_chunk + 7}, {3 * per_chunk + 7, 5 * per_chunk}})
+        if (c.back() < n) cases.push_back(c);
       for (int k = 0; k < 3; ++k) cases.push_back({static_cast<std::int64_t>(rng() % n), static_cast<std::int64_t>(rng() % n)});
       for (const std::vector<std::int64_t>& bad : cases) {
         CAPTURE(c10::toString(t));
@@ -1312,7 +1318,10 @@ TEST_CASE("the device's non-finite scan names the first bad element the host nam
         // Two parameters scanned in one launch: the bad one second.
         m.register_parameter("clean", at::zeros({1000}, at::TensorOptions().dtype(t).device(dev)), false);
         m.register_parameter("big", at::zeros({n}, at::TensorOptions().dtype(t).device(dev)), false);
-        at::Tensor v = at::ones({n}, at::TensorOptions().device(dev)).to(t);
+        // The source's tensor a view at an odd element offset half the
+        // time (data not 16-byte aligned: the scan's head and tail).
+        const std::int64_t off = bad.front() % 2 == 0 ? 0 : 3;
+        at::Tensor v = at::ones({n + off}, at::TensorOptions().device(dev)).to(t).narrow(0, off, n);
         for (std::int64_t e : bad) v[e] = std::nan("");
         gk::InMemorySource src({{"clean", at::ones({1000}, at::TensorOptions().device(dev)).to(t)}, {"big", v}});
         const std::string msg = gk::testing::message_of<gk::WeightError>([&] { gk::load_weights(m, src); });
