@@ -53,6 +53,10 @@ HashBytes bytes_of(const at::Tensor& t) {
   return {t.nbytes() > 0 ? static_cast<const std::byte*>(t.const_data_ptr()) : nullptr, t.nbytes()};
 }
 
+HashBytes bytes_of(const ContentRange& r) {
+  return {r.nbytes > 0 ? static_cast<const std::byte*>(r.tensor.const_data_ptr()) + r.offset : nullptr, r.nbytes};
+}
+
 #if defined(GRAPHKEEP_WITH_CUDA)
 DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
@@ -153,8 +157,8 @@ std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_ranges(const std:
       continue;
     }
 #endif
-    out[i] = host_hash(r.nbytes > 0 ? static_cast<const std::byte*>(r.tensor.const_data_ptr()) + r.offset : nullptr,
-                       r.nbytes);
+    const HashBytes b = bytes_of(r);
+    out[i] = host_hash(b.p, b.n);
   }
   return by_device;
 }
@@ -212,9 +216,7 @@ PendingContentHashes::PendingContentHashes(std::vector<ContentRange> ranges, Has
   std::vector<detail::HashBytes> inputs;
   if (!by_device.empty()) {
     inputs.reserve(ranges_.size());
-    for (const ContentRange& r : ranges_)
-      inputs.push_back({r.nbytes > 0 ? static_cast<const std::byte*>(r.tensor.const_data_ptr()) + r.offset : nullptr,
-                        r.nbytes});
+    for (const ContentRange& r : ranges_) inputs.push_back(detail::bytes_of(r));
   }
   for (const auto& [index, which] : by_device) {
     const c10::cuda::CUDAGuard guard(index);

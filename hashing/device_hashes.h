@@ -62,6 +62,8 @@ struct HashBytes {
 };
 // The whole tensor's bytes (checked by check_hashable).
 HashBytes bytes_of(const at::Tensor& t);
+// The range's bytes (checked by hash_host_ranges).
+HashBytes bytes_of(const ContentRange& r);
 
 // Checks every range (check_hashable, and the bounds), hashes the CPU ones
 // into out; returns the non-empty CUDA ranges' positions per device.

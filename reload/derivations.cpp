@@ -471,11 +471,4 @@ void finish_from_shapes_check(const LayerPlan& lp, const std::vector<at::Tensor>
   }
 }
 
-void check_declared_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current,
-                                const std::vector<char>& mismatched) {
-  check_block_derivations(lp, current, "nothing was copied into captured storage for this layer", &mismatched);
-  FromShapesCheck c = launch_from_shapes_check(lp, current, mismatched);
-  finish_from_shapes_check(lp, current, c);
-}
-
 }  // namespace gk::detail

@@ -3,7 +3,10 @@
 // graphkeep/registry/role.h).
 //
 //   // after PWAL, before the copy-back:
-//   detail::check_declared_derivations(lp, run.current, run.mismatched);  // throws DeclarationError
+//   detail::check_block_derivations(lp, run.current, "nothing was copied", &run.mismatched);  // throws
+//   run.from_shapes = detail::launch_from_shapes_check(lp, run.current, run.mismatched);
+//   ...
+//   detail::finish_from_shapes_check(lp, run.current, run.from_shapes);  // throws DeclarationError
 #pragma once
 
 #include "late_flags.h"
@@ -70,22 +73,15 @@ void bind_block_derivations(LayerPlan& lp, const std::vector<std::string>& left_
 void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current, std::string_view after,
                              const std::vector<char>* mismatched = nullptr);
 
-// Compares what PWAL built (`current`, per slot of lp; undefined or
-// `mismatched` slots are skipped) with what each declared derivation
-// predicts, bit for bit: a from_shapes slot must hold what its captured
-// storage holds. Throws gk::DeclarationError naming the class, the member,
-// the slot and the first differing element. One batched comparison and one
-// synchronization per layer, and none for a layer without declarations.
-// Block derivations are checked too (check_block_derivations).
-void check_declared_derivations(const LayerPlan& lp, const std::vector<at::Tensor>& current,
-                                const std::vector<char>& mismatched);
-
-// The from_shapes half of check_declared_derivations in two steps, for the
-// layer pipeline: launch_from_shapes_check enqueues the comparisons and the
-// copy of their verdicts (Note [Verdicts read late] in late_flags.h);
-// finish_from_shapes_check reads them and throws as
-// check_declared_derivations does. `current` must be the same tensors at
-// both steps (the error reads the first differing element from them).
+// What PWAL built (`current`, per slot of lp; undefined or `mismatched`
+// slots are skipped) against what a from_shapes declaration predicts, bit
+// for bit: a from_shapes slot must hold what its captured storage holds. In
+// two steps, for the layer pipeline: launch_from_shapes_check enqueues one
+// batched comparison per layer and the copy of its verdicts (Note [Verdicts
+// read late] in late_flags.h); finish_from_shapes_check reads them and
+// throws gk::DeclarationError naming the class, the member, the slot and
+// the first differing element. `current` must be the same tensors at both
+// steps (the error reads that element from them).
 struct FromShapesCheck {
   std::vector<std::size_t> slots;  // compared, in order of the flags
   LateFlags differs;

@@ -175,14 +175,10 @@ void check(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadRepo
   // for from_shapes; block derivations compare PWAL with PWAL's own source,
   // so they are checked then too (the structure fuzzer found a lying PWAL
   // accepted by a recovering reload).
-  if (recovering) detail::check_block_derivations(lp, run.current, "nothing was copied into captured storage for this "
-                                                  "layer", &run.mismatched);
-  else {
-    detail::check_block_derivations(lp, run.current, "nothing was copied into captured storage for this layer",
-                                    &run.mismatched);
-    // Read before the copy-back (process() or copy_back(): Note [Verdicts read late]).
-    run.from_shapes = detail::launch_from_shapes_check(lp, run.current, run.mismatched);
-  }
+  detail::check_block_derivations(lp, run.current, "nothing was copied into captured storage for this layer",
+                                  &run.mismatched);
+  // Read before the copy-back (process() or copy_back(): Note [Verdicts read late]).
+  if (!recovering) run.from_shapes = detail::launch_from_shapes_check(lp, run.current, run.mismatched);
   if (problems.empty()) return;
   if (o.on_mismatch == MismatchPolicy::raise) {
     std::string msg = concat("PWAL of layer '", lp.prefix, "' changed ", problems.size(),

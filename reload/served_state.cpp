@@ -282,7 +282,7 @@ void launch_after_pwal_hashes(const LayerPlan& lp, LayerRun& run, const detail::
 
 void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep, bool defer) {
   if (!run.record.recorded) return;
-  GK_INTERNAL_ASSERT(run.record.loaded_hashes != nullptr || run.record.hashes.empty() || run.record.loaded_ranges.empty(),
+  GK_INTERNAL_ASSERT(run.record.loaded_ranges.empty(),
                      "record_after_pwal before launch_loaded_hashes: PWAL ran before the loaded bytes were hashed");
   {
     ScopedMsTimer timer(rep.times.hash_ms);

@@ -1294,10 +1294,10 @@ TEST_CASE("the CUDA scatter writes every element size and index width exactly, a
 }
 
 TEST_CASE("the device's non-finite scan names the first bad element the host names, in every float dtype") {
-  // The scan of reload/cuda/finite_check.cu (a thread block per 64 KiB
-  // chunk, several loads in flight per thread, the lowest hit kept): against
-  // the known first position, across vector, chunk and tensor boundaries,
-  // unaligned heads and tails, and the tensors of one launch.
+  // The scan of reload/cuda/finite_check.cu (blocks striding over each
+  // tensor, the lowest hit kept): against the known first position, across
+  // vector and 64 KiB boundaries, unaligned heads and tails, and the
+  // tensors of one launch.
   REQUIRE(gk::testing::cuda_available());
   const c10::Device dev(c10::kCUDA, 0);
   std::mt19937_64 rng(41);

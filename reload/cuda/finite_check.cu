@@ -12,7 +12,6 @@ namespace gk::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // 16-byte loads in flight per thread
 
 template <class Word>
 __device__ bool bad(Word w, std::uint64_t mask) {
@@ -46,35 +45,20 @@ __global__ void __launch_bounds__(kThreads) first_non_finite_kernel(const __grid
   const std::uint64_t nvec = (t.numel - head) / per_vec;
   const uint4* vec = reinterpret_cast<const uint4*>(base + head * t.bytes);
   // Vectors, fast path: OR-reduce a "bad" test; find the lane only on a hit.
-  // kUnroll loads in flight per thread before any is tested; a thread's
-  // vectors ascend, so its first hit in that order is its lowest. (Measured
-  // on an H200, docs/gpu-runs.md 2026-12-06 03:57: the scan of a 57 GiB MoE
-  // source took 26.5 ms with four loads in flight and 25.7 ms with one,
-  // about half of what the content hash's kernel reads in the same time; why
-  // is not yet known.)
-  const std::uint32_t m2 = static_cast<std::uint32_t>(t.mask) * 0x10001u;
-  auto any_bad = [&](const uint4& v) {
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(kThreads) + threadIdx.x; i < nvec; i += stride) {
+    const uint4 v = vec[i];
+    bool any;
     if (t.bytes == 2) {
-      auto hit = [&](std::uint32_t x) { return ((x & m2) & 0xFFFFu) == (m2 & 0xFFFFu) || ((x & m2) >> 16) == (m2 >> 16); };
-      return hit(v.x) || hit(v.y) || hit(v.z) || hit(v.w);
+      const std::uint32_t m = static_cast<std::uint32_t>(t.mask) * 0x10001u;
+      auto hit = [&](std::uint32_t x) { return ((x & m) & 0xFFFFu) == (m & 0xFFFFu) || ((x & m) >> 16) == (m >> 16); };
+      any = hit(v.x) || hit(v.y) || hit(v.z) || hit(v.w);
+    } else {
+      any = first_bad_lane(v, t.bytes, t.mask) >= 0;
     }
-    return first_bad_lane(v, t.bytes, t.mask) >= 0;
-  };
-  bool hit = false;
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(kThreads) + threadIdx.x; i < nvec && !hit;
-       i += kUnroll * stride) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const std::uint64_t j = i + u * stride;
-      v[u] = j < nvec ? vec[j] : make_uint4(0, 0, 0, 0);  // zero bits are finite in every dtype
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (hit || !any_bad(v[u])) continue;
-      const std::uint64_t e = head + (i + u * stride) * per_vec + static_cast<std::uint64_t>(first_bad_lane(v[u], t.bytes, t.mask));
+    if (any) {
+      const std::uint64_t e = head + i * per_vec + static_cast<std::uint64_t>(first_bad_lane(v, t.bytes, t.mask));
       if (e < found) found = e;
-      hit = true;  // later vectors of this thread have larger indices
+      break;  // later vectors of this thread have larger indices
     }
   }
   // The unaligned head and the tail, element by element.
