@@ -27,6 +27,8 @@ GK_TEST_REQUIRES_GPU()
 // tests/cuda_graph_addresses_kernels.cu
 cudaError_t gk_test_launch_scale(int first, const float* in, float* out, int n, float alpha,
                                  std::uint64_t tag, const float* bias, cudaStream_t stream);
+cudaError_t gk_test_launch_tensor_info(bool named, float* out, const float* in, int n, std::uint64_t stale,
+                                       int dims, cudaStream_t stream);
 
 namespace {
 
@@ -325,4 +327,49 @@ TEST_CASE("scan_graph rejects a null graph and keeps the default filter conserva
   CHECK_FALSE(gk::cuda::default_plausible(0x3ff0000000000000ULL));  // 1.0 as a double
   CHECK(gk::cuda::default_plausible(0x7f12a4000000ULL));
   CHECK(gk::cuda::default_plausible(0x302000001ULL));  // odd: a byte pointer is kept
+}
+
+TEST_CASE("scan_graph reads a TensorInfo parameter's data pointer, not its unused sizes and strides") {
+  // Note [ATen's TensorInfo]: a stale device address (that of `stale`, a live
+  // tensor the kernel never reads) in strides[15] of a TensorInfo-shaped
+  // parameter. Under another struct name the same bytes are scanned whole
+  // and the address is reported: the scan would name it, and a kept graph
+  // would be refused as reading memory no slot owns.
+  const auto f32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  at::Tensor in = at::randn({256}, f32), out = at::empty({256}, f32), stale = at::empty({64}, f32);
+  const auto scan_of = [&](bool named, int dims) {
+    auto stream = c10::cuda::getStreamFromPool();
+    c10::cuda::CUDAStreamGuard guard(stream);
+    at::cuda::CUDAGraph graph(/*keep_graph=*/true);
+    graph.capture_begin();
+    REQUIRE(gk_test_launch_tensor_info(named, out.data_ptr<float>(), in.data_ptr<float>(), 256, addr(stale), dims,
+                                       stream.stream()) == cudaSuccess);
+    graph.capture_end();
+    graph.replay();
+    stream.synchronize();
+    CHECK(at::equal(out, in));
+    return gk::cuda::scan_graph(graph.raw_cuda_graph());
+  };
+  const auto has = [](const GraphScan& s, std::uint64_t a) {
+    return std::any_of(s.words.begin(), s.words.end(), [&](const GraphAddress& w) { return w.address == a; });
+  };
+  const GraphScan named = scan_of(true, 2);
+  INFO(dump(named));
+  REQUIRE(named.words.size() >= 2);
+  CHECK(named.words.front().node_name.find("10TensorInfo") != std::string::npos);
+  CHECK(has(named, addr(out)));
+  CHECK(has(named, addr(in)));
+  CHECK_FALSE(has(named, addr(stale)));
+
+  const GraphScan other = scan_of(false, 2);
+  INFO(dump(other));
+  CHECK(has(other, addr(out)));
+  CHECK(has(other, addr(stale)));  // the negative: the same bytes, scanned whole
+  const auto at_168 = select(other, [&](const GraphAddress& w) { return w.address == addr(stale); });
+  REQUIRE(at_168.size() == 1);
+  CHECK(at_168.front().param_index == 0);
+  CHECK(at_168.front().byte_offset == 168);
+
+  // A dims field no TensorInfo can hold: not that layout, scanned whole.
+  CHECK(has(scan_of(true, 1000), addr(stale)));
 }

@@ -139,7 +139,34 @@ const char* node_type_name(CUgraphNodeType t) {
 struct ParamSlot {
   std::size_t offset;
   std::size_t size;
+  bool tensor_info = false;  // laid out as ATen's TensorInfo (Note [ATen's TensorInfo])
 };
+
+// Note [ATen's TensorInfo]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// ATen's older CUDA kernels (index_select, index_add, gather, scatter,
+// embedding backward, ...) take at::cuda::detail::TensorInfo<T, IndexType>
+// by value: {T* data; IndexType sizes[25]; IndexType strides[25]; int dims}.
+// Its constructor fills only the first `dims` sizes and strides; the rest
+// are whatever the host's stack held, and a stack word can be a stale device
+// address. Scanned whole, such a parameter reported an address that no tensor
+// owns in an engine's embedding lookup (docs/gpu-runs.md, 2026-12-06 06:12:
+// strides[15] of index_select's index operand, under Python only, where the
+// stack held different garbage). So a parameter of a kernel whose mangled name
+// carries the class name TensorInfo, 216 bytes (32-bit indices) or 416
+// (64-bit), with `dims` (the int after the strides) in [0, 25], is read as
+// that struct: its one pointer, `data`, is scanned, its sizes and strides are
+// not. Anything else about the parameter (another size, an implausible dims)
+// scans it whole, as every other parameter is.
+constexpr std::size_t kTensorInfoMaxDims = 25;
+
+// The byte offset of `dims` in a TensorInfo parameter of `size` bytes, or 0
+// where `size` is neither layout's.
+constexpr std::size_t tensor_info_dims_offset(std::size_t size) {
+  if (size == 216) return 8 + 2 * kTensorInfoMaxDims * 4;  // 32-bit indices
+  if (size == 416) return 8 + 2 * kTensorInfoMaxDims * 8;  // 64-bit indices
+  return 0;
+}
 
 struct KernelInfo {
   std::string name;
@@ -342,13 +369,23 @@ class Walker {
       }
       info.params.push_back(ParamSlot{offset, size});
     }
+    // Itanium mangling spells a class name as its length and the name.
+    if (info.name.find("10TensorInfo") != std::string::npos)
+      for (ParamSlot& s : info.params) s.tensor_info = tensor_info_dims_offset(s.size) != 0;
     return cache.emplace(key, std::move(info)).first->second;
   }
 
   // Scans the `size` bytes at `data` holding parameter `index`, which sits at
   // device offset `offset`: every word whose device offset is 8-aligned.
   void scan_param(const KernelInfo& k, std::uint32_t index, std::size_t offset,
-                  const unsigned char* data, std::size_t size) {
+                  const unsigned char* data, std::size_t size, bool tensor_info = false) {
+    if (tensor_info && size == k.params[index].size && offset % 8 == 0) {
+      std::int32_t dims = -1;
+      std::memcpy(&dims, data + tensor_info_dims_offset(size), sizeof dims);
+      if (dims >= 0 && static_cast<std::size_t>(dims) <= kTensorInfoMaxDims) {
+        size = 8;  // Note [ATen's TensorInfo]: `data` alone
+      }
+    }
     const std::size_t end = offset + size;
     for (std::size_t w = (offset + 7) & ~std::size_t{7}; w + 8 <= end; w += 8) {
       std::uint64_t word = 0;
@@ -384,7 +421,7 @@ class Walker {
           continue;
         }
         scan_param(k, static_cast<std::uint32_t>(i), s.offset,
-                   static_cast<const unsigned char*>(value), s.size);
+                   static_cast<const unsigned char*>(value), s.size, s.tensor_info);
       }
       return;
     }
@@ -460,7 +497,7 @@ class Walker {
                                               buffer_size - s.offset, " bytes were scanned"));
         size = buffer_size - s.offset;
       }
-      scan_param(k, static_cast<std::uint32_t>(i), s.offset, buffer + s.offset, size);
+      scan_param(k, static_cast<std::uint32_t>(i), s.offset, buffer + s.offset, size, s.tensor_info);
     }
   }
 

@@ -6,11 +6,12 @@ crashed inside ReloadEngine::track() (docs/gpu-runs.md, 2026-12-05 16:31 and
 16:38 UTC) in frames that carry names of libstdc++'s internals defined inside
 _C.so itself (std::codecvt<char16_t, char, mbstate_t>::do_in and the stream
 insertion of an unsigned long): two copies of the C++ runtime's locale and
-stream machinery in one process, as a static libstdc++ (-static-libstdc++,
-e.g. from LDFLAGS) makes them. The extension built on the development machine
-defines none of them. (The Release build there was also the only one linked
-with pybind11's LTO, now off: Note [The extension without pybind11's extras]
-in python/CMakeLists.txt.) This test reads _C.so's dynamic symbol table (ELF64,
+stream machinery in one process. The cause (2026-12-06 06:10): that
+machine's compiler wrapper puts a folder holding libstdc++.a and no
+libstdc++.so first on the library path, so -lstdc++ linked the archive; Note
+[The extension on the shared libstdc++] in python/CMakeLists.txt links the
+shared runtime instead, and the test passed there after it. The extension
+built on the development machine defines none of them. This test reads _C.so's dynamic symbol table (ELF64,
 with the standard library only) and fails, naming the symbols, where the
 extension defines what only libstdc++'s own objects define; its negative case
 reads libstdc++.so itself, which must.
