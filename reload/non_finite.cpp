@@ -108,14 +108,17 @@ std::int64_t first_general(const at::Tensor& t) {
 
 struct FiniteScan::Launched {
 #if defined(GRAPHKEEP_WITH_CUDA)
-  struct Pending {
+  // One device's scans: a side stream that waited for the caller's, the
+  // answers (one word per CUDA tensor, in the order they were listed), and
+  // the batch being filled, launched as soon as it is full.
+  struct Device {
     c10::Device device;
-    cuda::FiniteBatch batch;
-    std::vector<std::size_t> index;
+    c10::cuda::CUDAStream side;
+    at::Tensor results;               // [capacity] int64, -1 where no bad element
+    std::vector<std::size_t> index;   // results[k] answers tensors[index[k]]
+    cuda::FiniteBatch batch;          // not yet launched: the last batch.count of `index`
   };
-  std::vector<Pending> launched;
-  std::vector<at::Tensor> results;
-  std::vector<c10::cuda::CUDAStream> sides;
+  std::vector<Device> devices;
 #endif
 };
 
@@ -123,14 +126,25 @@ FiniteScan::~FiniteScan() {
 #if defined(GRAPHKEEP_WITH_CUDA)
   // Not waited for (an exception in between): the scans still read the
   // tensors; let them finish before the caller may free those.
-  for (const c10::cuda::CUDAStream& side : launched_->sides) side.synchronize();
+  for (const Launched::Device& d : launched_->devices) d.side.synchronize();
 #endif
 }
 
 FiniteScan::FiniteScan(const std::vector<at::Tensor>& tensors)
     : first_(tensors.size(), -1), launched_(std::make_unique<Launched>()) {
 #if defined(GRAPHKEEP_WITH_CUDA)
-  auto& launched = launched_->launched;
+  // Launches d's batch on its side stream, answering into the results after
+  // those already launched.
+  const auto launch_batch = [](Launched::Device& d) {
+    if (d.batch.count == 0) return;
+    c10::cuda::CUDAGuard guard(d.device);
+    const std::size_t at = d.index.size() - static_cast<std::size_t>(d.batch.count);
+    auto* out = reinterpret_cast<unsigned long long*>(d.results.mutable_data_ptr<std::int64_t>()) + at;
+    const int err = cuda::launch_first_non_finite(d.batch, out, d.side.stream());
+    d.batch.count = 0;
+    GK_CHECK(StateError, err == 0, "the non-finite weight check failed to launch on ", d.device, " (cudaError ",
+             err, ")");
+  };
 #endif
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
@@ -146,63 +160,58 @@ FiniteScan::FiniteScan(const std::vector<at::Tensor>& tensors)
       continue;
     }
 #if defined(GRAPHKEEP_WITH_CUDA)
-    if (launched.empty() || launched.back().device != t.device() ||
-        launched.back().batch.count == cuda::kMaxFiniteTasks)
-      launched.push_back({t.device(), {}, {}});
-    Launched::Pending& p = launched.back();
-    p.batch.task[p.batch.count++] = {t.const_data_ptr(), static_cast<std::uint64_t>(t.numel()), b.bytes, b.mask};
-    p.index.push_back(i);
+    // Note [The check on a side stream]
+    // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    // The scan waits for what the caller's stream has enqueued so far (the
+    // loads that wrote these tensors) through an event, and runs on a pool
+    // stream; the host then waits for that stream alone. Waiting on the
+    // caller's stream instead would also wait for everything queued behind
+    // the loads, and the host's work for the next layer would no longer
+    // overlap the device's (measured: docs/performance.md, "Figures behind
+    // the code"). The event still covers whatever was queued *before* the
+    // loads: a streaming reload that committed layer L-1 before scanning
+    // layer L drained its queue at every layer (the scan waited for L-1's
+    // copy-back, the host for the scan). So a streaming reload enqueues
+    // L-1's copy-back between this constructor and wait() (Note [Commit one
+    // layer late] in weight_stream.cpp). Each batch is launched as soon as
+    // it is full, so the device scans while the host lists the next one (a
+    // resident MoE source lists 18,000 tensors).
+    auto& devices = launched_->devices;
+    auto d = std::find_if(devices.begin(), devices.end(), [&](const Launched::Device& x) { return x.device == t.device(); });
+    if (d == devices.end()) {
+      c10::cuda::CUDAGuard guard(t.device());
+      const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(t.device().index());
+      const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, t.device().index());
+      at::cuda::CUDAEvent loaded;
+      loaded.record(caller);
+      loaded.block(side);
+      c10::cuda::CUDAStreamGuard on_side(side);
+      const auto capacity = static_cast<std::int64_t>(tensors.size() - i);
+      devices.push_back({t.device(), side, at::full({capacity}, -1, at::TensorOptions().dtype(at::kLong).device(t.device())), {}, {}});
+      d = devices.end() - 1;
+    }
+    d->batch.task[d->batch.count++] = {t.const_data_ptr(), static_cast<std::uint64_t>(t.numel()), b.bytes, b.mask};
+    d->index.push_back(i);
+    if (d->batch.count == cuda::kMaxFiniteTasks) launch_batch(*d);
 #else
     first_[i] = first_general(t);
 #endif
   }
 #if defined(GRAPHKEEP_WITH_CUDA)
-  // Note [The check on a side stream]
-  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // The scan waits for what the caller's stream has enqueued so far (the
-  // loads that wrote these tensors) through an event, and runs on a pool
-  // stream; the host then waits for that stream alone. Waiting on the
-  // caller's stream instead would also wait for everything queued behind
-  // the loads, and the host's work for the next layer would no longer
-  // overlap the device's (measured: docs/performance.md, "Figures behind
-  // the code"). The event still covers whatever was queued *before* the
-  // loads: a streaming reload that committed layer L-1 before scanning layer
-  // L drained its queue at every layer (the scan waited for L-1's
-  // copy-back, the host for the scan). So a streaming reload enqueues
-  // L-1's copy-back between this constructor and wait() (Note [Commit one
-  // layer late] in weight_stream.cpp).
-  for (Launched::Pending& p : launched) {
-    c10::cuda::CUDAGuard guard(p.device);
-    const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(p.device.index());
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, p.device.index());
-    at::cuda::CUDAEvent loaded;
-    loaded.record(caller);
-    loaded.block(side);
-    c10::cuda::CUDAStreamGuard on_side(side);
-    at::Tensor out = at::full({p.batch.count}, -1, at::TensorOptions().dtype(at::kLong).device(p.device));
-    const int err = cuda::launch_first_non_finite(
-        p.batch, reinterpret_cast<unsigned long long*>(out.mutable_data_ptr<std::int64_t>()), side.stream());
-    GK_CHECK(StateError, err == 0, "the non-finite weight check failed to launch on ", p.device, " (cudaError ", err,
-             ")");
-    launched_->results.push_back(out);
-    launched_->sides.push_back(side);
-  }
+  for (Launched::Device& d : launched_->devices) launch_batch(d);
 #endif
 }
 
 std::vector<std::int64_t> FiniteScan::wait() {
 #if defined(GRAPHKEEP_WITH_CUDA)
-  Launched& L = *launched_;
-  for (std::size_t k = 0; k < L.launched.size(); ++k) {
-    c10::cuda::CUDAStreamGuard on_side(L.sides[k]);
-    const at::Tensor host = L.results[k].cpu();  // synchronizes the side stream only
+  for (Launched::Device& d : launched_->devices) {
+    c10::cuda::CUDAStreamGuard on_side(d.side);
+    const at::Tensor host = d.results.narrow(0, 0, static_cast<std::int64_t>(d.index.size())).cpu();  // this side stream only
     const auto* v = host.const_data_ptr<std::int64_t>();
-    for (std::size_t j = 0; j < L.launched[k].index.size(); ++j)
-      if (v[j] != -1) first_[L.launched[k].index[j]] = v[j];
+    for (std::size_t k = 0; k < d.index.size(); ++k)
+      if (v[k] != -1) first_[d.index[k]] = v[k];
   }
-  L.launched.clear();
-  L.results.clear();
-  L.sides.clear();
+  launched_->devices.clear();
 #endif
   return first_;
 }

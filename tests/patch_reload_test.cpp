@@ -1340,4 +1340,33 @@ TEST_CASE("the device's non-finite scan names the first bad element the host nam
   }
 }
 
+TEST_CASE("the device's non-finite scan answers every tensor of a layer with more tensors than one launch takes") {
+  // reload/non_finite.cpp launches a batch of cuda::kMaxFiniteTasks (512)
+  // tensors as soon as it is full, each answering into its own part of one
+  // result: a bad element in the first, second or a later batch, at either
+  // edge of one, is named by the parameter that holds it.
+  REQUIRE(gk::testing::cuda_available());
+  const c10::Device dev(c10::kCUDA, 0);
+  constexpr int kParams = 1300;
+  for (int bad : {0, 511, 512, 1023, 1024, kParams - 1}) {
+    CAPTURE(bad);
+    torch::nn::Module m;
+    std::vector<gk::NamedTensor> weights;
+    for (int i = 0; i < kParams; ++i) {
+      const at::ScalarType t = i % 3 == 0 ? at::kFloat : at::kBFloat16;
+      const std::string name = gk::detail::concat("p", i);
+      m.register_parameter(name, at::zeros({64}, at::TensorOptions().dtype(t).device(dev)), false);
+      at::Tensor v = at::ones({64}, at::TensorOptions().device(dev)).to(t);
+      if (i == bad) v[5] = std::nan("");
+      if (i == kParams - 1 && bad != i) v[9] = -std::numeric_limits<double>::infinity();  // a later hit
+      weights.push_back({name, v});
+    }
+    gk::InMemorySource src(std::move(weights));
+    const std::string msg = gk::testing::message_of<gk::WeightError>([&] { gk::load_weights(m, src); });
+    CAPTURE(msg);
+    CHECK(msg.find(gk::detail::concat("weight 'p", bad, "'")) != std::string::npos);
+    CHECK(msg.find(" at element 5 of ") != std::string::npos);
+  }
+}
+
 }  // TEST_SUITE("gpu patch")
