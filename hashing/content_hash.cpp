@@ -61,7 +61,8 @@ HashBytes bytes_of(const ContentRange& r) {
 DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
                                   const std::vector<std::vector<sum64::OverlaySource>>* sources,
-                                  const std::vector<std::uint64_t>* before) {
+                                  const std::vector<std::uint64_t>* before, const std::vector<ExponentTest>* tests) {
+  GK_INTERNAL_ASSERT(sources == nullptr || tests == nullptr, "a hash through writes is not scanned");
   const c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStreamGuard on(stream);
   const auto n = static_cast<std::int64_t>(which.size());
@@ -69,13 +70,15 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
            " tensors on one device in one call; at most ", std::numeric_limits<int>::max());
   // One upload: data[n], nbytes[n], block_begin[n + 1], sums[n] (zero);
   // with `sources`, then the tensors' OverlaySource rows (5 words each) and
-  // where each tensor's rows begin (n + 1 uint32).
+  // where each tensor's rows begin (n + 1 uint32); with `tests`, then
+  // first_bad[n] (all ones), the masks[n] and the element widths[n].
   static_assert(sizeof(sum64::OverlaySource) == 40, "an OverlaySource row is 5 words of the upload");
   std::size_t rows = 0;
   if (sources != nullptr)
     for (const std::size_t w : which) rows += (*sources)[w].size();
   const std::int64_t base_words = 4 * n + 1, row_words = 5 * static_cast<std::int64_t>(rows);
-  const std::int64_t words = base_words + (sources != nullptr ? row_words + (n + 2) / 2 : 0);
+  const std::int64_t words =
+      base_words + (sources != nullptr ? row_words + (n + 2) / 2 : 0) + (tests != nullptr ? 3 * n : 0);
   at::Tensor host = at::empty({words}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   auto* h = reinterpret_cast<std::uint64_t*>(host.mutable_data_ptr<std::int64_t>());
   std::vector<std::uint64_t> add(static_cast<std::size_t>(n));
@@ -93,6 +96,18 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
   }
   h[3 * n] = blocks;
   std::fill(h + 3 * n + 1, h + words, 0);
+  if (tests != nullptr) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const ExponentTest& t = (*tests)[which[static_cast<std::size_t>(i)]];
+      GK_INTERNAL_ASSERT(t.bytes == 0 || t.bytes == 1 || t.bytes == 2 || t.bytes == 4 || t.bytes == 8,
+                         "an element test of ", t.bytes, " bytes");
+      std::uint64_t rep = 0;  // the mask in every lane of a word
+      for (std::uint32_t l = 0; t.bytes != 0 && l < 8 / t.bytes; ++l) rep |= t.mask << (8 * t.bytes * l);
+      h[base_words + i] = ~std::uint64_t{0};
+      h[base_words + n + i] = rep;
+      h[base_words + 2 * n + i] = t.bytes;
+    }
+  }
   if (sources != nullptr) {
     auto* row = reinterpret_cast<sum64::OverlaySource*>(h + base_words);
     auto* begin = reinterpret_cast<std::uint32_t*>(h + base_words + row_words);
@@ -118,24 +133,37 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
     job.sources = reinterpret_cast<const sum64::OverlaySource*>(d + base_words);
     job.source_begin = reinterpret_cast<const std::uint32_t*>(d + base_words + row_words);
   }
+  if (tests != nullptr) {
+    job.first_bad = reinterpret_cast<unsigned long long*>(d + base_words);
+    job.scan_mask = d + base_words + n;
+    job.scan_bytes = d + base_words + 2 * n;
+  }
   const int err = cuda::launch_content_hash(job, stream.stream());
   GK_CHECK(StateError, err == 0, "gk::content_hashes: the hash kernel failed to launch on ", device, " (cudaError ",
            err, ")");
   // The sums come back through pinned memory behind an event, so that
   // reading them waits for this launch only, not for what the stream runs next.
-  at::Tensor result = at::empty({n}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-  result.copy_(dev.narrow(0, 3 * n + 1, n), /*non_blocking=*/true);
-  DeviceLaunch l{std::move(which), std::move(add), std::move(host), std::move(dev), stream, std::move(result), {}};
+  // The sums (base_words - n ..), then first_bad (base_words ..): adjacent.
+  const std::int64_t back = tests != nullptr ? 2 * n : n;
+  at::Tensor result = at::empty({back}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  result.copy_(dev.narrow(0, 3 * n + 1, back), /*non_blocking=*/true);
+  DeviceLaunch l{std::move(which), std::move(add), std::move(host), std::move(dev), stream, std::move(result), {},
+                 tests != nullptr};
   l.read.record(stream);
   return l;
 }
 
-void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out) {
+void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out, std::vector<std::int64_t>* first_bad) {
   l.read.synchronize();
   const auto n = static_cast<std::int64_t>(l.which.size());
   const auto* r = reinterpret_cast<const std::uint64_t*>(l.result.const_data_ptr<std::int64_t>());
   for (std::int64_t i = 0; i < n; ++i)
     out[l.which[static_cast<std::size_t>(i)]] = l.add[static_cast<std::size_t>(i)] + r[i];
+  if (first_bad == nullptr) return;
+  GK_INTERNAL_ASSERT(l.scanned, "read_device_hashes: first_bad asked of a launch without tests");
+  for (std::int64_t i = 0; i < n; ++i)
+    (*first_bad)[l.which[static_cast<std::size_t>(i)]] =
+        r[n + i] == ~std::uint64_t{0} ? -1 : static_cast<std::int64_t>(r[n + i]);
 }
 #endif
 

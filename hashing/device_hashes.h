@@ -4,6 +4,7 @@
 #pragma once
 
 #include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/hashing/hash_and_scan.h>
 #include <graphkeep/hashing/overlay_load.h>
 
 #include <ATen/Parallel.h>
@@ -79,23 +80,29 @@ struct DeviceLaunch {
   std::vector<std::uint64_t> add;
   at::Tensor host, dev;
   c10::cuda::CUDAStream stream;
-  at::Tensor result;          // pinned: the sums, copied after the kernel
+  at::Tensor result;          // pinned: the sums (then the first bad bytes), copied after the kernel
   at::cuda::CUDAEvent read;   // recorded after that copy
+  bool scanned = false;       // launched with `tests`
 };
 
 // Hashes the inputs `which` (all on `device`, all non-empty) in one launch
 // on `stream` (a stream of `device`): whole, or, when `sources` is given
 // (indexed like `inputs`), each as it will be after its writes
 // (*sources)[w], from its hash now (*before)[w] and the words the writes
-// cover (Note [Hashing through the writes]); read_device_hashes collects
-// them.
+// cover (Note [Hashing through the writes]); or, with `tests` (indexed like
+// `inputs`; whole hashes only), each also tested element by element (Note
+// [Scanning while summing]); read_device_hashes collects them.
 DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
                                   const std::vector<std::vector<sum64::OverlaySource>>* sources = nullptr,
-                                  const std::vector<std::uint64_t>* before = nullptr);
+                                  const std::vector<std::uint64_t>* before = nullptr,
+                                  const std::vector<ExponentTest>* tests = nullptr);
 
-// Waits for the launch's hashes and writes them into out[which[i]].
-void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out);
+// Waits for the launch's hashes and writes them into out[which[i]]; for a
+// launch with tests, the byte offset of each input's first bad element (-1:
+// none) into (*first_bad)[which[i]].
+void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out,
+                        std::vector<std::int64_t>* first_bad = nullptr);
 #endif
 
 }  // namespace gk::detail

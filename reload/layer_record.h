@@ -69,6 +69,7 @@ struct LayerRecord {
   std::vector<char> adopted;
   // The bytes of each checkpoint tensor, as loaded (until launch_loaded_hashes).
   std::vector<ContentRange> loaded_ranges;
+  std::vector<std::size_t> loaded_at;  // loaded_ranges[k] is hashes[loaded_at[k]]
   // Hashes still on the device: of the loaded tensors (until
   // record_loaded_hashes) and of what PWAL left (until
   // finish_record_after_pwal), with what the latter decides from.

@@ -39,16 +39,8 @@
 #endif
 
 namespace gk::detail {
-namespace {
 
-// Element width and the exponent mask that marks a non-finite value; width
-// 0 for dtypes without one (integers, bool) or that need a general check.
-struct Bits {
-  std::uint32_t bytes = 0;
-  std::uint64_t mask = 0;
-};
-
-Bits bits_of(at::ScalarType t) {
+ExponentTest exponent_test(at::ScalarType t) {
   switch (t) {
     case at::kBFloat16: return {2, 0x7F80};
     case at::kHalf: return {2, 0x7C00};
@@ -59,6 +51,8 @@ Bits bits_of(at::ScalarType t) {
     default: return {};
   }
 }
+
+namespace {
 
 // The first element of p[0, n) whose exponent bits are all set, or -1: a
 // plain loop over words of the element's width (vectorized by the
@@ -86,7 +80,7 @@ std::int64_t first_set_exponent(const W* p, std::int64_t n, W mask) {
   return f == std::numeric_limits<std::int64_t>::max() ? -1 : f;
 }
 
-std::int64_t first_on_cpu(const at::Tensor& t, Bits b) {
+std::int64_t first_on_cpu(const at::Tensor& t, ExponentTest b) {
   const void* p = t.const_data_ptr();
   const std::int64_t n = t.numel();
   switch (b.bytes) {
@@ -150,7 +144,7 @@ FiniteScan::FiniteScan(const std::vector<at::Tensor>& tensors)
     const at::Tensor& t = tensors[i];
     if (!t.defined() || t.numel() == 0) continue;
     if (!at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type())) continue;
-    const Bits b = bits_of(t.scalar_type());
+    const ExponentTest b = exponent_test(t.scalar_type());
     if (b.bytes == 0 || !t.is_contiguous() || !(t.is_cpu() || t.is_cuda())) {
       first_[i] = first_general(t);
       continue;

@@ -2,6 +2,8 @@
 // (internal to the reload layer; Note [Refusing non-finite weights]).
 #pragma once
 
+#include <graphkeep/hashing/hash_and_scan.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -9,6 +11,11 @@
 #include <vector>
 
 namespace gk::detail {
+
+// Element width and the exponent mask that marks a non-finite value of a
+// dtype; width 0 for dtypes without one (integers, bool) or that need a
+// general check (complex, and float dtypes not listed).
+ExponentTest exponent_test(at::ScalarType t);
 
 // For each tensor, the flat index of its first NaN or infinity, or -1 when
 // it has none (and for tensors that are not floating point). One read of

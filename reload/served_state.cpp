@@ -107,6 +107,21 @@ std::uint64_t* ServedWeights::State::find(std::string_view name) {
 // ---------------------------------------------------------------------------
 // Per-layer records
 // ---------------------------------------------------------------------------
+void append_tensor_ranges(const CheckpointParam& cp, const at::Tensor& param, std::vector<ContentRange>& out) {
+  if (cp.tensors.size() == 1) {
+    out.push_back({param, 0, param.defined() ? param.nbytes() : 0});
+    return;
+  }
+  const std::size_t row_bytes =
+      param.defined() && param.dim() > 0 && param.size(0) > 0 ? param.nbytes() / static_cast<std::size_t>(param.size(0)) : 0;
+  std::size_t at = 0;
+  for (const CheckpointTensor& t : cp.tensors) {
+    const std::size_t n = row_bytes * static_cast<std::size_t>(t.shape.empty() ? 1 : t.shape.front());
+    out.push_back({param, at, n});
+    at += n;
+  }
+}
+
 namespace {
 
 at::Tensor module_tensor_named(torch::nn::Module& m, const std::string& name) {
@@ -126,24 +141,6 @@ std::vector<at::Tensor> tensor_views(const CheckpointParam& cp, const at::Tensor
     row += rows;
   }
   return out;
-}
-
-// The same checkpoint tensors as byte ranges of `param`, appended to `out`:
-// what their content hashes read, with no view made per tensor (a MoE
-// layer's parameters hold hundreds each; ContentRange in content_hash.h).
-void append_tensor_ranges(const CheckpointParam& cp, const at::Tensor& param, std::vector<ContentRange>& out) {
-  if (cp.tensors.size() == 1) {
-    out.push_back({param, 0, param.defined() ? param.nbytes() : 0});
-    return;
-  }
-  const std::size_t row_bytes =
-      param.defined() && param.dim() > 0 && param.size(0) > 0 ? param.nbytes() / static_cast<std::size_t>(param.size(0)) : 0;
-  std::size_t at = 0;
-  for (const CheckpointTensor& t : cp.tensors) {
-    const std::size_t n = row_bytes * static_cast<std::size_t>(t.shape.empty() ? 1 : t.shape.front());
-    out.push_back({param, at, n});
-    at += n;
-  }
 }
 
 // Checkpoint tensor ti alone of tensor_views(cp, param): one view, not all
@@ -209,6 +206,28 @@ void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Ten
     }
     for (const CheckpointTensor& ct : cp.tensors) r.hashes.emplace_back(lp.full_name(ct.name), 0);
   }
+  // Bytes a streaming reload's scan already hashed (an adopted tensor is
+  // the source's own: Note [Scanning a resident source first]) are not
+  // read again.
+  r.loaded_at.clear();
+  if (o.known_hashes != nullptr) {
+    std::vector<ContentRange> rest;
+    for (std::size_t i = 0; i < to_hash.size(); ++i) {
+      const ContentRange& c = to_hash[i];
+      if (c.tensor.defined() && c.nbytes > 0) {
+        const auto* p = static_cast<const std::byte*>(c.tensor.const_data_ptr()) + c.offset;
+        if (const std::optional<std::uint64_t> h = o.known_hashes->find(p, c.nbytes)) {
+          r.hashes[i].second = *h;
+          continue;
+        }
+      }
+      r.loaded_at.push_back(i);
+      rest.push_back(std::move(to_hash[i]));
+    }
+    to_hash = std::move(rest);
+  } else {
+    for (std::size_t i = 0; i < to_hash.size(); ++i) r.loaded_at.push_back(i);
+  }
   r.loaded_ranges = std::move(to_hash);
   r.recorded = true;
 }
@@ -228,7 +247,7 @@ void record_loaded_hashes(LayerRun& run, ReloadReport& rep) {
   ScopedMsTimer t(rep.times.hash_ms);
   const std::vector<std::uint64_t> h = r.loaded_hashes->get();
   r.loaded_hashes.reset();
-  for (std::size_t i = 0; i < h.size(); ++i) r.hashes[i].second = h[i];
+  for (std::size_t i = 0; i < h.size(); ++i) r.hashes[r.loaded_at[i]].second = h[i];
 }
 
 namespace {

@@ -35,6 +35,12 @@ struct ServedWeights::State {
   std::uint64_t* find(std::string_view name);
 };
 
+// The checkpoint tensors of `param` (in checkpoint format, cp's tensors
+// concatenated along dim 0) as byte ranges of it, appended to `out`: what
+// their content hashes read, with no view made per tensor (a MoE layer's
+// parameters hold hundreds each; ContentRange in content_hash.h).
+void append_tensor_ranges(const CheckpointParam& cp, const at::Tensor& param, std::vector<ContentRange>& out);
+
 // After the layer's loads: which bytes hold each checkpoint tensor of the
 // layer (byte ranges, gk::ContentRange: no view per tensor), into
 // run.record. `targets`: the materialized checkpoint-format parameters;

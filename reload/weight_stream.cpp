@@ -55,9 +55,19 @@ std::string whole_note(const SlotPlan& plan, const std::unordered_map<std::strin
 // (or the file twice), far slower than the reload; stage() or a
 // transactional reload refuses them with nothing changed (docs/reload.md).
 //
+// The scan also hashes (Note [Scanning while summing] in
+// hashing/cuda/content_hash.cu): the reload hashes each checkpoint tensor it
+// loads (Note [Patch landings]), and an adopted tensor's bytes are the
+// source's, so the scan reads the source as those ranges (a whole parameter
+// by its checkpoint tensors: a MoE's stacked experts, a fused q/k/v) and
+// keeps their hashes in `known`; the layers' loads hash only the bytes the
+// scan did not read.
+//
 // True when it scanned the whole source (nothing was non-finite); throws
 // gk::WeightError naming the first non-finite tensor.
-bool refuse_non_finite_source(const WeightSource& source, bool model_on_cuda) {
+bool refuse_non_finite_source(const WeightSource& source, bool model_on_cuda, const SlotPlan& plan,
+                              const std::unordered_map<std::string, ExpectedParam>& expected_params,
+                              detail::KnownHashes& known) {
   const std::span<const NamedTensor> all = source.resident();
   if (all.empty()) return false;
   std::vector<at::Tensor> values;
@@ -67,7 +77,50 @@ bool refuse_non_finite_source(const WeightSource& source, bool model_on_cuda) {
     if (model_on_cuda && !nt.value.is_cuda()) return false;
     values.push_back(nt.value);
   }
-  const std::vector<std::int64_t> first = detail::first_non_finite(values);
+  // CUDA tensors with an exponent test (or none to make: not floating), as
+  // ranges read once for both; the rest (on the host, or of a dtype torch
+  // tests) by first_non_finite.
+  std::vector<std::int64_t> first(values.size(), -1);
+  std::vector<ContentRange> ranges;
+  std::vector<detail::ExponentTest> tests;
+  std::vector<std::size_t> range_of;  // the tensor of each range
+  std::vector<at::Tensor> other;
+  std::vector<std::size_t> other_at;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const at::Tensor& t = values[i];
+    const bool floating = at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type());
+    const detail::ExponentTest e =
+        at::isFloatingType(t.scalar_type()) ? detail::exponent_test(t.scalar_type()) : detail::ExponentTest{};
+    if (!(t.is_cuda() && t.is_contiguous() && t.layout() == at::kStrided && (e.bytes != 0 || !floating))) {
+      other.push_back(t);
+      other_at.push_back(i);
+      continue;
+    }
+    const std::size_t before = ranges.size();
+    const auto whole = expected_params.find(all[i].name);
+    if (whole != expected_params.end() && all[i].shard == 0 && t.sizes().equals(whole->second.shape))
+      append_tensor_ranges(plan.layers()[whole->second.layer].params[whole->second.param], t, ranges);
+    else
+      ranges.push_back({t, 0, t.nbytes()});
+    for (std::size_t k = before; k < ranges.size(); ++k) {
+      tests.push_back(e);
+      range_of.push_back(i);
+    }
+  }
+  if (!ranges.empty()) {
+    const detail::HashScan r = detail::hash_and_scan(ranges, tests);
+    for (std::size_t k = 0; k < ranges.size(); ++k) {
+      const ContentRange& c = ranges[k];
+      known.add(c.tensor, c.offset, c.nbytes, r.hashes[k]);
+      const std::size_t i = range_of[k];
+      if (r.first_bad[k] >= 0 && first[i] < 0)  // ranges ascend: the first hit is the lowest
+        first[i] = static_cast<std::int64_t>(c.offset / c.tensor.element_size()) + r.first_bad[k];
+    }
+  }
+  if (!other.empty()) {
+    const std::vector<std::int64_t> f = detail::first_non_finite(other);
+    for (std::size_t k = 0; k < other.size(); ++k) first[other_at[k]] = f[k];
+  }
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (first[i] < 0) continue;
     const at::Tensor& t = values[i];
@@ -167,9 +220,11 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   std::optional<detail::RunOptions> scanned;
   if (options.mode == ReloadMode::streaming && !options.allow_non_finite) {
     ScopedMsTimer t(rep.times.finite_ms);
-    if (refuse_non_finite_source(source, any_cuda_slot(plan))) {
+    auto known = std::make_shared<detail::KnownHashes>();
+    if (refuse_non_finite_source(source, any_cuda_slot(plan), plan, expected_params, *known)) {
       scanned = options;
       scanned->source_scanned = true;
+      if (!known->empty()) scanned->known_hashes = std::move(known);
     }
   }
   const detail::RunOptions& o = scanned ? *scanned : options;

@@ -9,6 +9,7 @@
 #include "gk_test.h"
 
 #include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/hashing/hash_and_scan.h>
 #include <graphkeep/hashing/overlaid_hash.h>
 #include <graphkeep/hashing/overlay_load.h>
 
@@ -606,6 +607,80 @@ TEST_CASE("the device sums the change block by block as the host does") {
     CHECK(gk::overlaid_content_hashes({c.tensor}, {c.before + 9}, c.overlays)[0] == c.want + 9);
     CHECK(gk::content_hash(c.tensor) == c.before);
   }
+}
+
+TEST_CASE("hash_and_scan hashes as content_hashes does and finds the first non-finite element torch finds") {
+  // Note [Scanning while summing]: one read for the hash and the test. The
+  // oracle is torch's isfinite on the same elements; the masks are the
+  // exponent bits of each dtype.
+  REQUIRE(gk::testing::cuda_available());
+  const c10::Device dev(c10::kCUDA, 0);
+  const std::vector<std::pair<at::ScalarType, gk::detail::ExponentTest>> dtypes = {
+      {at::kBFloat16, {2, 0x7F80}},      {at::kHalf, {2, 0x7C00}},         {at::kFloat, {4, 0x7F800000u}},
+      {at::kDouble, {8, 0x7FF0000000000000ull}}, {at::kFloat8_e4m3fn, {1, 0x7F}}, {at::kFloat8_e5m2, {1, 0x7C}}};
+  std::mt19937_64 rng(43);
+  std::vector<at::Tensor> tensors;
+  std::vector<gk::detail::ExponentTest> tests;
+  for (const auto& [t, test] : dtypes) {
+    const auto per_block = static_cast<std::int64_t>(65536 / c10::elementSize(t));
+    for (std::int64_t n : {std::int64_t{1}, std::int64_t{7}, per_block - 1, per_block, 3 * per_block + 5,
+                           std::int64_t{1} << 20}) {
+      for (std::int64_t off : {std::int64_t{0}, std::int64_t{3}}) {  // 3: a data pointer not 8-byte aligned
+        // Finite values up to the dtype's largest (no false hit), then
+        // none, one or two bad elements.
+        const double top = t == at::kFloat8_e4m3fn ? 448.0 : t == at::kFloat8_e5m2 ? 57344.0 : 65504.0;
+        at::Tensor v = (at::rand({n + off}, at::TensorOptions().device(dev).dtype(at::kFloat)) * 2 - 1).mul(top).to(t);
+        v = v.narrow(0, off, n);
+        const int kind = static_cast<int>(rng() % 3);
+        if (kind >= 1) v[static_cast<std::int64_t>(rng() % n)] = std::nan("");
+        if (kind == 2) v[static_cast<std::int64_t>(rng() % n)] = t == at::kFloat8_e4m3fn ? std::nan("") : -INFINITY;
+        tensors.push_back(v);
+        tests.push_back(test);
+      }
+    }
+  }
+  // Not tested: an int32 tensor whose words are a float's infinity.
+  tensors.push_back(at::full({1000}, 0x7F800000, at::TensorOptions().device(dev).dtype(at::kInt)));
+  tests.push_back({});
+  tensors.push_back(at::empty({0}, at::TensorOptions().device(dev).dtype(at::kFloat)));
+  tests.push_back({4, 0x7F800000u});
+
+  // Each tensor whole, and the largest ones also in three ranges that
+  // start on an element (as a whole parameter's checkpoint tensors do).
+  std::vector<gk::ContentRange> ranges;
+  std::vector<gk::detail::ExponentTest> range_tests;
+  std::vector<at::Tensor> views;  // each range as a tensor, for the oracle
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    ranges.push_back({t, 0, t.nbytes()});
+    range_tests.push_back(tests[i]);
+    views.push_back(t);
+    if (t.numel() < 3000) continue;
+    const std::int64_t n = t.numel(), cuts[4] = {0, 1001, n / 2 + 3, n};
+    for (int k = 0; k < 3; ++k) {
+      const auto e = static_cast<std::size_t>(t.element_size());
+      ranges.push_back({t, static_cast<std::size_t>(cuts[k]) * e, static_cast<std::size_t>(cuts[k + 1] - cuts[k]) * e});
+      range_tests.push_back(tests[i]);
+      views.push_back(t.narrow(0, cuts[k], cuts[k + 1] - cuts[k]));
+    }
+  }
+  const gk::detail::HashScan r = gk::detail::hash_and_scan(ranges, range_tests);
+  REQUIRE(r.hashes.size() == ranges.size());
+  CHECK(r.hashes == gk::content_hashes(ranges));
+  CHECK(r.hashes == gk::content_hashes(views));
+  int bad = 0;
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    INFO("range " << i << " " << views[i].scalar_type() << " " << views[i].sizes() << " offset "
+                  << views[i].storage_offset());
+    std::int64_t want = -1;
+    if (range_tests[i].bytes != 0 && views[i].numel() > 0) {
+      const at::Tensor nonfinite = at::logical_not(at::isfinite(views[i].to(at::kFloat))).nonzero();
+      if (nonfinite.numel() > 0) want = nonfinite.min().item<std::int64_t>();
+    }
+    bad += want >= 0;
+    CHECK(r.first_bad[i] == want);
+  }
+  CHECK(bad > 10);  // the case tests hits, not only their absence
 }
 
 }  // TEST_SUITE("gpu content hash")

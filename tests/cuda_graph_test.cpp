@@ -223,14 +223,15 @@ TEST_CASE("gk::copy_slots: one launch for contiguous CUDA pairs, copy_ semantics
 TEST_CASE("gk::copy_slots: several launches when the tasks overflow one batch; capturable in a CUDA graph") {
   const auto cuda = at::TensorOptions().device(at::kCUDA);
   std::vector<at::Tensor> dst, src;
-  // 2,000 small slots, then one slot of 1,600 chunks of 64 KiB that starts in
-  // the middle of a batch: three launches, a slot split across two of them.
+  // 2,000 small slots, then one slot of 1,600 tasks of 512 KiB (kCopyChunk)
+  // that starts in the middle of a batch: three launches, a slot split across
+  // two of them.
   for (int i = 0; i < 2000; ++i) {
     dst.push_back(at::zeros({64 + i % 7}, cuda));
     src.push_back(at::randn({64 + i % 7}, cuda));
   }
-  dst.push_back(at::zeros({1600 * 16384 + 3}, cuda));
-  src.push_back(at::randn({1600 * 16384 + 3}, cuda));
+  dst.push_back(at::zeros({1600 * 131072 + 3}, cuda));
+  src.push_back(at::randn({1600 * 131072 + 3}, cuda));
   auto require_copied = [&] {
     for (std::size_t i = 0; i < dst.size(); ++i) {
       CAPTURE(i);

@@ -11,6 +11,7 @@
 #include "engine/llm_engine.h"
 
 #include <graphkeep/delta/make_patch.h>
+#include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/reload/reload_engine.h>
 
 #include <torch/nn/module.h>
@@ -266,6 +267,113 @@ void serve_while_swapping_adapters(const c10::Device device, const int kRounds) 
 
 // Every row of every layer's KV cache set to NaN, +Inf or -Inf (keys and
 // values in a different pattern): what rows written under NaN weights hold.
+// A streaming reload from a resident source hashes what it loads with the
+// non-finite scan's read (Note [Scanning a resident source first]): the
+// served hashes must be those of the bytes loaded, whether the tensors were
+// adopted (the scan's hashes reused) or copied (the source's tensors freed
+// as they are consumed, their memory free for the copies of later layers:
+// a hash found by address alone would then be another tensor's). A NaN in
+// the last tensor is refused before any layer is copied.
+void streaming_hashes_are_the_loaded_bytes(const c10::Device device) {
+  at::NoGradGuard no_grad;
+  const demo::HfConfig c = demo::builtin_tiny_config();
+  auto on_device = [&](std::vector<gk::NamedTensor> w) {
+    for (auto& t : w) t.value = t.value.to(device);
+    return w;
+  };
+  const std::vector<gk::NamedTensor> weights[2] = {on_device(demo::random_weights(c, 3)),
+                                                   on_device(demo::random_weights(c, 4))};
+  gk::InMemorySource first(weights[0]);
+  demo::LlmEngine eng(c, device, demo::WeightFormat::dense, first);
+  const at::Tensor tokens = at::arange(8, at::kLong).mul(5).remainder(c.vocab_size);
+  const at::Tensor pos = at::full({8}, 2, at::kLong);
+  for (bool adopt : {true, false}) {
+    for (int which : {1, 0}) {
+      CAPTURE(adopt);
+      CAPTURE(which);
+      std::vector<gk::NamedTensor> own;  // the source's tensors alone hold their memory
+      for (const gk::NamedTensor& t : weights[which]) own.push_back({t.name, t.value.clone(), t.shard});
+      gk::InMemorySource src(std::move(own));
+      gk::ReloadOptions o = eng.reload_engine().options().defaults;
+      o.mode = gk::ReloadMode::streaming;
+      o.adopt_source_tensors = adopt;
+      const gk::ReloadReport r = eng.reload(src, o);
+      CHECK((r.tensors_adopted > 0) == adopt);
+      const auto served = eng.reload_engine().served();
+      REQUIRE(served != nullptr);
+      for (const gk::NamedTensor& t : weights[which]) {
+        CAPTURE(t.name);
+        CHECK(served->hash(t.name) == gk::content_hash(t.value));
+      }
+    }
+  }
+  // Whole parameters by their names (fused q/k/v and gate/up: several
+  // checkpoint tensors each), as a trainer that keeps the engine's layout
+  // hands them over: the scan reads them as their checkpoint tensors' ranges.
+  demo::LlmEngineOptions eager;
+  eager.batch_sizes = {};
+  gk::InMemorySource b(weights[1]);
+  demo::LlmEngine trainer(c, device, demo::WeightFormat::dense, b, eager);
+  const auto whole_params = [&] {
+    std::vector<gk::NamedTensor> whole;
+    for (const gk::LayerPlan& lp : trainer.reload_engine().plan().layers())
+      for (const gk::CheckpointParam& cp : lp.params) {
+        const auto params = lp.module->named_parameters(/*recurse=*/false);
+        const at::Tensor* p = params.find(cp.param);
+        const at::Tensor t = p != nullptr ? *p : lp.module->named_buffers(/*recurse=*/false)[cp.param];
+        whole.push_back({lp.full_name(cp.param), t.detach().clone(), 0});
+      }
+    return whole;
+  };
+  {
+    gk::InMemorySource src(whole_params());
+    gk::ReloadOptions o = eng.reload_engine().options().defaults;
+    o.mode = gk::ReloadMode::streaming;
+    o.adopt_source_tensors = true;
+    CHECK(eng.reload(src, o).tensors_adopted > 0);
+    for (const gk::NamedTensor& t : weights[1]) {
+      CAPTURE(t.name);
+      CHECK(eng.reload_engine().served()->hash(t.name) == gk::content_hash(t.value));
+    }
+  }
+  const at::Tensor logits = eng.decode_logits(tokens, pos);
+  const std::uint64_t version = eng.reload_engine().served()->content_version();
+  {
+    // A NaN in a later checkpoint tensor of a whole parameter: named by the
+    // parameter, at its element index in the parameter.
+    std::vector<gk::NamedTensor> whole = whole_params();
+    auto fused = std::find_if(whole.begin(), whole.end(), [](const gk::NamedTensor& t) {
+      return t.name.find("qkv") != std::string::npos;
+    });
+    REQUIRE(fused != whole.end());
+    const std::int64_t at_elem = fused->value.numel() - 3;  // in its last checkpoint tensor (v)
+    fused->value.view({-1})[at_elem] = INFINITY;
+    const std::string name = fused->name;
+    gk::InMemorySource src(std::move(whole));
+    gk::ReloadOptions o = eng.reload_engine().options().defaults;
+    o.mode = gk::ReloadMode::streaming;
+    o.adopt_source_tensors = true;
+    const std::string msg = gk::testing::message_of<gk::WeightError>([&] { eng.reload(src, o); });
+    CAPTURE(msg);
+    CHECK(msg.find("weight '" + name + "'") != std::string::npos);
+    CHECK(msg.find(gk::detail::concat("at element ", at_elem, " of ")) != std::string::npos);
+    CHECK(eng.reload_engine().served()->content_version() == version);
+  }
+  std::vector<gk::NamedTensor> bad;
+  for (const gk::NamedTensor& t : weights[1]) bad.push_back({t.name, t.value.clone(), t.shard});
+  bad.back().value.view({-1})[bad.back().value.numel() - 1] = std::nan("");
+  const std::string last = bad.back().name;
+  gk::InMemorySource nan_src(std::move(bad));
+  gk::ReloadOptions o = eng.reload_engine().options().defaults;
+  o.mode = gk::ReloadMode::streaming;
+  o.adopt_source_tensors = true;
+  const std::string msg = gk::testing::message_of<gk::WeightError>([&] { eng.reload(nan_src, o); });
+  CHECK(msg.find("weight '" + last + "'") != std::string::npos);
+  CHECK(msg.find("refused before any layer was copied") != std::string::npos);
+  CHECK(eng.reload_engine().served()->content_version() == version);
+  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), logits));
+}
+
 void poison_kv_cache(demo::LlmEngine& eng) {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   for (const demo::KvCache& c : eng.kv_caches()) {
@@ -551,6 +659,9 @@ TEST_CASE("the example engine decodes while another thread stages; every step is
   serve_while_staging(c10::Device(c10::kCPU), 300);
 }
 
+TEST_CASE("a streaming reload's served hashes are those of the bytes it loaded, adopted or copied (CPU replay)") {
+  streaming_hashes_are_the_loaded_bytes(c10::Device(c10::kCPU));
+}
 TEST_CASE("LoRA adapters swapped while decoding: every step is adapter 1's or adapter 2's, never a mix (CPU replay)") {
   serve_while_swapping_adapters(c10::Device(c10::kCPU), 120);
 }
@@ -563,6 +674,10 @@ TEST_CASE("gpu: KV-cache rows at or past a sequence's length never reach its log
 
 TEST_CASE("gpu: the example engine decodes on CUDA graphs while another thread stages 1,000 times; every step is A or B") {
   serve_while_staging(c10::Device(c10::kCUDA, 0), 1000);
+}
+
+TEST_CASE("gpu: a streaming reload's served hashes are those of the bytes it loaded, scanned and hashed in one read") {
+  streaming_hashes_are_the_loaded_bytes(c10::Device(c10::kCUDA, 0));
 }
 
 TEST_CASE("gpu: LoRA adapters swapped 500 times while decoding on CUDA graphs; never a mix of two adapters") {

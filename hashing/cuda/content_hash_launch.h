@@ -28,6 +28,14 @@ struct ContentHashJob {
   // kMaxOverlaySources of them); null: the whole hash's terms.
   const gk::detail::sum64::OverlaySource* sources = nullptr;
   const std::uint32_t* source_begin = nullptr;  // [count + 1]
+  // Optional (gk::detail::hash_and_scan; whole hashes only): tensor t's
+  // elements are `scan_bytes[t]`-wide words (1, 2, 4 or 8; 0: not tested),
+  // bad where (word & mask) == mask for the mask repeated in every lane of
+  // scan_mask[t]; first_bad[t] (set to ~0 by the caller) is lowered to the
+  // byte offset of the first bad element.
+  const std::uint64_t* scan_mask = nullptr;   // [count]
+  const std::uint64_t* scan_bytes = nullptr;  // [count]
+  unsigned long long* first_bad = nullptr;    // [count]
 };
 
 // Launches the content hash kernel on `stream` (a cudaStream_t of the current

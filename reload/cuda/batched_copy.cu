@@ -1,5 +1,5 @@
 // The multi-slot copy kernel behind gk::copy_slots: one block per task of at
-// most 64 KiB, the task list passed by value as the kernel's parameter (Note
+// most kCopyChunk bytes, the task list passed by value as the kernel's parameter (Note
 // [Copy tasks travel as kernel parameters] in batched_copy.h), 16-byte
 // vector loads and stores where both ends are aligned, four in flight per
 // thread.

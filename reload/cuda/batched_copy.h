@@ -17,8 +17,11 @@
 namespace gk::cuda {
 
 // Bytes one block copies at most; larger slots are split into tasks of this
-// size so that one block per task balances large and small slots.
-inline constexpr std::uint64_t kCopyChunk = 64 * 1024;
+// size so that one block per task balances large and small slots. (64 KiB
+// until 2026-12-06: a 1.2 GiB MoE layer then took 12 launches of a 32 KiB
+// parameter each, about 15 us of host time per launch; 512 KiB tasks are
+// still over a thousand blocks for such a layer.)
+inline constexpr std::uint64_t kCopyChunk = 512 * 1024;
 
 // Tasks per launch: 20 bytes each, within the 32,764-byte parameter limit.
 inline constexpr int kMaxTasks = 1536;

@@ -1,0 +1,48 @@
+// graphkeep/hashing/hash_and_scan.h
+//
+// Content hashes (gk-sum64 v1, as gk::content_hashes computes them) and a
+// test of every element's bits, in one read of the bytes on a CUDA device:
+// a streaming reload both hashes a trainer's resident tensors and refuses a
+// NaN or an infinity among them (Note [Scanning while summing] in
+// hashing/cuda/content_hash.cu). Internal to graphkeep's layers (the reload
+// layer calls it); not a user API.
+//
+//   std::vector<gk::ContentRange> ranges = ...;         // bytes of CUDA tensors
+//   std::vector<gk::detail::ExponentTest> tests = ...;  // per range: {2, 0x7F80} for bfloat16
+//   gk::detail::HashScan r = gk::detail::hash_and_scan(ranges, tests);
+//   r.hashes[i] == gk::content_hashes(ranges)[i];
+//   r.first_bad[i];  // the range's first element whose exponent bits are all set, or -1
+#pragma once
+
+#include <graphkeep/hashing/content_hash.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace gk::detail {
+
+// How a tensor's elements are tested: `bytes`-wide little-endian words (1, 2,
+// 4 or 8), bad where (word & mask) == mask (every exponent bit set: a NaN or
+// an infinity). bytes 0: not tested.
+struct ExponentTest {
+  std::uint32_t bytes = 0;
+  std::uint64_t mask = 0;
+};
+
+struct HashScan {
+  std::vector<std::uint64_t> hashes;
+  // The element index, from the range's first byte, of its first bad
+  // element; -1 where none (or not tested).
+  std::vector<std::int64_t> first_bad;
+};
+
+// Every range (of a contiguous tensor on a CUDA device, checked as
+// gk::content_hashes checks it: gk::WeightError naming its position
+// otherwise; starting on an element, where it is tested) hashed and tested
+// by tests[i], one launch per device on its current stream; waits for the
+// answers. Built without CUDA: gk::StateError, unless `ranges` is empty.
+HashScan hash_and_scan(const std::vector<ContentRange>& ranges, const std::vector<ExponentTest>& tests);
+
+}  // namespace gk::detail
