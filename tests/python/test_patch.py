@@ -172,20 +172,24 @@ def tiny_llama(seed=0):
     return transformers.LlamaForCausalLM(cfg).float()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("quant", ["dense", "fp8"])
-def test_rl_loop_publishes_a_patch_each_step(tmp_path, quant):
+def test_rl_loop_publishes_a_patch_each_step(tmp_path, quant, device):
     """fp32 masters trained with AdamW on an LM loss; the engine serves bf16. Each step
     publishes a patch, staged and committed between decode steps; the served tokens
     equal a fresh engine's on the published weights. A patch corrupted in transit is
-    refused with the old weights served, and the intact one then applies."""
+    refused with the old weights served, and the intact one then applies. On CUDA the
+    trainer, the publisher's kept weights and the engine's graphs are on the device."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
     model = tiny_llama()
     model.to(torch.bfloat16).save_pretrained(tmp_path / "step0", safe_serialization=True)
-    model.float()
+    model.float().to(device)
     pub = graphkeep.PatchPublisher(torch.bfloat16)
     first = pub.publish(model)
 
     def engine(weights):
-        return graphkeep.LlmEngine(tmp_path / "step0", quant=quant, device="cpu", weights=weights,
+        return graphkeep.LlmEngine(tmp_path / "step0", quant=quant, device=device, weights=weights,
                                    batch_sizes=[1, 2], max_len=16)
 
     eng = engine(first.weights)
@@ -195,7 +199,7 @@ def test_rl_loop_publishes_a_patch_each_step(tmp_path, quant):
     served = eng.generate(PROMPTS, NEW_TOKENS)
     changed = False
     for step in range(1, 4):
-        batch = torch.randint(0, 256, (4, 12), generator=g)
+        batch = torch.randint(0, 256, (4, 12), generator=g).to(device)
         loss = model(batch, labels=batch).loss
         assert torch.isfinite(loss)
         opt.zero_grad()
