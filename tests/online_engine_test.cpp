@@ -127,15 +127,31 @@ Served serve_and_swap(demo::LlmEngine& eng, const at::Tensor& tokens, const at::
   return out;
 }
 
+// The tiny model's random weights `seed`, on `device`.
+std::vector<gk::NamedTensor> weights_on(const c10::Device device, const demo::HfConfig& c, int seed) {
+  std::vector<gk::NamedTensor> w = demo::random_weights(c, seed);
+  for (auto& t : w) t.value = t.value.to(device);
+  return w;
+}
+
+// A trainer that keeps the engine's layout hands over whole parameters (fused
+// q/k/v and gate/up) by parameter name: `trainer`'s own, cloned.
+std::vector<gk::NamedTensor> whole_parameters(demo::LlmEngine& trainer) {
+  std::vector<gk::NamedTensor> whole;
+  for (const gk::LayerPlan& lp : trainer.reload_engine().plan().layers())
+    for (const gk::CheckpointParam& cp : lp.params) {
+      const auto params = lp.module->named_parameters(/*recurse=*/false);
+      const at::Tensor* p = params.find(cp.param);
+      const at::Tensor t = p != nullptr ? *p : lp.module->named_buffers(/*recurse=*/false)[cp.param];
+      whole.push_back({lp.full_name(cp.param), t.detach().clone(), 0});
+    }
+  return whole;
+}
+
 void serve_while_staging(const c10::Device device, const int kRounds) {
   at::NoGradGuard no_grad;
   const demo::HfConfig c = demo::builtin_tiny_config();
-  auto on_device = [&](std::vector<gk::NamedTensor> w) {
-    for (auto& t : w) t.value = t.value.to(device);
-    return w;
-  };
-  const std::vector<gk::NamedTensor> weights[2] = {on_device(demo::random_weights(c, 1)),
-                                                   on_device(demo::random_weights(c, 2))};
+  const std::vector<gk::NamedTensor> weights[2] = {weights_on(device, c, 1), weights_on(device, c, 2)};
   demo::LlmEngineOptions opts;
   opts.reload.adopt_source_tensors = true;
   gk::InMemorySource first(weights[0]);
@@ -162,14 +178,7 @@ void serve_while_staging(const c10::Device device, const int kRounds) {
     eager.batch_sizes = {};
     gk::InMemorySource b(weights[1]);
     demo::LlmEngine trainer(c, device, demo::WeightFormat::dense, b, eager);
-    std::vector<gk::NamedTensor> whole;
-    for (const gk::LayerPlan& lp : trainer.reload_engine().plan().layers())
-      for (const gk::CheckpointParam& cp : lp.params) {
-        const auto params = lp.module->named_parameters(/*recurse=*/false);
-        const at::Tensor* p = params.find(cp.param);
-        const at::Tensor t = p != nullptr ? *p : lp.module->named_buffers(/*recurse=*/false)[cp.param];
-        whole.push_back({lp.full_name(cp.param), t.detach().clone(), 0});
-      }
+    const std::vector<gk::NamedTensor> whole = whole_parameters(trainer);
     gk::InMemorySource src(whole);
     const gk::ReloadReport r = eng.reload(src);
     CHECK(r.tensors_adopted == whole.size());
@@ -277,12 +286,7 @@ void serve_while_swapping_adapters(const c10::Device device, const int kRounds) 
 void streaming_hashes_are_the_loaded_bytes(const c10::Device device) {
   at::NoGradGuard no_grad;
   const demo::HfConfig c = demo::builtin_tiny_config();
-  auto on_device = [&](std::vector<gk::NamedTensor> w) {
-    for (auto& t : w) t.value = t.value.to(device);
-    return w;
-  };
-  const std::vector<gk::NamedTensor> weights[2] = {on_device(demo::random_weights(c, 3)),
-                                                   on_device(demo::random_weights(c, 4))};
+  const std::vector<gk::NamedTensor> weights[2] = {weights_on(device, c, 3), weights_on(device, c, 4)};
   gk::InMemorySource first(weights[0]);
   demo::LlmEngine eng(c, device, demo::WeightFormat::dense, first);
   const at::Tensor tokens = at::arange(8, at::kLong).mul(5).remainder(c.vocab_size);
@@ -307,24 +311,13 @@ void streaming_hashes_are_the_loaded_bytes(const c10::Device device) {
       }
     }
   }
-  // Whole parameters by their names (fused q/k/v and gate/up: several
-  // checkpoint tensors each), as a trainer that keeps the engine's layout
-  // hands them over: the scan reads them as their checkpoint tensors' ranges.
+  // Whole parameters by their names (several checkpoint tensors each): the
+  // scan reads them as their checkpoint tensors' ranges.
   demo::LlmEngineOptions eager;
   eager.batch_sizes = {};
   gk::InMemorySource b(weights[1]);
   demo::LlmEngine trainer(c, device, demo::WeightFormat::dense, b, eager);
-  const auto whole_params = [&] {
-    std::vector<gk::NamedTensor> whole;
-    for (const gk::LayerPlan& lp : trainer.reload_engine().plan().layers())
-      for (const gk::CheckpointParam& cp : lp.params) {
-        const auto params = lp.module->named_parameters(/*recurse=*/false);
-        const at::Tensor* p = params.find(cp.param);
-        const at::Tensor t = p != nullptr ? *p : lp.module->named_buffers(/*recurse=*/false)[cp.param];
-        whole.push_back({lp.full_name(cp.param), t.detach().clone(), 0});
-      }
-    return whole;
-  };
+  const auto whole_params = [&] { return whole_parameters(trainer); };
   {
     gk::InMemorySource src(whole_params());
     gk::ReloadOptions o = eng.reload_engine().options().defaults;
