@@ -395,8 +395,10 @@ suite_record() {
 # machine's torch, then the gpu-marked pytest tests (the audit on a
 # transformers Llama and on the vLLM-like layer, the engine on CUDA) and the
 # audit's cost on the 35 decode graphs of an 8B-shaped decoder
-# (audit_cost.json). scikit-build-core, pybind11 and pytest are in the
-# machine's image; transformers comes from .devdeps/wheels.
+# (audit_cost.json), and make_patch and publish timed from Python at 8B
+# (patch_time.json; C++'s in patch_time_cpp.json where .gpu-bin is
+# carried). scikit-build-core, pybind11 and pytest are in the machine's
+# image; transformers comes from .devdeps/wheels.
 #   GK_PYTEST=0  the benchmark only;  GK_BENCH=0  the tests only
 suite_python() {
   local w rc=0 brc=0 start
@@ -423,6 +425,14 @@ suite_python() {
   if [ "${GK_BENCH:-1}" = 1 ]; then
     (cd /tmp && python3 "$REPO/tests/python/bench_audit_cost.py" --out "$LOG/audit_cost.json") 2>&1 | tee "$LOG/audit-cost.log"
     brc=${PIPESTATUS[0]}
+    # make_patch and publish from Python at 8B; with binaries carried
+    # (.gpu-bin, `pack` naming bench/bench_delta), C++'s make_patch in the same call.
+    (cd /tmp && python3 "$REPO/tests/python/bench_patch_time.py" --out "$LOG/patch_time.json") 2>&1 | tee "$LOG/patch-time.log"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && brc=1
+    if [ -x .gpu-bin/run ] && [ -e .gpu-bin/bench_delta ]; then
+      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True .gpu-bin/run bench_delta --model llama8b --densities 0.01,0.01 \
+        --json "$LOG/patch_time_cpp.json" 2>&1 | tail -3
+    fi
   fi
   [ "$rc" -ne 0 ] && return "$rc"
   return "$brc"

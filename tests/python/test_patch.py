@@ -242,3 +242,19 @@ def test_rl_loop_publishes_a_patch_each_step(tmp_path, quant, device):
 def publication_weights(pub, model):
     """What a full publication of the model now would hand over (the same rounding)."""
     return {n: t.detach().to(pub.dtype).contiguous() for n, t in model.state_dict().items()}
+
+
+def test_the_patch_time_bench_runs_and_its_patches_hold_what_changed(tmp_path):
+    """tests/python/bench_patch_time.py (run at 8B on the GPU machine) at tiny shapes on
+    the CPU: it asserts that each patch it times holds exactly the changed elements."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).with_name("bench_patch_time.py")
+    out = tmp_path / "t.json"
+    subprocess.run([sys.executable, str(script), "--cpu-check", "--reps", "1", "--out", str(out)], check=True,
+                   cwd=tmp_path, capture_output=True, timeout=300)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["what"] for r in rows] == ["make_patch", "publish"]
+    assert all(r["changed_elements"] > 0 and r["ms"] > 0 and r["tensors"] == 21 for r in rows)
