@@ -426,7 +426,7 @@ suite_python() {
     (cd /tmp && python3 "$REPO/tests/python/bench_audit_cost.py" --out "$LOG/audit_cost.json") 2>&1 | tee "$LOG/audit-cost.log"
     brc=${PIPESTATUS[0]}
     # make_patch and publish from Python at 8B; with binaries carried
-    # (.gpu-bin, `pack` naming bench/bench_delta), C++'s make_patch in the same call.
+    # (.gpu-bin, `pack` naming the delta benchmark), C++'s make_patch in the same call.
     (cd /tmp && python3 "$REPO/tests/python/bench_patch_time.py" --out "$LOG/patch_time.json") 2>&1 | tee "$LOG/patch-time.log"
     [ "${PIPESTATUS[0]}" -ne 0 ] && brc=1
     if [ -x .gpu-bin/run ] && [ -e .gpu-bin/bench_delta ]; then
