@@ -18,41 +18,13 @@
 #include <graphkeep/reload/reload_options.h>
 #include <graphkeep/reload/testing.h>
 
-#include <ATen/core/Tensor.h>
-
-#include <cstddef>
-#include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
-#include <unordered_map>
-#include <utility>
 
 namespace gk::detail {
 
-// Content hashes (gk-sum64 v1) of tensors read before the loads, found by
-// the bytes they cover. A tensor's storage is held weakly: once it is freed
-// (a source yields its tensors by moving them out), its memory may hold
-// another tensor, and its hash is no longer found.
-class KnownHashes {
- public:
-  // The hash of `nbytes` bytes of t from byte `offset`.
-  void add(const at::Tensor& t, std::size_t offset, std::size_t nbytes, std::uint64_t hash);
-  // The hash of the n bytes at p, where they are exactly bytes added of a
-  // tensor whose storage is alive.
-  std::optional<std::uint64_t> find(const void* p, std::size_t n) const;
-  bool empty() const noexcept { return by_data_.empty(); }
-
- private:
-  struct Entry {
-    std::size_t nbytes;
-    std::uint64_t hash;
-    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-    const void* storage_data;
-  };
-  std::unordered_map<const void*, Entry> by_data_;
-};
+class KnownHashes;  // known_hashes.h
 
 // A reload's options, the patch writes, and the protections.
 struct RunOptions : ReloadOptions {

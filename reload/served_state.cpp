@@ -17,6 +17,7 @@
 #include "served_state.h"
 
 #include "engine_impl.h"
+#include "known_hashes.h"
 #include "reload_internal.h"
 
 #include <graphkeep/core/check.h>

@@ -13,6 +13,7 @@
 // arrived: a missing one fails the reload, naming it (partial shards
 // included), before anything of a transactional reload is committed.
 #include "engine_impl.h"
+#include "known_hashes.h"
 #include "non_finite.h"
 #include "reload_internal.h"
 #include "served_state.h"
@@ -89,8 +90,7 @@ bool refuse_non_finite_source(const WeightSource& source, bool model_on_cuda, co
   for (std::size_t i = 0; i < values.size(); ++i) {
     const at::Tensor& t = values[i];
     const bool floating = at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type());
-    const detail::ExponentTest e =
-        at::isFloatingType(t.scalar_type()) ? detail::exponent_test(t.scalar_type()) : detail::ExponentTest{};
+    const detail::ExponentTest e = detail::exponent_test(t.scalar_type());  // none for integers
     if (!(t.is_cuda() && t.is_contiguous() && t.layout() == at::kStrided && (e.bytes != 0 || !floating))) {
       other.push_back(t);
       other_at.push_back(i);
