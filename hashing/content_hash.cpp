@@ -61,8 +61,10 @@ HashBytes bytes_of(const ContentRange& r) {
 DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
                                   const std::vector<std::vector<sum64::OverlaySource>>* sources,
-                                  const std::vector<std::uint64_t>* before, const std::vector<ExponentTest>* tests) {
+                                  const std::vector<std::uint64_t>* before, const std::vector<ExponentTest>* tests,
+                                  const std::vector<std::vector<sum64::OverlaySource>>* exclusive) {
   GK_INTERNAL_ASSERT(sources == nullptr || tests == nullptr, "a hash through writes is not scanned");
+  GK_INTERNAL_ASSERT(exclusive == nullptr || sources != nullptr, "exclusive sources without sources");
   const c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStreamGuard on(stream);
   const auto n = static_cast<std::int64_t>(which.size());
@@ -71,14 +73,19 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
   // One upload: data[n], nbytes[n], block_begin[n + 1], sums[n] (zero);
   // with `sources`, then the tensors' OverlaySource rows (5 words each) and
   // where each tensor's rows begin (n + 1 uint32); with `tests`, then
-  // first_bad[n] (all ones), the masks[n] and the element widths[n].
+  // first_bad[n] (all ones), the masks[n] and the element widths[n]; with
+  // `exclusive`, after the sources, each pair's OverlaySource row, its
+  // tensor[pairs] and task_begin[pairs + 1] (Note [Exclusive writes]).
   static_assert(sizeof(sum64::OverlaySource) == 40, "an OverlaySource row is 5 words of the upload");
-  std::size_t rows = 0;
+  std::size_t rows = 0, pairs = 0;
   if (sources != nullptr)
     for (const std::size_t w : which) rows += (*sources)[w].size();
+  if (exclusive != nullptr)
+    for (const std::size_t w : which) pairs += (*exclusive)[w].size();
   const std::int64_t base_words = 4 * n + 1, row_words = 5 * static_cast<std::int64_t>(rows);
-  const std::int64_t words =
-      base_words + (sources != nullptr ? row_words + (n + 2) / 2 : 0) + (tests != nullptr ? 3 * n : 0);
+  const std::int64_t pair_words = pairs > 0 ? 7 * static_cast<std::int64_t>(pairs) + 1 : 0;
+  const std::int64_t words = base_words + (sources != nullptr ? row_words + (n + 2) / 2 + pair_words : 0) +
+                             (tests != nullptr ? 3 * n : 0);
   at::Tensor host = at::empty({words}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   auto* h = reinterpret_cast<std::uint64_t*>(host.mutable_data_ptr<std::int64_t>());
   std::vector<std::uint64_t> add(static_cast<std::size_t>(n));
@@ -118,6 +125,25 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
       begin[i + 1] = begin[i] + static_cast<std::uint32_t>(src.size());
     }
   }
+  const std::int64_t pair_at = base_words + row_words + (n + 2) / 2;
+  std::uint64_t pair_tasks = 0;
+  if (pairs > 0) {
+    auto* row = reinterpret_cast<sum64::OverlaySource*>(h + pair_at);
+    std::uint64_t* tensor = h + pair_at + 5 * static_cast<std::int64_t>(pairs);
+    std::uint64_t* task_begin = tensor + pairs;
+    std::size_t k = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::size_t w = which[static_cast<std::size_t>(i)];
+      for (const sum64::OverlaySource& src : (*exclusive)[w]) {
+        row[k] = src;
+        tensor[k] = static_cast<std::uint64_t>(i);
+        task_begin[k] = pair_tasks;
+        pair_tasks += (inputs[w].n + cuda::kExclusiveRangeBytes - 1) / cuda::kExclusiveRangeBytes;
+        ++k;
+      }
+    }
+    task_begin[pairs] = pair_tasks;
+  }
   at::Tensor dev = at::empty({words}, at::TensorOptions().dtype(at::kLong).device(device));
   dev.copy_(host, /*non_blocking=*/true);
 
@@ -132,6 +158,14 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
   if (sources != nullptr) {
     job.sources = reinterpret_cast<const sum64::OverlaySource*>(d + base_words);
     job.source_begin = reinterpret_cast<const std::uint32_t*>(d + base_words + row_words);
+    job.walk = rows > 0;
+  }
+  if (pairs > 0) {
+    job.exclusive = reinterpret_cast<const sum64::OverlaySource*>(d + pair_at);
+    job.pair_tensor = d + pair_at + 5 * static_cast<std::int64_t>(pairs);
+    job.pair_task_begin = job.pair_tensor + pairs;
+    job.pairs = static_cast<int>(pairs);
+    job.pair_tasks = pair_tasks;
   }
   if (tests != nullptr) {
     job.first_bad = reinterpret_cast<unsigned long long*>(d + base_words);

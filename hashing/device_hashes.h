@@ -91,12 +91,16 @@ struct DeviceLaunch {
 // (*sources)[w], from its hash now (*before)[w] and the words the writes
 // cover (Note [Hashing through the writes]); or, with `tests` (indexed like
 // `inputs`; whole hashes only), each also tested element by element (Note
-// [Scanning while summing]); read_device_hashes collects them.
+// [Scanning while summing]); with `exclusive` (indexed like `inputs`, beside
+// `sources`), each input's exclusive sources too, summed write by write
+// (Note [Exclusive writes] in overlay_load.h); read_device_hashes collects
+// them.
 DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
                                   const std::vector<std::vector<sum64::OverlaySource>>* sources = nullptr,
                                   const std::vector<std::uint64_t>* before = nullptr,
-                                  const std::vector<ExponentTest>* tests = nullptr);
+                                  const std::vector<ExponentTest>* tests = nullptr,
+                                  const std::vector<std::vector<sum64::OverlaySource>>* exclusive = nullptr);
 
 // Waits for the launch's hashes and writes them into out[which[i]]; for a
 // launch with tests, the byte offset of each input's first bad element (-1:

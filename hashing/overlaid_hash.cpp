@@ -107,14 +107,23 @@ at::Tensor applied_copy(const at::Tensor& t, const std::vector<HashOverlay>& ove
   return bytes;
 }
 
-// The host: the change through the writes, block by block in parallel.
-std::uint64_t host_delta(const at::Tensor& t, const std::vector<x::OverlaySource>& sources) {
+// The host: the change through the walked writes, block by block in
+// parallel, and through the exclusive ones, write by write (the same
+// functions as the kernels').
+std::uint64_t host_delta(const at::Tensor& t, const std::vector<x::OverlaySource>& sources,
+                         const std::vector<x::OverlaySource>& exclusive) {
   const auto* p = static_cast<const unsigned char*>(t.const_data_ptr());
   const std::size_t n = t.nbytes();
-  return detail::sum_blocks(n, [&](std::uint64_t first, std::uint64_t last) {
-    x::OverlayLoad<x::HostLoad> load{x::HostLoad{}, sources.data(), static_cast<int>(sources.size())};
-    return load.delta(p, n, 8 * first, std::min<std::uint64_t>(n, 8 * last));
-  });
+  std::uint64_t d = 0;
+  if (!sources.empty())
+    d = detail::sum_blocks(n, [&](std::uint64_t first, std::uint64_t last) {
+      x::OverlayLoad<x::HostLoad> load{x::HostLoad{}, sources.data(), static_cast<int>(sources.size())};
+      return load.delta(p, n, 8 * first, std::min<std::uint64_t>(n, 8 * last));
+    });
+  for (const x::OverlaySource& s : exclusive)
+    for (std::uint64_t k = x::owned_from(s, address_of(t), 0), e = x::owned_from(s, address_of(t), n); k < e; ++k)
+      d += x::exclusive_delta(s, k, p, n, x::HostLoad{});
+  return d;
 }
 
 }  // namespace
@@ -133,17 +142,20 @@ std::vector<std::uint64_t> overlaid_content_hashes(const std::vector<at::Tensor>
   std::vector<std::uint64_t> out = hashes;
   std::vector<at::Tensor> copies;
   std::vector<std::size_t> copied;
-  std::vector<std::vector<x::OverlaySource>> sources(tensors.size());
+  std::vector<std::vector<x::OverlaySource>> sources(tensors.size()), exclusive(tensors.size());
   std::map<c10::DeviceIndex, std::vector<std::size_t>> by_device;
   std::vector<std::size_t> on_host;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     if (which[t].empty()) continue;
-    if (which[t].size() > static_cast<std::size_t>(x::kMaxOverlaySources)) {
+    for (std::size_t i : which[t]) {
+      const x::OverlaySource s = source_of(overlays[i]);
+      (overlays[i].exclusive && x::whole_words(s, address_of(tensors[t])) ? exclusive[t] : sources[t]).push_back(s);
+    }
+    if (sources[t].size() > static_cast<std::size_t>(x::kMaxOverlaySources)) {
       copies.push_back(applied_copy(tensors[t], overlays, which[t]));
       copied.push_back(t);
       continue;
     }
-    for (std::size_t i : which[t]) sources[t].push_back(source_of(overlays[i]));
     if (tensors[t].is_cuda()) by_device[tensors[t].device().index()].push_back(t);
     else on_host.push_back(t);
   }
@@ -152,7 +164,7 @@ std::vector<std::uint64_t> overlaid_content_hashes(const std::vector<at::Tensor>
   at::parallel_for(0, static_cast<std::int64_t>(on_host.size()), 1, [&](std::int64_t b, std::int64_t e) {
     for (std::int64_t i = b; i < e; ++i) {
       const std::size_t t = on_host[static_cast<std::size_t>(i)];
-      out[t] = hashes[t] + host_delta(tensors[t], sources[t]);
+      out[t] = hashes[t] + host_delta(tensors[t], sources[t], exclusive[t]);
     }
   });
 #if defined(GRAPHKEEP_WITH_CUDA)
@@ -164,7 +176,8 @@ std::vector<std::uint64_t> overlaid_content_hashes(const std::vector<at::Tensor>
     for (const at::Tensor& t : tensors) inputs.push_back(detail::bytes_of(t));
   for (auto& [index, ts] : by_device)
     launches.push_back(detail::launch_device_hashes(inputs, ts, c10::Device(c10::kCUDA, index),
-                                                    c10::cuda::getCurrentCUDAStream(index), &sources, &hashes));
+                                                    c10::cuda::getCurrentCUDAStream(index), &sources, &hashes,
+                                                    nullptr, &exclusive));
   const std::vector<std::uint64_t> whole = content_hashes(copies);
   for (detail::DeviceLaunch& l : launches) detail::read_device_hashes(l, out);
 #else

@@ -407,7 +407,10 @@ void ReloadEngine::Impl::check_scatter_targets(PatchStaging& ps) {
   std::map<std::pair<const void*, std::size_t>, at::Tensor> dense;
   for (const ScatterItem& w : ps.sp->writes) {
     if (w.indices.defined())
-      overlays.push_back({w.dst, w.indices, w.values, w.sectors ? 32 : static_cast<int>(w.dst.element_size())});
+      // A sector image shares no byte with another write (use_sector_images
+      // converts only writes that share none): Note [Exclusive writes].
+      overlays.push_back({w.dst, w.indices, w.values, w.sectors ? 32 : static_cast<int>(w.dst.element_size()),
+                          /*exclusive=*/w.sectors});
     else
       dense[{w.dst.const_data_ptr(), w.dst.nbytes()}] = w.values;
   }

@@ -175,6 +175,73 @@ BlocksCase blocks_case(std::uint64_t seed, c10::Device device) {
   return c;
 }
 
+// Note [Exclusive writes] as a patch's stage meets it: a 32-byte aligned
+// span holding three tensors back to back (boundaries 8-byte aligned, not
+// 32: sectors straddle them; the first spans several of the kernel's
+// 512 KiB ranges; the last ends in a partial word), written by one list of
+// sector images (exclusive) over the span's whole sectors and element
+// writes in its partial last sector; a fourth tensor at an odd address
+// inside the span (its words are not the sectors' words: walked), and a
+// list of single bytes elsewhere. With `broken`, a last list writes two
+// bytes inside a sector image: the promise is false.
+struct ExclusiveCase {
+  at::Tensor storage;
+  std::vector<at::Tensor> tensors;
+  std::vector<gk::HashOverlay> overlays;
+  std::vector<std::uint64_t> want, before;
+};
+
+ExclusiveCase exclusive_case(std::uint64_t seed, c10::Device device, bool broken) {
+  std::mt19937_64 rng(seed);
+  at::Generator g = at::detail::createCPUGenerator(seed);
+  const std::int64_t span = 256, a = (1 << 20) + 65536 + 40, b = 70000 + 8 * static_cast<std::int64_t>(rng() % 50),
+                     c_len = 12345, end = span + a + b + c_len, n = end + 4096;
+  const at::Tensor host = random_bytes(n, g);
+  ExclusiveCase c;
+  c.storage = host.to(device);
+  at::Tensor after = host.clone();
+  auto* bytes = after.data_ptr<std::uint8_t>();
+  const std::vector<std::pair<std::int64_t, std::int64_t>> spans = {
+      {span, a}, {span + a, b}, {span + a + b, c_len}, {span + 1001, 5000}, {end + 100, 900}};
+  for (const auto& [off, len] : spans) c.tensors.push_back(c.storage.narrow(0, off, len));
+  auto add = [&](std::int64_t off, std::int64_t len, int unit, std::vector<std::int64_t> idx, bool exclusive) {
+    const at::Tensor values = random_bytes(static_cast<std::int64_t>(idx.size()) * unit, g);
+    for (std::size_t k = 0; k < idx.size(); ++k)
+      std::memcpy(bytes + off + idx[k] * unit, values.data_ptr<std::uint8_t>() + k * unit, unit);
+    at::Tensor indices = at::tensor(idx, at::TensorOptions().dtype(at::kLong));
+    if (rng() % 2) indices = indices.to(at::kInt);
+    gk::HashOverlay o{c.storage.narrow(0, off, len), indices.to(device), values.to(device), unit};
+    o.exclusive = exclusive;
+    c.overlays.push_back(std::move(o));
+  };
+  const std::int64_t whole = (end - span) / 32;
+  std::vector<std::int64_t> sectors, tail, far;
+  for (std::int64_t k = 0; k < whole; ++k) {
+    const std::int64_t at_byte = span + 32 * k;
+    const bool edge = std::abs(at_byte - (span + a)) < 64 || std::abs(at_byte - (span + a + b)) < 64 ||
+                      (at_byte - span) % (512 << 10) < 32;
+    if (edge || rng() % 100 < 15) sectors.push_back(k);
+  }
+  add(span, whole * 32, 32, sectors, true);
+  for (std::int64_t e = span + whole * 32; e + 2 <= end; e += 2)
+    if (rng() % 2) tail.push_back((e - span - whole * 32) / 2);
+  add(span + whole * 32, end - span - whole * 32, 2, tail, false);
+  for (std::int64_t k = 0; k < 900; k += 7) far.push_back(k);
+  add(end + 100, 900, 1, far, false);
+  if (broken) add(span + 32 * sectors[3], 32, 2, {1, 2}, false);
+  for (const auto& [off, len] : spans) {
+    c.want.push_back(reference_hash(after.narrow(0, off, len)));
+    c.before.push_back(reference_hash(host.narrow(0, off, len)));
+  }
+  return c;
+}
+
+// The same overlays, none of them exclusive (every one walked).
+std::vector<gk::HashOverlay> all_walked(std::vector<gk::HashOverlay> overlays) {
+  for (gk::HashOverlay& o : overlays) o.exclusive = false;
+  return overlays;
+}
+
 // The first 8 bytes [w, w + 8) of the case's storage, w = from + 8k, that no
 // write covers, or -1.
 std::int64_t first_uncovered_word(const OverlayCase& c, std::int64_t from) {
@@ -443,6 +510,27 @@ TEST_CASE("the change through writes is summed block by block, across blocks and
   }
 }
 
+TEST_CASE("exclusive writes are summed write by write, and agree with the walk") {
+  for (std::uint64_t seed : {41, 42, 43}) {
+    INFO("seed " << seed);
+    const ExclusiveCase c = exclusive_case(seed, at::kCPU, /*broken=*/false);
+    const std::vector<std::uint64_t> got = gk::overlaid_content_hashes(c.tensors, c.before, c.overlays);
+    CHECK(got == c.want);
+    CHECK(gk::overlaid_content_hashes(c.tensors, c.before, all_walked(c.overlays)) == c.want);
+    for (std::size_t t = 0; t + 1 < c.want.size(); ++t) CHECK(c.want[t] != c.before[t]);
+    // Negative: a broken promise (a later list writes two bytes inside a
+    // sector image) is wrong for the tensor it meets when the sector list is
+    // summed on its own, and right when every list is walked ...
+    const ExclusiveCase b = exclusive_case(seed, at::kCPU, /*broken=*/true);
+    const std::vector<std::uint64_t> wrong = gk::overlaid_content_hashes(b.tensors, b.before, b.overlays);
+    CHECK(wrong[0] != b.want[0]);
+    CHECK(wrong[1] == b.want[1]);
+    CHECK(gk::overlaid_content_hashes(b.tensors, b.before, all_walked(b.overlays)) == b.want);
+    // ... and the tensor at an odd address takes the walk, promise or not.
+    CHECK(wrong[3] == b.want[3]);
+  }
+}
+
 TEST_CASE("hashes format as 16 hex digits and parse back") {
   for (std::uint64_t h : std::vector<std::uint64_t>{0, 1, 0xEF46DB3751D8E999ull, ~std::uint64_t{0}}) {
     const std::string s = gk::format_content_hash(h);
@@ -606,6 +694,25 @@ TEST_CASE("the device sums the change block by block as the host does") {
     CHECK(gk::overlaid_content_hashes({c.tensor}, {c.before}, c.overlays)[0] == c.want);
     CHECK(gk::overlaid_content_hashes({c.tensor}, {c.before + 9}, c.overlays)[0] == c.want + 9);
     CHECK(gk::content_hash(c.tensor) == c.before);
+  }
+}
+
+TEST_CASE("the device sums exclusive writes as the host does, across its ranges and the tensors' edges") {
+  REQUIRE(gk::testing::cuda_available());
+  for (std::uint64_t seed : {41, 42, 43, 44}) {
+    INFO("seed " << seed);
+    const ExclusiveCase c = exclusive_case(seed, c10::Device(c10::kCUDA, 0), /*broken=*/false);
+    CHECK(gk::overlaid_content_hashes(c.tensors, c.before, c.overlays) == c.want);
+    CHECK(gk::overlaid_content_hashes(c.tensors, c.before, all_walked(c.overlays)) == c.want);
+    std::vector<gk::HashOverlay> sectors_only = {c.overlays[0]};  // (no list to walk: the walk is not launched)
+    std::vector<at::Tensor> first = {c.tensors[0], c.tensors[1]};
+    const std::vector<std::uint64_t> got = gk::overlaid_content_hashes(first, {c.before[0], c.before[1]}, sectors_only);
+    CHECK(got[0] == c.want[0]);
+    CHECK(got[1] == c.want[1]);
+    const ExclusiveCase b = exclusive_case(seed, c10::Device(c10::kCUDA, 0), /*broken=*/true);
+    const std::vector<std::uint64_t> wrong = gk::overlaid_content_hashes(b.tensors, b.before, b.overlays);
+    CHECK(wrong[0] != b.want[0]);
+    CHECK(wrong[1] == b.want[1]);
   }
 }
 

@@ -30,6 +30,8 @@
 // walked ~1,200 covered words of a 1 % bf16 patch's sector images in
 // turn, 9.9 ms for an 8B model on an H200 (docs/gpu-runs.md, 2026-12-06
 // 02:46); sixteen threads per 64 KiB walk sixteen shorter chains at once.
+// Sources that are sector images need no walk at all: a second kernel sums
+// them write by write (Note [Exclusive writes] in overlay_load.h).
 #include "content_hash_launch.h"
 
 #include <graphkeep/hashing/overlay_load.h>
@@ -201,6 +203,44 @@ __global__ void __launch_bounds__(kDeltaThreads) delta_kernel(const ContentHashJ
   if (d != 0) atomicAdd(job.sums + t, static_cast<unsigned long long>(d));
 }
 
+// Note [Exclusive writes]: one block per kExclusiveRangeBytes of a tensor
+// and one of its exclusive sources; two threads find the writes the range
+// owns (two binary searches at once), then every thread sums its share of
+// them, each write's words independent of the others'.
+constexpr int kExclusiveThreads = 256;
+
+__global__ void __launch_bounds__(kExclusiveThreads) exclusive_kernel(const ContentHashJob job) {
+  const std::uint64_t task = blockIdx.x;
+  int lo = 0, hi = job.pairs - 1;  // the pair holding the task
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (job.pair_task_begin[mid] <= task) lo = mid; else hi = mid - 1;
+  }
+  const int t = static_cast<int>(job.pair_tensor[lo]);
+  const s64::OverlaySource s = job.exclusive[lo];
+  const std::uint64_t nbytes = job.nbytes[t];
+  const auto* p = reinterpret_cast<const unsigned char*>(job.data[t]);
+  const std::uint64_t begin = (task - job.pair_task_begin[lo]) * kExclusiveRangeBytes;
+  const std::uint64_t end = nbytes - begin < kExclusiveRangeBytes ? nbytes : begin + kExclusiveRangeBytes;
+  __shared__ std::uint64_t owned[2];
+  if (threadIdx.x < 2) owned[threadIdx.x] = s64::owned_from(s, job.data[t], threadIdx.x == 0 ? begin : end);
+  __syncthreads();
+  std::uint64_t d = 0;
+  for (std::uint64_t k = owned[0] + threadIdx.x; k < owned[1]; k += kExclusiveThreads)
+    d += s64::exclusive_delta(s, k, p, nbytes, StreamLoad{});
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) d += __shfl_down_sync(0xFFFFFFFFu, d, off);
+  __shared__ std::uint64_t warp_sums[kExclusiveThreads / 32];
+  if ((threadIdx.x & 31u) == 0) warp_sums[threadIdx.x / 32] = d;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::uint64_t b = 0;
+#pragma unroll
+    for (int i = 0; i < kExclusiveThreads / 32; ++i) b += warp_sums[i];
+    if (b != 0) atomicAdd(job.sums + t, static_cast<unsigned long long>(b));
+  }
+}
+
 }  // namespace
 
 int launch_content_hash(const ContentHashJob& job, void* stream) {
@@ -208,8 +248,10 @@ int launch_content_hash(const ContentHashJob& job, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (job.source_begin != nullptr) {
     const std::uint64_t grid = (job.blocks * kDeltaParts + kDeltaThreads - 1) / kDeltaThreads;
-    if (grid > 0x7FFFFFFFull) return static_cast<int>(cudaErrorInvalidConfiguration);
-    delta_kernel<<<static_cast<unsigned>(grid), kDeltaThreads, 0, s>>>(job);
+    if (grid > 0x7FFFFFFFull || job.pair_tasks > 0x7FFFFFFFull) return static_cast<int>(cudaErrorInvalidConfiguration);
+    if (job.walk) delta_kernel<<<static_cast<unsigned>(grid), kDeltaThreads, 0, s>>>(job);
+    if (job.pairs > 0 && job.pair_tasks > 0)
+      exclusive_kernel<<<static_cast<unsigned>(job.pair_tasks), kExclusiveThreads, 0, s>>>(job);
   } else {
     if (job.blocks > 0x7FFFFFFFull) return static_cast<int>(cudaErrorInvalidConfiguration);
     if (job.scan_mask != nullptr)

@@ -16,6 +16,9 @@ namespace gk::cuda {
 // terms of the words they cover. Every pointer is device memory of that
 // device; the caller allocates and fills the inputs, zeroes `sums`, and
 // keeps it all alive until the stream has run.
+// The bytes of a tensor one thread block of the exclusive kernel owns.
+inline constexpr std::uint64_t kExclusiveRangeBytes = std::uint64_t{512} << 10;
+
 struct ContentHashJob {
   const std::uint64_t* data = nullptr;         // [count] address of each tensor's first byte
   const std::uint64_t* nbytes = nullptr;       // [count] its byte length (> 0)
@@ -28,6 +31,17 @@ struct ContentHashJob {
   // kMaxOverlaySources of them); null: the whole hash's terms.
   const gk::detail::sum64::OverlaySource* sources = nullptr;
   const std::uint32_t* source_begin = nullptr;  // [count + 1]
+  bool walk = true;  // false: no tensor has a source to walk (only exclusive ones below)
+  // Optional, with `sources`: exclusive sources (Note [Exclusive writes] in
+  // overlay_load.h), summed write by write by a second kernel. Pair i is
+  // source exclusive[i] over tensor pair_tensor[i], in tasks
+  // pair_task_begin[i] .. pair_task_begin[i + 1), each owning
+  // kExclusiveRangeBytes of the tensor.
+  const gk::detail::sum64::OverlaySource* exclusive = nullptr;  // [pairs]
+  const std::uint64_t* pair_tensor = nullptr;                    // [pairs]
+  const std::uint64_t* pair_task_begin = nullptr;                // [pairs + 1]
+  int pairs = 0;
+  std::uint64_t pair_tasks = 0;  // pair_task_begin[pairs]
   // Optional (gk::detail::hash_and_scan; whole hashes only): tensor t's
   // elements are `scan_bytes[t]`-wide words (1, 2, 4 or 8; 0: not tested),
   // bad where (word & mask) == mask for the mask repeated in every lane of

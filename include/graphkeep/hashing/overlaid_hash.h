@@ -58,6 +58,13 @@ struct HashOverlay {
   at::Tensor indices;  // 1-D, int32 or int64, contiguous, each < dst.nbytes() / unit
   at::Tensor values;   // contiguous, indices.numel() * unit bytes
   int unit = 0;        // 1, 2, 4, 8 or 32
+  // The caller's promise that no other overlay writes a byte this one
+  // writes (sector images: use_sector_images makes them so). Where its
+  // writes also cover whole words of a tensor at an 8-byte aligned address,
+  // the change is summed write by write, not walked (Note [Exclusive
+  // writes] in overlay_load.h). A broken promise gives a hash that matches
+  // nothing, never a write.
+  bool exclusive = false;
 };
 
 // The content hash (content_hash.h) of each tensor's bytes with every
