@@ -10,13 +10,11 @@
 // for its sector images, 18,000 times. Entries whose destinations share a
 // storage, without overlapping, are merged into one write in the storage's
 // flat coordinates: an entry's flat index i in a contiguous destination at
-// storage offset o is element o + i of the storage. The merged indices are
-// one concatenation plus one offset per entry, added on the device (each
-// merged index finds its entry by a binary search: no synchronization); the
-// entries are taken in storage order, so the merged indices stay strictly
-// ascending, as sector_images needs. (Not repeat_interleave: its CUDA
-// kernel gives each entry one thread, which writes that entry's ~10^5
-// offsets alone; a search per merged index runs in parallel.) The merged
+// storage offset o is element o + i of the storage. Every merge of a call
+// is made at once, after the runs are known: on a CUDA device in one launch
+// (Note [Merging entries in one launch] in cuda/merge_entries.h), on the
+// CPU entry by entry; the entries are taken in storage order, so the merged
+// indices stay strictly ascending, as sector_images needs. The merged
 // write covers the range its entries span, no more, so it overlaps no other
 // write (use_sector_images keeps element writes for writes that overlap).
 // Destinations that overlap (tensors sharing bytes), dense entries and
@@ -32,6 +30,13 @@
 
 #include <ATen/ATen.h>
 
+#if defined(GRAPHKEEP_WITH_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/merge_entries.h"
+#endif
+
 #include <algorithm>
 #include <limits>
 #include <unordered_map>
@@ -43,6 +48,100 @@ namespace {
 at::Tensor whole_storage(const at::Tensor& t) {
   const std::int64_t n = static_cast<std::int64_t>(t.storage().nbytes() / t.element_size());
   return at::empty({0}, t.options()).set_(t.storage(), 0, {n}, {1});
+}
+
+// The write a run covers: its span of the storage, as integers of the
+// element size.
+at::Tensor span_of(const std::vector<PatchLanding>& ls, const std::vector<std::size_t>& run) {
+  const std::int64_t begin = ls[run.front()].dst.storage_offset();
+  const std::int64_t end = ls[run.back()].dst.storage_offset() + ls[run.back()].dst.numel();
+  return detail::flat_bits(whole_storage(ls[run.front()].dst).narrow(0, begin, end - begin));
+}
+
+// Every run's merged write and undo (Note [One scatter per storage]): the
+// runs of each CUDA device in one launch into two buffers (the merged
+// indices, int32 where every span of the device allows, and the values,
+// each run's at a 16-byte boundary), the CPU's entry by entry.
+void merge_runs(const std::vector<PatchLanding>& ls, const std::vector<std::vector<std::size_t>>& runs,
+                StagedPatch& sp) {
+  std::vector<at::Tensor> spans;
+  for (const std::vector<std::size_t>& run : runs) spans.push_back(span_of(ls, run));
+  std::vector<c10::Device> devices;
+  for (const at::Tensor& s : spans)
+    if (std::find(devices.begin(), devices.end(), s.device()) == devices.end()) devices.push_back(s.device());
+  for (const c10::Device device : devices) {
+    std::vector<std::size_t> mine;
+    bool narrow_ok = true;
+    std::int64_t total = 0, value_bytes = 0;
+    for (std::size_t r = 0; r < runs.size(); ++r) {
+      if (spans[r].device() != device) continue;
+      mine.push_back(r);
+      narrow_ok = narrow_ok && spans[r].numel() <= std::numeric_limits<std::int32_t>::max();
+      for (std::size_t i : runs[r]) {
+        total += ls[i].indices.numel();
+        value_bytes += ls[i].values.numel() * static_cast<std::int64_t>(ls[i].values.element_size());
+      }
+      value_bytes = (value_bytes + 15) / 16 * 16;
+    }
+    const auto long_options = at::TensorOptions(at::kLong).device(device);
+    const at::Tensor indices = at::empty({total}, long_options.dtype(narrow_ok ? at::kInt : at::kLong));
+    const at::Tensor values = at::empty({value_bytes}, long_options.dtype(at::kByte));
+#if defined(GRAPHKEEP_WITH_CUDA)
+    std::vector<cuda::MergeEntry> entries;
+    std::vector<cuda::MergeBlock> blocks;
+#endif
+    std::int64_t at_index = 0, at_byte = 0;
+    for (std::size_t r : mine) {
+      const std::int64_t begin = ls[runs[r].front()].dst.storage_offset();
+      const std::int64_t first_index = at_index, first_byte = at_byte;
+      for (std::size_t i : runs[r]) {
+        const PatchLanding& l = ls[i];
+        const std::int64_t n = l.indices.numel(), vb = static_cast<std::int64_t>(l.values.element_size());
+        const std::int64_t add = l.dst.storage_offset() - begin;
+        at::Tensor out_i = indices.narrow(0, at_index, n);
+        at::Tensor out_v = values.narrow(0, at_byte, n * vb).view(l.values.scalar_type());
+        if (device.is_cuda()) {
+#if defined(GRAPHKEEP_WITH_CUDA)
+          cuda::MergeEntry& e = entries.emplace_back();
+          e.indices = l.indices.const_data_ptr();
+          e.values = l.values.const_data_ptr();
+          e.out_indices = out_i.mutable_data_ptr();
+          e.out_values = out_v.mutable_data_ptr();
+          e.count = n, e.add = add;
+          e.value_bytes = static_cast<std::uint32_t>(vb);
+          e.index_bytes = static_cast<std::uint16_t>(l.indices.element_size());
+          e.out_index_bytes = static_cast<std::uint16_t>(indices.element_size());
+          for (std::int64_t f = 0; f < n; f += cuda::kMergeChunk)
+            blocks.push_back({f, static_cast<std::int64_t>(entries.size() - 1)});
+#endif
+        } else {
+          out_i.copy_(l.indices.to(at::kLong) + add);
+          out_v.copy_(l.values);
+        }
+        at_index += n, at_byte += n * vb;
+      }
+      at_byte = (at_byte + 15) / 16 * 16;
+      const at::Tensor merged = indices.narrow(0, first_index, at_index - first_index);
+      const at::Tensor vals = values.narrow(0, first_byte, (at_index - first_index) * spans[r].element_size())
+                                  .view(spans[r].scalar_type());
+      sp.undo.push_back({spans[r], merged, at::Tensor()});
+      sp.writes.push_back({spans[r], merged, vals});
+    }
+#if defined(GRAPHKEEP_WITH_CUDA)
+    if (device.is_cuda() && !blocks.empty()) {
+      const c10::cuda::CUDAGuard guard(device);
+      const at::Tensor e = detail::upload_rows(entries, device), b = detail::upload_rows(blocks, device);
+      const int err = cuda::launch_merge_entries(reinterpret_cast<const cuda::MergeEntry*>(e.const_data_ptr()),
+                                                 reinterpret_cast<const cuda::MergeBlock*>(b.const_data_ptr()),
+                                                 static_cast<std::int64_t>(blocks.size()),
+                                                 c10::cuda::getCurrentCUDAStream(device.index()).stream());
+      GK_CHECK(StateError, err == 0, "a patch's merged writes failed to launch on ", device, " (cudaError ", err, ")");
+      // (The uploads are freed when this returns: the caching allocator
+      // hands their blocks out again only to work ordered after this launch
+      // on the same stream.)
+    }
+#endif
+  }
 }
 
 }  // namespace
@@ -77,47 +176,20 @@ void land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bo
     if (fresh) groups.emplace_back();
     groups[it->second].push_back(i);
   }
-  auto merge = [&](const std::vector<std::size_t>& run) {
-    const std::int64_t begin = ls[run.front()].dst.storage_offset();
-    const std::int64_t end = ls[run.back()].dst.storage_offset() + ls[run.back()].dst.numel();
-    const at::Tensor span = detail::flat_bits(whole_storage(ls[run.front()].dst).narrow(0, begin, end - begin));
-    std::vector<at::Tensor> idx, val;
-    // rows[0, k): each entry's offset in the span; rows[k, 2k): where its
-    // indices end among the merged ones.
-    std::vector<std::int64_t> rows(2 * run.size());
-    std::int64_t total = 0;
-    for (std::size_t r = 0; r < run.size(); ++r) {
-      const PatchLanding& l = ls[run[r]];
-      idx.push_back(l.indices);
-      val.push_back(l.values);
-      rows[r] = l.dst.storage_offset() - begin;
-      rows[run.size() + r] = total += l.indices.numel();
-    }
-    const at::Tensor table = detail::upload_rows(rows, span.device()).view(at::kLong);
-    const auto k = static_cast<std::int64_t>(run.size());
-    // Merged index j belongs to the entry whose end is the first above j.
-    const at::Tensor entry = at::searchsorted(table.narrow(0, k, k), at::arange(total, table.options()),
-                                              /*out_int32=*/false, /*right=*/true);
-    at::Tensor merged = at::cat(idx).to(at::kLong) + table.narrow(0, 0, k).index_select(0, entry);
-    if (span.numel() <= std::numeric_limits<std::int32_t>::max()) merged = merged.to(at::kInt);
-    const at::Tensor values = at::cat(val);
-    sp.undo.push_back({span, merged, at::Tensor()});
-    sp.writes.push_back({span, merged, values});
-  };
+  std::vector<std::vector<std::size_t>> runs;
   for (std::vector<std::size_t>& g : groups) {
     std::sort(g.begin(), g.end(),
               [&](std::size_t a, std::size_t b) { return ls[a].dst.storage_offset() < ls[b].dst.storage_offset(); });
     std::vector<std::size_t> run;
     auto flush = [&] {
       if (run.size() == 1) alone(run.front());
-      if (run.size() > 1) merge(run);
+      if (run.size() > 1) runs.push_back(std::move(run));
       run.clear();
     };
     for (std::size_t i : g) {
       const PatchLanding& l = ls[i];
       const bool joins = l.indices.defined() && !run.empty() &&
                          l.dst.element_size() == ls[run.back()].dst.element_size() &&
-                         l.indices.scalar_type() == ls[run.back()].indices.scalar_type() &&
                          ls[run.back()].dst.storage_offset() + ls[run.back()].dst.numel() <= l.dst.storage_offset();
       if (!joins) flush();
       if (l.indices.defined()) run.push_back(i);
@@ -125,6 +197,7 @@ void land_patch_entries(const std::vector<PatchLanding>& ls, StagedPatch& sp, bo
     }
     flush();
   }
+  merge_runs(ls, runs, sp);
 }
 
 }  // namespace gk

@@ -362,12 +362,16 @@ void ReloadEngine::Impl::choose_patch_landings(PatchStaging& ps) {
 // Scatter layers: the entries and their undo (Note [One scatter per
 // storage] in patch_landing.cpp); what each touched tensor will hash is
 // checked by check_scatter_targets, through the commit's own writes.
+// Every scatter layer's entries are merged in one call, and so in one
+// launch per device (Note [Merging entries in one launch]); the derived
+// blocks and layouts are landed layer by layer.
 void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
   ReloadReport& rep = ps.rep;
+  ScopedMsTimer t(rep.times.load_ms);
+  std::vector<PatchLanding> all;
   for (std::size_t li = 0; li < plan.layers().size(); ++li) {
     if (!ps.sp->touched[li] || ps.sp->rerun[li]) continue;
     const LayerPlan& lp = plan.layers()[li];
-    ScopedMsTimer t(rep.times.load_ms);
     fault(testing::FaultPoint::load, lp.prefix);
     std::vector<PatchLanding> ls;
     ls.reserve(ps.by_layer[li].size());
@@ -376,7 +380,6 @@ void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
       ps.targets.push_back(ls.back().bits);
       ps.target_entries.push_back(&ps.patch.entries[k]);
     }
-    land_patch_entries(ls, *ps.sp, ps.o.verify_served);
     ReloadReport::PatchStats::Landing& landing = *std::find_if(
         rep.patch.landings.begin(), rep.patch.landings.end(), [&](const auto& l) { return l.layer == lp.prefix; });
     landing.blocks_recomputed = land_derived_blocks(lp, ls, *ps.sp);
@@ -384,7 +387,9 @@ void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
     rep.patch.blocks_recomputed += landing.blocks_recomputed;
     rep.patch.layout_elements += landing.layout_elements;
     fault(testing::FaultPoint::check, lp.prefix);
+    all.insert(all.end(), std::make_move_iterator(ls.begin()), std::make_move_iterator(ls.end()));
   }
+  land_patch_entries(all, *ps.sp, ps.o.verify_served);
 }
 
 // The target hash of every tensor the scatter layers touch, over the bytes
