@@ -793,7 +793,8 @@ TEST_CASE("bad device patches are refused on the host with no device-side assert
 // indices are checked together; an entry's boundary with the next is no
 // disorder, and a fault in any one entry is found and named, also one that
 // its first and last index do not show.
-TEST_CASE("validate_patch checks many entries' indices at once and names the entry at fault") {
+namespace {
+void check_validation_names_entries(c10::Device device) {
   std::vector<gk::NamedTensor> base, target;
   for (int k = 0; k < 40; ++k) {
     const at::Tensor b = at::zeros({64});
@@ -806,7 +807,7 @@ TEST_CASE("validate_patch checks many entries' indices at once and names the ent
   gk::MakePatchOptions o;
   o.base_version = "a", o.target_version = "b";
   o.encoding = gk::MakePatchOptions::Encoding::sparse;
-  const gk::Patch good = gk::make_patch(base, target, o);
+  const gk::Patch good = gk::make_patch(base, target, o).to(device);
   REQUIRE(good.entries.size() == 40);
   CHECK_NOTHROW(gk::validate_patch(good));
   auto edited = [&](std::size_t entry, std::int64_t position, std::int64_t value) {
@@ -827,3 +828,43 @@ TEST_CASE("validate_patch checks many entries' indices at once and names the ent
         std::string::npos);
   CHECK(edited(31, 0, 63).find("tensor 't31'") != std::string::npos);  // no longer ascending
 }
+}  // namespace
+
+TEST_CASE("validate_patch checks many entries' indices at once and names the entry at fault") {
+  check_validation_names_entries(at::kCPU);
+}
+
+TEST_SUITE("gpu delta") {
+// On a CUDA device one kernel checks every entry (Note [Validating indices
+// in one pass]): the same refusals, and faults at the edges of its blocks of
+// 64 Ki indices, which compare their first index with the block before.
+TEST_CASE("validate_patch on the device names the entry at fault, across the kernel's blocks") {
+  REQUIRE(gk::testing::cuda_available());
+  check_validation_names_entries(c10::Device(c10::kCUDA, 0));
+  const at::Tensor b = at::zeros({1 << 20});
+  at::Tensor t = b.clone();
+  t.index_fill_(0, at::arange(0, 1 << 20, 5, at::kLong), 1.f);  // 209,716 changes: four blocks
+  gk::MakePatchOptions o;
+  o.base_version = "a", o.target_version = "b";
+  o.encoding = gk::MakePatchOptions::Encoding::sparse;
+  const gk::Patch good =
+      gk::make_patch({{"big", b.cuda(), 0}, {"next", b.cuda(), 0}}, {{"big", t.cuda(), 0}, {"next", t.cuda(), 0}}, o);
+  REQUIRE(good.entries[0].indices.numel() == 209716);
+  REQUIRE(good.entries[0].indices.is_cuda());
+  CHECK_NOTHROW(gk::validate_patch(good));
+  auto edited = [&](std::int64_t position, std::int64_t value) {
+    gk::Patch p = good;
+    p.entries[0].indices = p.entries[0].indices.clone();
+    p.entries[0].indices[position] = value;
+    return weight_error([&] { gk::validate_patch(p); });
+  };
+  // A repeat at the first index of the second block (its predecessor is the first block's last).
+  CHECK(edited(65536, 5 * 65535).find("tensor 'big' (shape [1048576], 1048576 elements): index 327675 appears twice "
+                                      "(positions 65535 and 65536)") != std::string::npos);
+  // A descent at the very last index, and one at a block's last.
+  CHECK(edited(209715, 3).find("index 3 at position 209715 follows 1048570") != std::string::npos);
+  CHECK(edited(131071, 0).find("index 0 at position 131071 follows") != std::string::npos);
+  // Out of range where neither end shows it.
+  CHECK(edited(100000, 1 << 21).find("index 2097152 is out of range [0, 1048576)") != std::string::npos);
+}
+}  // TEST_SUITE("gpu delta")
