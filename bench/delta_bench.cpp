@@ -12,8 +12,9 @@
 //   4. reloads B, and applies the patch again with verify_served
 //      (pause_verify_ms: what re-hashing the served tensors adds to the
 //      pause); its decode must equal step 3's; then again with
-//      PatchWrites::elements (pause_elements_ms; step 3 wrote whole sectors
-//      on a GPU: Note [Sector images]), the same decode;
+//      PatchWrites::elements (stage_elements_ms, pause_elements_ms,
+//      update_elements_ms; step 3 wrote whole sectors on a GPU: Note
+//      [Sector images]), the same decode;
 //   5. stages T in full and commits it (full_stage_ms, full_pause_ms), decodes
 //      the same batch: `exact` is every decode's logits bitwise equal and
 //      the served content versions equal (--streaming-full: T by a streaming
@@ -385,14 +386,18 @@ int main(int argc, char** argv) {
       }
       // 4b. B again, and the patch written element by element
       // (PatchWrites::elements; the default writes whole sectors on a GPU).
-      double elements_pause_ms = 0, elements_scatter_ms = 0;
+      double elements_pause_ms = 0, elements_scatter_ms = 0, elements_stage_ms = 0;
       double elements_stage_gib = 0;
       {
         Weights::Source b(weights, c, false);
         eng.reload(b);
         gk::PatchOptions o = eng.reload_engine().options().patch;
         o.patch_writes = gk::PatchWrites::elements;
+        gk::runtime::synchronize(device);
+        const gk::Stopwatch ws;
         gk::StagedReload se = eng.reload_engine().stage(patch, o);
+        gk::runtime::synchronize(device);
+        elements_stage_ms = ws.elapsed_ms();
         elements_stage_gib = static_cast<double>(se.staged_bytes()) / (1 << 30);
         const gk::ReloadReport re = timed_commit([&] { return eng.reload_engine().commit(std::move(se)); }, device);
         elements_pause_ms = re.times.commit_ms;
@@ -455,6 +460,8 @@ int main(int argc, char** argv) {
           {"sectors_written", staged.patch.sectors_written},
           {"sectors_declined", staged.patch.sectors_declined},
           {"pause_elements_ms", elements_pause_ms},
+          {"stage_elements_ms", elements_stage_ms},
+          {"update_elements_ms", elements_stage_ms + elements_pause_ms},
           {"pause_elements_scatter_ms", elements_scatter_ms},
           {"staged_elements_gib", elements_stage_gib},
           {"full_pause_ms", full.times.commit_ms},

@@ -122,7 +122,8 @@ std::uint64_t host_delta(const at::Tensor& t, const std::vector<x::OverlaySource
     });
   for (const x::OverlaySource& s : exclusive)
     for (std::uint64_t k = x::owned_from(s, address_of(t), 0), e = x::owned_from(s, address_of(t), n); k < e; ++k)
-      d += x::exclusive_delta(s, k, p, n, x::HostLoad{});
+      for (std::uint32_t part = 0; part < x::parts_per_write(s); ++part)
+        d += x::exclusive_part_delta(s, k, part, p, n, x::HostLoad{});
   return d;
 }
 
@@ -149,7 +150,7 @@ std::vector<std::uint64_t> overlaid_content_hashes(const std::vector<at::Tensor>
     if (which[t].empty()) continue;
     for (std::size_t i : which[t]) {
       const x::OverlaySource s = source_of(overlays[i]);
-      (overlays[i].exclusive && x::whole_words(s, address_of(tensors[t])) ? exclusive[t] : sources[t]).push_back(s);
+      (overlays[i].exclusive && x::aligned_words(s, address_of(tensors[t])) ? exclusive[t] : sources[t]).push_back(s);
     }
     if (sources[t].size() > static_cast<std::size_t>(x::kMaxOverlaySources)) {
       copies.push_back(applied_copy(tensors[t], overlays, which[t]));

@@ -98,15 +98,14 @@ void merge_runs(const std::vector<PatchLanding>& ls, const std::vector<std::vect
         const PatchLanding& l = ls[i];
         const std::int64_t n = l.indices.numel(), vb = static_cast<std::int64_t>(l.values.element_size());
         const std::int64_t add = l.dst.storage_offset() - begin;
-        at::Tensor out_i = indices.narrow(0, at_index, n);
-        at::Tensor out_v = values.narrow(0, at_byte, n * vb).view(l.values.scalar_type());
         if (device.is_cuda()) {
 #if defined(GRAPHKEEP_WITH_CUDA)
+          // (Addresses, not views: a MoE patch merges 18,000 entries here.)
           cuda::MergeEntry& e = entries.emplace_back();
           e.indices = l.indices.const_data_ptr();
           e.values = l.values.const_data_ptr();
-          e.out_indices = out_i.mutable_data_ptr();
-          e.out_values = out_v.mutable_data_ptr();
+          e.out_indices = static_cast<char*>(indices.mutable_data_ptr()) + at_index * indices.element_size();
+          e.out_values = static_cast<char*>(values.mutable_data_ptr()) + at_byte;
           e.count = n, e.add = add;
           e.value_bytes = static_cast<std::uint32_t>(vb);
           e.index_bytes = static_cast<std::uint16_t>(l.indices.element_size());
@@ -115,8 +114,8 @@ void merge_runs(const std::vector<PatchLanding>& ls, const std::vector<std::vect
             blocks.push_back({f, static_cast<std::int64_t>(entries.size() - 1)});
 #endif
         } else {
-          out_i.copy_(l.indices.to(at::kLong) + add);
-          out_v.copy_(l.values);
+          indices.narrow(0, at_index, n).copy_(l.indices.to(at::kLong) + add);
+          values.narrow(0, at_byte, n * vb).view(l.values.scalar_type()).copy_(l.values);
         }
         at_index += n, at_byte += n * vb;
       }

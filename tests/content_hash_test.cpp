@@ -181,9 +181,11 @@ BlocksCase blocks_case(std::uint64_t seed, c10::Device device) {
 // 512 KiB ranges; the last ends in a partial word), written by one list of
 // sector images (exclusive) over the span's whole sectors and element
 // writes in its partial last sector; a fourth tensor at an odd address
-// inside the span (its words are not the sectors' words: walked), and a
-// list of single bytes elsewhere. With `broken`, a last list writes two
-// bytes inside a sector image: the promise is false.
+// inside the span (its words are not the sectors' words: walked); a list
+// of single bytes at an odd address (walked), and two lists of elements
+// alone in their words, at aligned addresses, summed word by word. With
+// `broken`, a last list writes two bytes inside a sector image: the
+// promise is false.
 struct ExclusiveCase {
   at::Tensor storage;
   std::vector<at::Tensor> tensors;
@@ -195,14 +197,15 @@ ExclusiveCase exclusive_case(std::uint64_t seed, c10::Device device, bool broken
   std::mt19937_64 rng(seed);
   at::Generator g = at::detail::createCPUGenerator(seed);
   const std::int64_t span = 256, a = (1 << 20) + 65536 + 40, b = 70000 + 8 * static_cast<std::int64_t>(rng() % 50),
-                     c_len = 12345, end = span + a + b + c_len, n = end + 4096;
+                     c_len = 12345, end = span + a + b + c_len, e8 = (end + 1100 + 7) / 8 * 8, n = e8 + 8192;
   const at::Tensor host = random_bytes(n, g);
   ExclusiveCase c;
   c.storage = host.to(device);
   at::Tensor after = host.clone();
   auto* bytes = after.data_ptr<std::uint8_t>();
   const std::vector<std::pair<std::int64_t, std::int64_t>> spans = {
-      {span, a}, {span + a, b}, {span + a + b, c_len}, {span + 1001, 5000}, {end + 100, 900}};
+      {span, a}, {span + a, b}, {span + a + b, c_len}, {span + 1001, 5000}, {end + 100, 900}, {e8, 4000},
+      {e8 + 4096, 2002}};
   for (const auto& [off, len] : spans) c.tensors.push_back(c.storage.narrow(0, off, len));
   auto add = [&](std::int64_t off, std::int64_t len, int unit, std::vector<std::int64_t> idx, bool exclusive) {
     const at::Tensor values = random_bytes(static_cast<std::int64_t>(idx.size()) * unit, g);
@@ -227,7 +230,15 @@ ExclusiveCase exclusive_case(std::uint64_t seed, c10::Device device, bool broken
     if (rng() % 2) tail.push_back((e - span - whole * 32) / 2);
   add(span + whole * 32, end - span - whole * 32, 2, tail, false);
   for (std::int64_t k = 0; k < 900; k += 7) far.push_back(k);
-  add(end + 100, 900, 1, far, false);
+  add(end + 100, 900, 1, far, true);  // (at an odd address: walked, promise or not)
+  // Element writes alone in their words (exclusive), several to a word.
+  std::vector<std::int64_t> halves, quads;
+  for (std::int64_t k = 0; k < 2000; ++k)
+    if (rng() % 2) halves.push_back(k);
+  for (std::int64_t k = 0; k < 500; ++k)
+    if (rng() % 10 < 3 || k == 499) quads.push_back(k);
+  add(e8, 4000, 2, halves, true);
+  add(e8 + 4096, 2002, 4, quads, true);  // (its last write ends in the tensor's partial last word)
   if (broken) add(span + 32 * sectors[3], 32, 2, {1, 2}, false);
   for (const auto& [off, len] : spans) {
     c.want.push_back(reference_hash(after.narrow(0, off, len)));
@@ -517,7 +528,7 @@ TEST_CASE("exclusive writes are summed write by write, and agree with the walk")
     const std::vector<std::uint64_t> got = gk::overlaid_content_hashes(c.tensors, c.before, c.overlays);
     CHECK(got == c.want);
     CHECK(gk::overlaid_content_hashes(c.tensors, c.before, all_walked(c.overlays)) == c.want);
-    for (std::size_t t = 0; t + 1 < c.want.size(); ++t) CHECK(c.want[t] != c.before[t]);
+    for (std::size_t t = 0; t < c.want.size(); ++t) CHECK(c.want[t] != c.before[t]);
     // Negative: a broken promise (a later list writes two bytes inside a
     // sector image) is wrong for the tensor it meets when the sector list is
     // summed on its own, and right when every list is walked ...

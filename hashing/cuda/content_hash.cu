@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kDeltaThreads) delta_kernel(const ContentHashJ
 // Note [Exclusive writes]: one block per kExclusiveRangeBytes of a tensor
 // and one of its exclusive sources; two threads find the writes the range
 // owns (two binary searches at once), then every thread sums its share of
-// them, each write's words independent of the others'.
+// their parts, each independent of the others.
 constexpr int kExclusiveThreads = 256;
 
 __global__ void __launch_bounds__(kExclusiveThreads) exclusive_kernel(const ContentHashJob job) {
@@ -225,9 +225,13 @@ __global__ void __launch_bounds__(kExclusiveThreads) exclusive_kernel(const Cont
   __shared__ std::uint64_t owned[2];
   if (threadIdx.x < 2) owned[threadIdx.x] = s64::owned_from(s, job.data[t], threadIdx.x == 0 ? begin : end);
   __syncthreads();
+  // A thread per part (a word of a sector image: four threads read its 32
+  // bytes, so a warp's loads cover whole sectors).
+  const int shift = s.unit == 32 ? 2 : 0;  // parts per write: 4 for sectors, else 1
   std::uint64_t d = 0;
-  for (std::uint64_t k = owned[0] + threadIdx.x; k < owned[1]; k += kExclusiveThreads)
-    d += s64::exclusive_delta(s, k, p, nbytes, StreamLoad{});
+  for (std::uint64_t q = (owned[0] << shift) + threadIdx.x; q < owned[1] << shift; q += kExclusiveThreads)
+    d += s64::exclusive_part_delta(s, q >> shift, static_cast<std::uint32_t>(q & ((1u << shift) - 1)), p, nbytes,
+                                   StreamLoad{});
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) d += __shfl_down_sync(0xFFFFFFFFu, d, off);
   __shared__ std::uint64_t warp_sums[kExclusiveThreads / 32];

@@ -17,7 +17,7 @@ namespace gk::cuda {
 // device; the caller allocates and fills the inputs, zeroes `sums`, and
 // keeps it all alive until the stream has run.
 // The bytes of a tensor one thread block of the exclusive kernel owns.
-inline constexpr std::uint64_t kExclusiveRangeBytes = std::uint64_t{512} << 10;
+inline constexpr std::uint64_t kExclusiveRangeBytes = std::uint64_t{1} << 20;
 
 struct ContentHashJob {
   const std::uint64_t* data = nullptr;         // [count] address of each tensor's first byte

@@ -46,19 +46,25 @@ struct OverlaySource {
 // chain of dependent loads (the next write's index, then its word): at 1 %
 // of an 8B model's bf16 weights, 15 % of its sectors are written, and the
 // walk took 9.8 ms on an H100 (docs/gpu-runs.md, 2026-12-06 09:40). A
-// source that (a) no other source writes a byte of, (b) writes whole words
-// (its unit a multiple of 8 at an 8-byte aligned base), over (c) a tensor
-// whose first byte is 8-byte aligned, needs no walk: every word it covers is
-// wholly one write's, so the change is a sum over its writes, each
-// independent of the others (exclusive_delta), which a device sums write by
-// write in parallel. Sector images are such sources: they are made only for
-// writes that share no byte with another (use_sector_images), and the
-// elements outside their whole sectors go in element writes of their own.
-// (a) is the caller's promise (HashOverlay::exclusive); a broken one gives a
-// hash that matches nothing. (b) and (c) are checked where the job is built.
-GK_SUM64_HD bool whole_words(const OverlaySource& s, std::uint64_t tensor_address) {
-  return s.unit % 8 == 0 && s.base % 8 == 0 && tensor_address % 8 == 0;
+// source that no other source writes a byte of, nor a byte of the same
+// aligned 8-byte word (the caller's promise: HashOverlay::exclusive), at
+// an 8-byte aligned base, over a tensor at an 8-byte aligned address, needs
+// no walk: each word it covers takes its bytes from it alone, so the change
+// is a sum of independent parts (exclusive_part_delta), which a device sums
+// in parallel. A part is one word of a write of 8 bytes or more (a sector
+// image has four), or, for element writes, the word that the write opens:
+// the first write of each word applies the writes after it in that word,
+// which are consecutive (the indices ascend), and the others add nothing.
+// Sector images keep the promise (use_sector_images makes them only for
+// writes that share no byte with another; the elements outside their whole
+// sectors go in element writes of their own), and so do element writes
+// whose destinations share no word with another write's. A broken promise
+// gives a hash that matches nothing, never a write.
+GK_SUM64_HD bool aligned_words(const OverlaySource& s, std::uint64_t tensor_address) {
+  return s.base % 8 == 0 && tensor_address % 8 == 0 && (s.unit % 8 == 0 || 8 % s.unit == 0);
 }
+// The parts of each write of an exclusive source.
+GK_SUM64_HD std::uint32_t parts_per_write(const OverlaySource& s) { return s.unit >= 8 ? s.unit / 8 : 1; }
 
 // Sources one tensor may meet (a tensor overlapped by more is hashed from a
 // copy with the writes made: gk::overlaid_content_hashes). A tensor a patch
@@ -196,24 +202,30 @@ GK_SUM64_HD std::uint64_t owned_from(const OverlaySource& s, std::uint64_t p, st
   return b;
 }
 
-// The change exclusive write k of s makes to the word terms of the tensor
-// of `nbytes` bytes at p (Note [Exclusive writes]: the words it covers are
-// wholly its own, so they are summed without a walk).
+// Part `part` of exclusive write k's change to the word terms of the
+// tensor of `nbytes` bytes at p (Note [Exclusive writes]): word `part` of a
+// write of 8 bytes or more; for a smaller write, the change of the word it
+// opens (0 where an earlier write opened it).
 template <class Mem>
-GK_SUM64_HD std::uint64_t exclusive_delta(const OverlaySource& s, std::uint64_t k, const unsigned char* p,
-                                          std::uint64_t nbytes, const Mem& mem) {
-  const std::uint64_t base = OverlayLoad<Mem>::address(p);
-  const std::uint64_t w = OverlayLoad<Mem>::addr(s, k);
-  const std::uint64_t lo = w > base ? w : base, hi = w + s.unit < base + nbytes ? w + s.unit : base + nbytes;
-  const unsigned char* vals = s.values + k * s.unit;
-  std::uint64_t d = 0;
-  for (std::uint64_t a = lo; a < hi; a += 8) {
-    const std::uint64_t j = (a - base) / 8;
-    const std::uint64_t len = base + nbytes - a < 8 ? base + nbytes - a : 8;
-    const std::uint64_t was = word_at(p, nbytes, j, mem);
-    d += word_term(OverlayLoad<Mem>::patch(was, a, len, w, vals, s.unit), j) - word_term(was, j);
-  }
-  return d;
+GK_SUM64_HD std::uint64_t exclusive_part_delta(const OverlaySource& s, std::uint64_t k, std::uint32_t part,
+                                               const unsigned char* p, std::uint64_t nbytes, const Mem& mem) {
+  using L = OverlayLoad<Mem>;
+  const std::uint64_t base = L::address(p);
+  const std::uint64_t w = L::addr(s, k);
+  const std::uint64_t a = s.unit >= 8 ? w + 8 * std::uint64_t{part} : w & ~std::uint64_t{7};
+  if (a < base || a >= base + nbytes) return 0;
+  if (s.unit < 8 && k > 0 && (L::addr(s, k - 1) & ~std::uint64_t{7}) == a) return 0;  // opened before
+  const std::uint64_t j = (a - base) / 8;
+  const std::uint64_t len = base + nbytes - a < 8 ? base + nbytes - a : 8;
+  const std::uint64_t was = word_at(p, nbytes, j, mem);
+  std::uint64_t now = L::patch(was, a, len, w, s.values + k * s.unit, s.unit);
+  if (s.unit < 8)
+    for (std::uint64_t m = k + 1; m < s.count; ++m) {
+      const std::uint64_t wm = L::addr(s, m);
+      if ((wm & ~std::uint64_t{7}) != a) break;
+      now = L::patch(now, a, len, wm, s.values + m * s.unit, s.unit);
+    }
+  return word_term(now, j) - word_term(was, j);
 }
 
 }  // namespace gk::detail::sum64
