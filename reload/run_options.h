@@ -28,7 +28,7 @@ class KnownHashes;  // known_hashes.h
 
 // A reload's options, the patch writes, and the protections.
 struct RunOptions : ReloadOptions {
-  PatchWrites patch_writes = PatchWrites::automatic;
+  PatchWrites patch_writes = PatchWrites::elements;
   // The protections (gk::testing::EngineHooks may switch them).
   bool verify = true;                   // capture manifests after each reload
   bool check_configs = true;            // a configuration value PWAL changed is a mismatch

@@ -22,6 +22,7 @@
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
+#include <graphkeep/delta/detail/element_bits.h>
 #include <graphkeep/hashing/content_hash.h>
 #include <graphkeep/reload/report.h>
 
@@ -152,7 +153,16 @@ at::Tensor tensor_view(const CheckpointParam& cp, const at::Tensor& param, std::
   std::int64_t row = 0;
   for (std::size_t i = 0; i < ti; ++i) row += cp.tensors[i].shape.empty() ? 1 : cp.tensors[i].shape.front();
   const CheckpointTensor& t = cp.tensors[ti];
-  return param.narrow(0, row, t.shape.empty() ? 1 : t.shape.front());
+  const std::int64_t rows = t.shape.empty() ? 1 : t.shape.front();
+  // (Contiguous: the rows are one range, made without dispatch: Note [Views
+  // without dispatch] in graphkeep/delta/detail/element_bits.h.)
+  if (param.is_contiguous() && param.dim() >= 1 && param.has_storage() && !param.is_neg() && !param.is_conj()) {
+    GK_INTERNAL_ASSERT(row + rows <= param.size(0), "checkpoint tensor ", t.name, " lies past its parameter's rows");
+    std::vector<std::int64_t> sizes(param.sizes().begin(), param.sizes().end());
+    sizes[0] = rows;
+    return detail::contiguous_alias(param, param.storage_offset() + row * param.stride(0), sizes, param.scalar_type());
+  }
+  return param.narrow(0, row, rows);
 }
 
 // Checkpoint tensor ti of parameter pi as delivered, made whole (its shards

@@ -1249,7 +1249,9 @@ TEST_CASE("the CUDA scatter writes every element size and index width exactly, a
     const std::vector<gk::NamedTensor> now = params();
     for (std::size_t i = 0; i < now.size(); ++i) CHECK(equal_bits(now[i].value, base[i].value));
   }
-  const gk::ReloadReport r = engine.reload(p);
+  gk::PatchOptions automatic = engine.options().patch;
+  automatic.patch_writes = gk::PatchWrites::automatic;
+  const gk::ReloadReport r = engine.reload(p, automatic);
   CHECK(r.patch.layers_scattered == 1);
   const std::vector<gk::NamedTensor> want = gk::apply_patch(p, base);
   const std::vector<gk::NamedTensor> got = params();

@@ -47,10 +47,14 @@ std::string_view to_string(PatchBase b) noexcept;
 
 // How a patch's commit writes the changed elements of tensors that land
 // unchanged in captured storage (Note [Sector images] in
-// reload/cuda/patch_scatter.h).
+// reload/cuda/patch_scatter.h). Elements give the shortest update (stage
+// plus pause); sectors the shortest pause, for a stage that runs while the
+// graphs serve, at the price of a longer stage: their images are allocated
+// (gigabytes at 1 % of an 8B model) and filled first (docs/delta.md has
+// both, measured).
 enum class PatchWrites : std::uint8_t {
   automatic,  // sectors on a CUDA device while their images fit in half of its free memory, else elements
-  elements,   // each changed element on its own: staging holds 6 bytes per changed bf16 element
+  elements,   // each changed element on its own: staging holds 6 bytes per changed bf16 element (the default)
   sectors,    // whole 32-byte sectors, their images made at staging from the served bytes:
               // a shorter pause on a GPU (no read-back of partial sectors), staging memory
               // 36 bytes per touched sector (docs/performance.md)
@@ -132,7 +136,7 @@ struct PatchOptions {
   // As StageOptions::allow_non_finite, for the values the patch writes.
   bool allow_non_finite = false;
   // How the commit writes (PatchWrites); the same weights either way.
-  PatchWrites patch_writes = PatchWrites::automatic;
+  PatchWrites patch_writes = PatchWrites::elements;
   // As StageOptions::after_layer, for the layers whose PWAL runs again.
   std::function<void(const std::string& layer)> after_layer;
 };

@@ -7,6 +7,7 @@
 #include <graphkeep/core/check.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/TensorImpl.h>
 
 namespace gk::detail {
 
@@ -22,11 +23,37 @@ inline at::ScalarType bits_dtype(std::size_t itemsize) {
   GK_THROW(WeightError, "a patch moves elements of 1, 2, 4 or 8 bytes, not ", itemsize);
 }
 
+// Note [Views without dispatch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A MoE patch's stage makes views of 18,000 entries' captured tensors and
+// values (an expert's slice of w13, its bits as integers): through the
+// dispatcher each narrow or view cost 3 to 5 us of host time (a traced
+// 30B-A3B stage at 24 layers spent 90 ms in 39,000 of them; docs/gpu-runs.md,
+// 2026-12-06 10:10). contiguous_alias makes the same view directly: a
+// TensorImpl over the base's storage, with its version counter (as ATen's
+// own views share it), contiguous sizes, an offset and a dtype. For the
+// stage's internal views only (no autograd history: the stage runs under
+// NoGradGuard); the dtype must have the base's element size.
+inline at::Tensor contiguous_alias(const at::Tensor& base, std::int64_t storage_offset, c10::IntArrayRef sizes,
+                                   at::ScalarType dtype) {
+  GK_INTERNAL_ASSERT(static_cast<std::int64_t>(c10::elementSize(dtype)) == base.element_size(),
+                     "contiguous_alias changes the element size");
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
+                                                   base.key_set(), c10::scalarTypeToTypeMeta(dtype));
+  impl->set_sizes_contiguous(sizes);
+  impl->set_storage_offset(storage_offset);
+  impl->set_version_counter(base.unsafeGetTensorImpl()->version_counter());
+  return at::Tensor(std::move(impl));
+}
+
 // A contiguous tensor as a 1-D view of integers of its element size (no
-// copy; no view made of what is one already: a MoE patch asks this of each
-// of 18,000 entries).
+// copy; no view made of what is one already, and no dispatch for the
+// others: Note [Views without dispatch]).
 inline at::Tensor flat_bits(const at::Tensor& contiguous) {
   const at::ScalarType bits = bits_dtype(contiguous.element_size());
+  if (contiguous.dim() == 1 && contiguous.scalar_type() == bits) return contiguous;
+  if (contiguous.has_storage() && contiguous.is_contiguous() && !contiguous.is_neg() && !contiguous.is_conj())
+    return contiguous_alias(contiguous, contiguous.storage_offset(), {contiguous.numel()}, bits);
   const at::Tensor flat = contiguous.dim() == 1 ? contiguous : contiguous.view(-1);
   return flat.scalar_type() == bits ? flat : flat.view(bits);
 }
