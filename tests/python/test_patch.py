@@ -155,6 +155,21 @@ def test_publisher_rounds_fp32_masters_to_the_served_dtype():
         with pytest.raises(graphkeep.WeightError):
             pub.publish({"w": step["w"]})  # a tensor missing
         assert pub.version == "step-2"  # the refused publication changed nothing
+        # A chain: the kept copy follows each patch (written in place on the device, a
+        # clone on the host), so the next patch's base is the last publication ...
+        third = {n: t + 1e-3 * torch.randn(t.shape, generator=g) for n, t in step.items()}
+        got3 = applied({n: t.bfloat16() for n, t in step.items()}, pub.publish(third).patch)
+        assert all(bits(got3[n]) == bits(third[n].bfloat16()) for n in third)
+        # ... and never the trainer's own tensors: weights already in the served dtype are
+        # published as they are, then trained in place; the next patch still starts from
+        # what was published.
+        live = {n: t.bfloat16() for n, t in third.items()}
+        published = {n: t.clone() for n, t in live.items()}
+        pub.publish(live)
+        for t in live.values():
+            t.add_(0.25)
+        got5 = applied(published, pub.publish(live).patch)
+        assert all(bits(got5[n]) == bits(live[n]) for n in live)
 
 
 transformers = pytest.importorskip("transformers")
