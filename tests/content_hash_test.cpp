@@ -177,10 +177,11 @@ BlocksCase blocks_case(std::uint64_t seed, c10::Device device) {
 
 // Note [Exclusive writes] as a patch's stage meets it: a 32-byte aligned
 // span holding three tensors back to back (boundaries 8-byte aligned, not
-// 32: sectors straddle them; the first spans several of the kernel's
-// 512 KiB ranges; the last ends in a partial word), written by one list of
-// sector images (exclusive) over the span's whole sectors and element
-// writes in its partial last sector; a fourth tensor at an odd address
+// 32: sectors straddle them; the first spans two of the kernel's 1 MiB
+// ranges, and the sectors at every 512 KiB of the span are written; the
+// last ends in a partial word), written by one list of sector images
+// (exclusive) over the span's whole sectors and element writes in its
+// partial last sector; a fourth tensor at an odd address
 // inside the span (its words are not the sectors' words: walked); a list
 // of single bytes at an odd address (walked), and two lists of elements
 // alone in their words, at aligned addresses, summed word by word. With

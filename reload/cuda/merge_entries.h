@@ -8,9 +8,9 @@
 // coordinates: each entry's indices plus its offset in the span, its values
 // after the previous entry's. Done with tensor operations per storage (a
 // concatenation, a widening, a binary search per merged index, a gather, an
-// add, a narrowing: eight launches and host dispatches each), it cost the
-// 8B's stage about 200 us of host time per decoder layer (docs/gpu-runs.md,
-// 2026-12-06 09:40). One launch now merges every entry of a patch on a
+// add, a narrowing: eight launches and host dispatches each), it was most of
+// the 8B stage's host time (docs/performance.md, "Figures behind the code").
+// One launch now merges every entry of a patch on a
 // device: a block per kMergeChunk elements of one entry reads its indices
 // once, adds the offset, narrows or widens them to the merged width, and
 // copies its values beside them.

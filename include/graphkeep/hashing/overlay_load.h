@@ -45,7 +45,8 @@ struct OverlaySource {
 // may take bytes from several writes and several sources. Each walker is a
 // chain of dependent loads (the next write's index, then its word): at 1 %
 // of an 8B model's bf16 weights, 15 % of its sectors are written, and the
-// walk took 9.8 ms on an H100 (docs/gpu-runs.md, 2026-12-06 09:40). A
+// walk was the stage's largest device item (docs/performance.md, "Figures
+// behind the code"). A
 // source that no other source writes a byte of, nor a byte of the same
 // aligned 8-byte word (the caller's promise: HashOverlay::exclusive), at
 // an 8-byte aligned base, over a tensor at an 8-byte aligned address, needs

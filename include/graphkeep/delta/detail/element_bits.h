@@ -27,9 +27,9 @@ inline at::ScalarType bits_dtype(std::size_t itemsize) {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A MoE patch's stage makes views of 18,000 entries' captured tensors and
 // values (an expert's slice of w13, its bits as integers): through the
-// dispatcher each narrow or view cost 3 to 5 us of host time (a traced
-// 30B-A3B stage at 24 layers spent 90 ms in 39,000 of them; docs/gpu-runs.md,
-// 2026-12-06 10:10). contiguous_alias makes the same view directly: a
+// dispatcher each narrow or view costs microseconds of host time, which a
+// traced MoE stage showed as a large share of it (docs/performance.md,
+// "Figures behind the code"). contiguous_alias makes the same view directly: a
 // TensorImpl over the base's storage, with its version counter (as ATen's
 // own views share it), contiguous sizes, an offset and a dtype. For the
 // stage's internal views only (no autograd history: the stage runs under
