@@ -169,12 +169,20 @@ class PatchPublisher:
 
     _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-    def _apply_kept(self, patch) -> None:
-        """The kept copy on the device becomes the published weights by writing the patch's
-        changed elements into it, bit for bit (as integers of the element size), instead of
-        a clone of the whole model: O(changed)."""
+    def _apply_kept(self, patch, served: dict, given: dict) -> None:
+        """The kept copy on the device becomes the published weights without a clone of the
+        whole model: a tensor that serving converted (fp32 masters rounded to bf16) is a
+        fresh tensor nobody else holds, and is kept as it is; into the others (the caller's
+        own tensors, which the caller may change in place) the patch's changed elements are
+        written, bit for bit (as integers of the element size): O(changed)."""
+        for n, t in served.items():
+            g = given[n]
+            if t.untyped_storage().data_ptr() != g.untyped_storage().data_ptr():
+                self._kept[n] = t
         with torch.no_grad():
             for e in patch.entries:
+                if served[e.name] is self._kept[e.name]:
+                    continue
                 kept = self._kept[e.name]
                 bits = self._BITS[kept.element_size()]
                 flat = kept.view(-1).view(bits)
@@ -193,7 +201,8 @@ class PatchPublisher:
         :class:`graphkeep.WeightError` naming the tensor; the publisher is then unchanged."""
         if version is not None and not isinstance(version, str):
             raise TypeError(f"version must be a str or None, not {type(version).__name__}")
-        served = self._served(_tensor_dict(weights, "weights"))
+        given = _tensor_dict(weights, "weights")
+        served = self._served(given)
         label = version if version is not None else f"{self.prefix}{self._count}"
         if full or self._kept is None:
             pub = Publication(version=label, weights=served)
@@ -205,7 +214,7 @@ class PatchPublisher:
             pub = Publication(version=label, patch=make_patch(before, served, base_id=self._version or "",
                                                               target_id=label))
         if pub.patch is not None and self.keep == "device":
-            self._apply_kept(pub.patch)
+            self._apply_kept(pub.patch, served, given)
         else:
             self._kept = self._keep(served)
         self._version = label

@@ -160,6 +160,10 @@ def test_publisher_rounds_fp32_masters_to_the_served_dtype():
         third = {n: t + 1e-3 * torch.randn(t.shape, generator=g) for n, t in step.items()}
         got3 = applied({n: t.bfloat16() for n, t in step.items()}, pub.publish(third).patch)
         assert all(bits(got3[n]) == bits(third[n].bfloat16()) for n in third)
+        fourth = {n: t + 1e-3 * torch.randn(t.shape, generator=g) for n, t in third.items()}
+        got4 = applied(got3, pub.publish(fourth).patch)  # (its base: the rounding kept as it was made)
+        assert all(bits(got4[n]) == bits(fourth[n].bfloat16()) for n in fourth)
+        third = fourth
         # ... and never the trainer's own tensors: weights already in the served dtype are
         # published as they are, then trained in place; the next patch still starts from
         # what was published.
