@@ -106,6 +106,29 @@ std::size_t ScatterItem::bytes() const {
   return indices.defined() ? static_cast<std::size_t>(indices.numel()) * dst.element_size() : dst.nbytes();
 }
 
+std::vector<char> destinations_meeting(const std::vector<ScatterItem>& items, std::uintptr_t grain) {
+  struct Range {
+    std::uintptr_t begin, end;
+    std::size_t item;
+  };
+  std::vector<Range> ranges;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto b = reinterpret_cast<std::uintptr_t>(items[i].dst.const_data_ptr());
+    ranges.push_back({b / grain * grain, (b + items[i].dst.nbytes() + grain - 1) / grain * grain, i});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& x, const Range& y) { return x.begin < y.begin; });
+  // In begin order, a range meets an earlier one where it begins below
+  // their furthest end, and a later one where the next begins below its end.
+  std::vector<char> meets(items.size(), 0);
+  std::uintptr_t reach = 0;
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    meets[ranges[k].item] = (k > 0 && ranges[k].begin < reach) ||
+                            (k + 1 < ranges.size() && ranges[k + 1].begin < ranges[k].end);
+    reach = std::max(reach, ranges[k].end);
+  }
+  return meets;
+}
+
 std::size_t device_headroom(c10::Device device) {
 #if defined(GRAPHKEEP_WITH_CUDA)
   if (device.is_cuda()) {

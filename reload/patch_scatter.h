@@ -26,6 +26,11 @@ struct ScatterItem {
   std::size_t bytes() const;
 };
 
+// Per item, whether its destination meets another item's, each taken as
+// the aligned `grain`-byte units it spans (1: bytes; 8: the words of Note
+// [Exclusive writes] in graphkeep/hashing/overlay_load.h).
+std::vector<char> destinations_meeting(const std::vector<ScatterItem>& items, std::uintptr_t grain);
+
 // Bytes that new allocations on `device` can take: the driver's free
 // memory and what the caching allocator holds unallocated (0 on the CPU
 // and in builds without CUDA).

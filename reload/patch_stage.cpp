@@ -144,31 +144,6 @@ std::ptrdiff_t param_slot(const LayerPlan& lp, const std::string& param) {
   return -1;
 }
 
-// Per write, whether no other write's destination meets the aligned 8-byte
-// words its destination spans (Note [Exclusive writes]).
-std::vector<char> writes_alone_in_their_words(const std::vector<ScatterItem>& writes) {
-  struct Range {
-    std::uintptr_t begin, end;
-    std::size_t item;
-  };
-  std::vector<Range> ranges;
-  for (std::size_t i = 0; i < writes.size(); ++i) {
-    const auto b = reinterpret_cast<std::uintptr_t>(writes[i].dst.const_data_ptr());
-    ranges.push_back({b & ~std::uintptr_t{7}, (b + writes[i].dst.nbytes() + 7) & ~std::uintptr_t{7}, i});
-  }
-  std::sort(ranges.begin(), ranges.end(), [](const Range& x, const Range& y) { return x.begin < y.begin; });
-  // In begin order, a range meets an earlier one where it begins below
-  // their furthest end, and a later one where the next begins below its end.
-  std::vector<char> alone(writes.size(), 1);
-  std::uintptr_t reach = 0;
-  for (std::size_t k = 0; k < ranges.size(); ++k) {
-    const bool meets = (k > 0 && ranges[k].begin < reach) || (k + 1 < ranges.size() && ranges[k + 1].begin < ranges[k].end);
-    alone[ranges[k].item] = meets ? 0 : 1;
-    reach = std::max(reach, ranges[k].end);
-  }
-  return alone;
-}
-
 // Where a re-run keeps the bases of a layer that has kept ones: where they
 // are (a re-run must not drop them because this call's options say none).
 PatchBase kept_where(const ServedWeights::State& s, const LayerPlan& lp, PatchBase asked) {
@@ -435,7 +410,7 @@ void ReloadEngine::Impl::check_scatter_targets(PatchStaging& ps) {
   // entry's base hash, plus the change).
   std::vector<HashOverlay> overlays;
   std::map<std::pair<const void*, std::size_t>, at::Tensor> dense;
-  const std::vector<char> alone = writes_alone_in_their_words(ps.sp->writes);
+  const std::vector<char> shares_words = destinations_meeting(ps.sp->writes, 8);
   for (std::size_t i = 0; i < ps.sp->writes.size(); ++i) {
     const ScatterItem& w = ps.sp->writes[i];
     if (w.indices.defined())
@@ -444,7 +419,7 @@ void ReloadEngine::Impl::check_scatter_targets(PatchStaging& ps) {
       // the elements outside its whole sectors lie in other words); an
       // element write whose destination shares no word with another's.
       overlays.push_back({w.dst, w.indices, w.values, w.sectors ? 32 : static_cast<int>(w.dst.element_size()),
-                          /*exclusive=*/w.sectors || alone[i] != 0});
+                          /*exclusive=*/w.sectors || shares_words[i] == 0});
     else
       dense[{w.dst.const_data_ptr(), w.dst.nbytes()}] = w.values;
   }

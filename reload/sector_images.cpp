@@ -254,24 +254,8 @@ std::size_t sector_image_bytes_bound(const ScatterItem& it) {
 }
 
 void use_sector_images(std::vector<ScatterItem>& items, const std::function<bool(const ScatterItem&)>& use) {
-  // Byte ranges of every destination, to find the items that share bytes.
-  struct Range {
-    std::uintptr_t begin, end;
-    std::size_t item;
-  };
-  std::vector<Range> ranges;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const auto b = reinterpret_cast<std::uintptr_t>(items[i].dst.const_data_ptr());
-    ranges.push_back({b, b + items[i].dst.nbytes(), i});
-  }
-  std::sort(ranges.begin(), ranges.end(), [](const Range& x, const Range& y) { return x.begin < y.begin; });
-  std::vector<char> shared(items.size(), 0);
-  std::uintptr_t reach = 0;
-  std::size_t reach_item = 0;
-  for (std::size_t k = 0; k < ranges.size(); ++k) {
-    if (k > 0 && ranges[k].begin < reach) shared[ranges[k].item] = shared[reach_item] = 1;
-    if (ranges[k].end > reach) reach = ranges[k].end, reach_item = ranges[k].item;
-  }
+  // The items that share bytes with another keep their element writes.
+  const std::vector<char> shared = destinations_meeting(items, 1);
   // The items to convert, all at once (Note [Sector images in three passes]);
   // the others keep their place.
   std::vector<ScatterItem> out, convert;

@@ -75,6 +75,24 @@ __device__ __forceinline__ int tensor_of(const ContentHashJob& job, std::uint64_
   return lo;
 }
 
+// Adds the block's sum of every thread's v into *out, modulo 2^64: a warp
+// reduce, then the warps' sums through shared memory, and one atomic (none
+// for a zero sum). Every thread of the block calls it.
+template <int kBlock>
+__device__ __forceinline__ void add_block_sum(std::uint64_t v, unsigned long long* out) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xFFFFFFFFu, v, off);
+  __shared__ std::uint64_t warp_sums[kBlock / 32];
+  if ((threadIdx.x & 31u) == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::uint64_t b = 0;
+#pragma unroll
+    for (int i = 0; i < kBlock / 32; ++i) b += warp_sums[i];
+    if (b != 0) atomicAdd(out, static_cast<unsigned long long>(b));
+  }
+}
+
 // Note [Scanning while summing]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A streaming reload from a trainer's resident tensors both hashes them and
@@ -164,18 +182,7 @@ __global__ void __launch_bounds__(kThreads) sum_kernel(const ContentHashJob job)
     }
   }
   if (test && bad != ~0ull) atomicMin(job.first_bad + t, static_cast<unsigned long long>(bad));
-  // The block's sum: a warp reduce, then the warps' sums through shared memory.
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xFFFFFFFFu, s, off);
-  __shared__ std::uint64_t warp_sums[kThreads / 32];
-  if ((threadIdx.x & 31u) == 0) warp_sums[threadIdx.x / 32] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    std::uint64_t b = 0;
-#pragma unroll
-    for (int i = 0; i < kThreads / 32; ++i) b += warp_sums[i];
-    atomicAdd(job.sums + t, static_cast<unsigned long long>(b));
-  }
+  add_block_sum<kThreads>(s, job.sums + t);
 }
 
 __global__ void __launch_bounds__(kDeltaThreads) delta_kernel(const ContentHashJob job) {
@@ -232,17 +239,7 @@ __global__ void __launch_bounds__(kExclusiveThreads) exclusive_kernel(const Cont
   for (std::uint64_t q = (owned[0] << shift) + threadIdx.x; q < owned[1] << shift; q += kExclusiveThreads)
     d += s64::exclusive_part_delta(s, q >> shift, static_cast<std::uint32_t>(q & ((1u << shift) - 1)), p, nbytes,
                                    StreamLoad{});
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) d += __shfl_down_sync(0xFFFFFFFFu, d, off);
-  __shared__ std::uint64_t warp_sums[kExclusiveThreads / 32];
-  if ((threadIdx.x & 31u) == 0) warp_sums[threadIdx.x / 32] = d;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    std::uint64_t b = 0;
-#pragma unroll
-    for (int i = 0; i < kExclusiveThreads / 32; ++i) b += warp_sums[i];
-    if (b != 0) atomicAdd(job.sums + t, static_cast<unsigned long long>(b));
-  }
+  add_block_sum<kExclusiveThreads>(d, job.sums + t);
 }
 
 }  // namespace
