@@ -22,6 +22,7 @@
 #include <graphkeep/core/stopwatch.h>
 
 #include <algorithm>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <span>
@@ -247,15 +248,31 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   // The same holds for the layer's content hashes after PWAL (which decide
   // how each parameter lands, Note [Patch landings]): launched at the end of
   // layer L-1, collected after L-1's copy-back is enqueued, so neither waits
-  // for that copy.
+  // for that copy. Where every tensor of L-1 was adopted (the record holds
+  // no copy of its own), they are collected one layer later still, after
+  // L's copy-back: the host no longer waits for a hash the device has only
+  // just reached, and enqueues the next layer's work first. (A layer with
+  // copies of its own is finished at once: deferring it would hold one
+  // more layer of copies.)
   std::optional<std::size_t> late;  // processed, its commit not yet enqueued
+  std::deque<std::size_t> unrecorded;  // committed, their records not yet finished
+  auto finish_records = [&](std::size_t keep) {
+    while (unrecorded.size() > keep) {
+      const std::size_t li = unrecorded.front();
+      unrecorded.pop_front();
+      finish_record_after_pwal(plan.layers()[li], runs[li], o, rep);
+    }
+  };
   auto commit_late = [&] {
     if (!late) return;
     const std::size_t li = *late;
     late.reset();
     copy_back(plan.layers()[li], runs[li], o, rep, guard);
     any_committed = true;
-    finish_record_after_pwal(plan.layers()[li], runs[li], o, rep);
+    const std::vector<char>& adopted = runs[li].record.adopted;
+    const bool holds_no_copy = std::all_of(adopted.begin(), adopted.end(), [](char a) { return a != 0; });
+    unrecorded.push_back(li);
+    finish_records(holds_no_copy ? 1 : 0);
   };
   auto finish_layer = [&](std::size_t li) {
     process(plan.layers()[li], runs[li], o, rep, source, guard,
@@ -310,6 +327,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   }
 
   commit_late();
+  finish_records(0);
 
   // Completion gate: every checkpoint tensor and every shard, exactly once.
   std::vector<std::string> missing;
