@@ -156,7 +156,7 @@ at::Tensor tensor_view(const CheckpointParam& cp, const at::Tensor& param, std::
   const std::int64_t rows = t.shape.empty() ? 1 : t.shape.front();
   // (Contiguous: the rows are one range, made without dispatch: Note [Views
   // without dispatch] in graphkeep/delta/detail/element_bits.h.)
-  if (param.is_contiguous() && param.dim() >= 1 && param.has_storage() && !param.is_neg() && !param.is_conj()) {
+  if (param.dim() >= 1 && detail::aliasable(param)) {
     GK_INTERNAL_ASSERT(row + rows <= param.size(0), "checkpoint tensor ", t.name, " lies past its parameter's rows");
     std::vector<std::int64_t> sizes(param.sizes().begin(), param.sizes().end());
     sizes[0] = rows;

@@ -34,6 +34,12 @@ inline at::ScalarType bits_dtype(std::size_t itemsize) {
 // own views share it), contiguous sizes, an offset and a dtype. For the
 // stage's internal views only (no autograd history: the stage runs under
 // NoGradGuard); the dtype must have the base's element size.
+// Whether contiguous_alias may view `t`'s storage as it lies: a contiguous
+// tensor with a storage and no lazy negation or conjugation to apply.
+inline bool aliasable(const at::Tensor& t) {
+  return t.has_storage() && t.is_contiguous() && !t.is_neg() && !t.is_conj();
+}
+
 inline at::Tensor contiguous_alias(const at::Tensor& base, std::int64_t storage_offset, c10::IntArrayRef sizes,
                                    at::ScalarType dtype) {
   GK_INTERNAL_ASSERT(static_cast<std::int64_t>(c10::elementSize(dtype)) == base.element_size(),
@@ -52,7 +58,7 @@ inline at::Tensor contiguous_alias(const at::Tensor& base, std::int64_t storage_
 inline at::Tensor flat_bits(const at::Tensor& contiguous) {
   const at::ScalarType bits = bits_dtype(contiguous.element_size());
   if (contiguous.dim() == 1 && contiguous.scalar_type() == bits) return contiguous;
-  if (contiguous.has_storage() && contiguous.is_contiguous() && !contiguous.is_neg() && !contiguous.is_conj())
+  if (aliasable(contiguous))
     return contiguous_alias(contiguous, contiguous.storage_offset(), {contiguous.numel()}, bits);
   const at::Tensor flat = contiguous.dim() == 1 ? contiguous : contiguous.view(-1);
   return flat.scalar_type() == bits ? flat : flat.view(bits);
