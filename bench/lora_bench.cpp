@@ -14,7 +14,10 @@
 //   adapter_bytes              one adapter's A and B
 //   decode_step_aten_expand_ms  decode_step_ms with the expand as ATen ops
 //                              instead of one CUDA kernel
-//                              (LoraProjection::set_fused_expand(false))
+//                              (LoraProjection::Kernels::aten)
+//   decode_step_unjoined_ms    decode_step_ms with the shrink as a GEMM of
+//                              its own (Kernels::fused_expand), where the
+//                              default joins it to the base GEMM
 //   parts_ms, parts_no_adapter_ms  the GPU time of one eager forward by part
 //                              (demo::PartTimer; "lora" is the adapter's
 //                              GEMMs and expands), with and without it
@@ -122,16 +125,21 @@ int main(int argc, char** argv) {
       plain_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
       plain_parts = parts_of(*eng);
     }
-    // The expand as ATen ops (Note [LoRA in the decode graphs]), in its own engine.
-    double aten_ms = 0;
-    nlohmann::ordered_json aten_parts;
-    if (device.is_cuda()) {
-      demo::LoraProjection::set_fused_expand(false);
+    // The other kernel choices (Note [LoRA in the decode graphs]), each in
+    // its own engine: the expand as ATen ops, and the shrink unjoined.
+    using Kernels = demo::LoraProjection::Kernels;
+    auto other = [&](Kernels k, double& ms, nlohmann::ordered_json& parts) {
+      if (!device.is_cuda()) return;
+      demo::LoraProjection::set_kernels(k);
       auto e = build(dirs[0]);
-      demo::LoraProjection::set_fused_expand(true);
-      aten_ms = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
-      aten_parts = parts_of(*e);
-    }
+      demo::LoraProjection::set_kernels(Kernels::joined);
+      ms = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
+      parts = parts_of(*e);
+    };
+    double aten_ms = 0, unjoined_ms = 0;
+    nlohmann::ordered_json aten_parts, unjoined_parts;
+    other(Kernels::aten, aten_ms, aten_parts);
+    other(Kernels::fused_expand, unjoined_ms, unjoined_parts);
     auto eng = build(dirs[0]);
     const double adapter_ms = gkbench::mean_ms(steps, [&] { (void)eng->decode(tokens, pos); });
     const nlohmann::ordered_json adapter_parts = parts_of(*eng);
@@ -181,7 +189,9 @@ int main(int argc, char** argv) {
         {"adapter_over_no_adapter", num(adapter_ms / plain_ms, 3)},
         {"decode_step_aten_expand_ms", device.is_cuda() ? nlohmann::ordered_json(num(aten_ms, 4)) : nullptr},
         {"parts_ms", adapter_parts},
+        {"decode_step_unjoined_ms", device.is_cuda() ? nlohmann::ordered_json(num(unjoined_ms, 4)) : nullptr},
         {"parts_aten_expand_ms", aten_parts},
+        {"parts_unjoined_ms", unjoined_parts},
         {"parts_no_adapter_ms", plain_parts},
         {"exact", exact},
         {"swaps", 2 * swaps},

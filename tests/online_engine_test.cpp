@@ -9,6 +9,7 @@
 #include "engine/checkpoint_writer.h"
 #include "engine/compare.h"
 #include "engine/llm_engine.h"
+#include "engine/lora_projection.h"
 
 #include <graphkeep/delta/make_patch.h>
 #include <graphkeep/hashing/content_hash.h>
@@ -23,6 +24,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -247,10 +249,53 @@ void serve_while_swapping_adapters(const c10::Device device, const int kRounds) 
   for (auto& t : w) t.value = t.value.to(device);
   gk::InMemorySource first(w);
   demo::LlmEngine eng(c, device, demo::WeightFormat::dense, first, opts);
+  // Dense weights: each projection's A is the last rows of its base
+  // weight's parameter, so that one GEMM reads both (Note [LoRA in the
+  // decode graphs]); there is no A parameter of its own.
+  {
+    const auto params = eng.model().named_parameters();
+    std::map<std::string, at::Tensor> served;
+    for (const gk::NamedTensor& t : eng.model().adapter_tensors()) served.emplace(t.name, t.value);
+    const std::pair<const char*, const char*> joined[] = {{"self_attn.qkv_proj", "self_attn.v_proj"},
+                                                          {"self_attn.o_proj", "self_attn.o_proj"},
+                                                          {"mlp.gate_up_proj", "mlp.up_proj"},
+                                                          {"mlp.down_proj", "mlp.down_proj"}};
+    for (const auto& [param, last] : joined) {
+      const std::string w_name = std::string("model.layers.0.") + param;
+      CAPTURE(w_name);
+      const at::Tensor* wt = params.find(w_name);
+      REQUIRE(wt != nullptr);
+      CHECK(params.find(w_name + "_lora_A") == nullptr);
+      const at::Tensor& a = served.at(std::string("model.layers.0.") + last + ".lora_A.weight");
+      CHECK(a.storage().is_alias_of(wt->storage()));
+      CHECK(a.storage_offset() + a.numel() == wt->storage_offset() + wt->numel());  // its last rows
+    }
+  }
   const at::Tensor tokens = at::arange(8, at::kLong).mul(7).remainder(c.vocab_size);
   const at::Tensor pos = at::full({8}, 3, at::kLong);
   at::Tensor expected[2];
   expected[0] = eng.decode_logits(tokens, pos);
+  if (device.is_cuda()) {
+    // The joined GEMM computes what a shrink GEMM of its own computes, up to
+    // the order of the sums; a lost A (the LoRA term gone) is far outside.
+    using Kernels = demo::LoraProjection::Kernels;
+    demo::LoraProjection::set_kernels(Kernels::fused_expand);  // read when the engine is built
+    gk::InMemorySource again(w);
+    demo::LlmEngine unjoined(c, device, demo::WeightFormat::dense, again, opts);
+    demo::LoraProjection::set_kernels(Kernels::joined);
+    const at::Tensor other = unjoined.decode_logits(tokens, pos);
+    demo::LlmEngineOptions none = opts;
+    none.adapter.clear();
+    gk::InMemorySource base(w);
+    const at::Tensor plain = demo::LlmEngine(c, device, demo::WeightFormat::dense, base, none).decode_logits(tokens, pos);
+    demo::MaxDiff d, lora_term;
+    d.add(expected[0], other);
+    lora_term.add(plain, other);
+    CAPTURE(d.rel());
+    CAPTURE(lora_term.rel());
+    CHECK(d.within(1e-4));
+    CHECK_FALSE(lora_term.within(1e-2));  // the adapter moves the logits: the check above can fail
+  }
   eng.reload_adapter(dirs[1]);
   expected[1] = eng.decode_logits(tokens, pos);
   eng.reload_adapter(dirs[0]);

@@ -176,13 +176,13 @@ at::Tensor lora_expand(const at::Tensor& y, const at::Tensor& t, const at::Tenso
                        std::int64_t rank, double scale) {
   check_input("lora_expand", y, y, 2);
   const auto parts = static_cast<std::int64_t>(offsets.size());
-  GK_CHECK(gk::StateError, y.is_contiguous() && b.is_contiguous() && t.dim() == 2 && t.stride(1) == 1 &&
+  GK_CHECK(gk::StateError, y.stride(1) == 1 && b.is_contiguous() && t.dim() == 2 && t.stride(1) == 1 &&
                                t.size(0) == y.size(0) && t.size(1) >= parts * rank && b.dim() == 2 &&
                                b.size(1) == rank && t.scalar_type() == y.scalar_type() &&
                                b.scalar_type() == y.scalar_type() && offsets.size() == sizes.size() &&
                                parts <= 4,
            "fused op lora_expand: y ", y.sizes(), ", t ", t.sizes(), " and b ", b.sizes(), " are not [T, N], [T, ",
-           parts, " x ", rank, "] and [rows, ", rank, "] of one dtype, contiguous, with at most 4 parts");
+           parts, " x ", rank, "] and [rows, ", rank, "] of one dtype, rows contiguous (b whole), with at most 4 parts");
   at::Tensor out = gk::runtime::empty(y.sizes(), y.options());
 #ifdef GRAPHKEEP_WITH_CUDA
   cuda::LoraParts lp;
@@ -199,7 +199,7 @@ at::Tensor lora_expand(const at::Tensor& y, const at::Tensor& t, const at::Tenso
 #endif
   GK_LAUNCH_CUDA("lora_expand", y,
                  check_launch("lora_expand", cuda::launch_lora_expand(
-                                                 dtype_of(y), y.data_ptr(), t.data_ptr(), t.stride(0), b.data_ptr(),
+                                                 dtype_of(y), y.data_ptr(), y.stride(0), t.data_ptr(), t.stride(0), b.data_ptr(),
                                                  out.data_ptr(), y.size(0), y.size(1), rank, lp,
                                                  static_cast<float>(scale), gk::runtime::cuda_stream(y, "lora_expand"))));
   return out;

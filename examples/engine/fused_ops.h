@@ -70,7 +70,9 @@ at::Tensor moe_grouped_mm(const at::Tensor& x, const at::Tensor& router_logits, 
                           const at::Tensor& w2, std::int64_t topk, bool norm_topk_prob);
 
 // LoRA's expand step and its add (Note [LoRA in the decode graphs] in
-// lora_projection.cpp): y [T, N], t = x A^T [T, parts * rank], b [rows, rank] ->
+// lora_projection.cpp): y [T, N], t = x A^T [T, parts * rank] (each with
+// contiguous rows at any row stride: the two column ranges of one GEMM's
+// output, for a joined projection), b [rows, rank] -> a new contiguous
 // y + scale * t_p b_p^T in the columns [offsets[p], offsets[p] + sizes[p])
 // of each part p (b_p: the next sizes[p] rows of b), in float32, rounded once.
 at::Tensor lora_expand(const at::Tensor& y, const at::Tensor& t, const at::Tensor& b,

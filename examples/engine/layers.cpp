@@ -34,13 +34,17 @@ Attention::Attention(const HfConfig& c, c10::Device device, WeightFormat format,
       head_dim_(c.head_dim),
       eps_(c.rms_norm_eps) {
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
-  qkv_proj_ = register_parameter("qkv_proj", at::zeros({(heads_ + 2 * kv_heads_) * head_dim_, hidden_}, opts), false);
-  o_proj_ = register_parameter("o_proj", at::zeros({hidden_, heads_ * head_dim_}, opts), false);
+  // The adapter first: a joined A adds its rows to the base weight's
+  // parameter (Note [LoRA in the decode graphs]).
+  const bool dense = format == WeightFormat::dense;
   qkv_lora_ = LoraProjection(*this, "qkv_proj", c.adapter,
                              {{"q_proj", heads_ * head_dim_}, {"k_proj", kv_heads_ * head_dim_},
                               {"v_proj", kv_heads_ * head_dim_}},
-                             hidden_, opts);
-  o_lora_ = LoraProjection(*this, "o_proj", c.adapter, {{"o_proj", hidden_}}, heads_ * head_dim_, opts);
+                             hidden_, opts, dense);
+  o_lora_ = LoraProjection(*this, "o_proj", c.adapter, {{"o_proj", hidden_}}, heads_ * head_dim_, opts, dense);
+  qkv_proj_ = register_parameter(
+      "qkv_proj", at::zeros({(heads_ + 2 * kv_heads_) * head_dim_ + qkv_lora_.joined_rows(), hidden_}, opts), false);
+  o_proj_ = register_parameter("o_proj", at::zeros({hidden_ + o_lora_.joined_rows(), heads_ * head_dim_}, opts), false);
   if (c.has_qk_norm()) {
     q_norm_ = register_module("q_norm", std::make_shared<Plain>(std::vector<int64_t>{head_dim_}, opts));
     k_norm_ = register_module("k_norm", std::make_shared<Plain>(std::vector<int64_t>{head_dim_}, opts));
@@ -59,13 +63,13 @@ std::vector<gk::CheckpointParam> Attention::checkpoint_params() const {
 }
 
 void Attention::process_weights_after_loading() {
-  qkv_.build(qkv_proj_);
-  o_.build(o_proj_);
+  qkv_.build(qkv_lora_.base_weight(qkv_proj_));
+  o_.build(o_lora_.base_weight(o_proj_));
 }
 
 void Attention::declare_derivations(gk::Derivations& d) const {
-  qkv_.declare(d, qkv_proj_);
-  o_.declare(d, o_proj_);
+  qkv_.declare(d, qkv_lora_.base_weight(qkv_proj_));
+  o_.declare(d, o_lora_.base_weight(o_proj_));
 }
 
 // Note [Stale KV rows]
@@ -84,7 +88,7 @@ void Attention::declare_derivations(gk::Derivations& d) const {
 // poisons every row with NaN and Inf and compares with a fresh engine.
 at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
                               const RopeTables& rope) {
-  const at::Tensor qkv = qkv_lora_.apply("qkv_lora", x, qkv_.apply("qkv_proj", x, qkv_proj_));
+  const at::Tensor qkv = qkv_lora_.project("qkv_proj", "qkv_lora", x, qkv_, qkv_proj_);
   std::vector<at::Tensor> in{qkv, batch.positions, batch.seqs, cache.k, cache.v, rope.cos, rope.sin};
   const bool qk_norm = q_norm_ != nullptr;
   if (qk_norm) {
@@ -126,7 +130,7 @@ at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, cons
     const at::Tensor p = at::softmax(scores, -1, at::kFloat).to(dt);
     out[0].copy_(at::matmul(p, V).reshape({T, H * D}));
   });
-  return o_lora_.apply("o_lora", a, o_.apply("o_proj", a, o_proj_));
+  return o_lora_.project("o_proj", "o_lora", a, o_, o_proj_);
 }
 
 // Note [The fast CUDA path]
@@ -159,19 +163,19 @@ at::Tensor Attention::forward(const at::Tensor& x, const TokenBatch& batch, cons
 at::Tensor Attention::forward_fast(const at::Tensor& x, const TokenBatch& batch, const KvCache& cache,
                                    const RopeTables& rope) {
   mark_part(Part::gemm);
-  const at::Tensor qkv = qkv_lora_.apply("qkv_lora", x, qkv_.apply("qkv_proj", x, qkv_proj_));
+  const at::Tensor qkv = qkv_lora_.project("qkv_proj", "qkv_lora", x, qkv_, qkv_proj_);
   mark_part(Part::attention);
   const fused::HeadShape shape{heads_, kv_heads_, head_dim_, eps_};
   const at::Tensor q = fused::qkv_rope_cache(qkv, batch, cache, rope, shape, q_norm_ ? q_norm_->weight : at::Tensor(),
                                              k_norm_ ? k_norm_->weight : at::Tensor());
   const at::Tensor a = fused::decode_attention(q, batch, cache, shape);
   mark_part(Part::gemm);
-  return o_lora_.apply("o_lora", a, o_.apply("o_proj", a, o_proj_));
+  return o_lora_.project("o_proj", "o_lora", a, o_, o_proj_);
 }
 
 void Attention::append_adapter(const std::string& prefix, std::vector<gk::NamedTensor>& out) const {
-  qkv_lora_.append_tensors(prefix, out);
-  o_lora_.append_tensors(prefix, out);
+  qkv_lora_.append_tensors(prefix, qkv_proj_, out);
+  o_lora_.append_tensors(prefix, o_proj_, out);
 }
 
 Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format, const std::string& prefix)
@@ -180,11 +184,13 @@ Mlp::Mlp(const HfConfig& c, c10::Device device, WeightFormat format, const std::
       hidden_(c.hidden_size),
       inter_(c.intermediate_size) {
   const auto opts = at::TensorOptions().dtype(c.dtype).device(device);
-  gate_up_proj_ = register_parameter("gate_up_proj", at::zeros({2 * inter_, hidden_}, opts), false);
-  down_proj_ = register_parameter("down_proj", at::zeros({hidden_, inter_}, opts), false);
+  const bool dense = format == WeightFormat::dense;  // (as in Attention)
   gate_up_lora_ = LoraProjection(*this, "gate_up_proj", c.adapter, {{"gate_proj", inter_}, {"up_proj", inter_}},
-                                 hidden_, opts);
-  down_lora_ = LoraProjection(*this, "down_proj", c.adapter, {{"down_proj", hidden_}}, inter_, opts);
+                                 hidden_, opts, dense);
+  down_lora_ = LoraProjection(*this, "down_proj", c.adapter, {{"down_proj", hidden_}}, inter_, opts, dense);
+  gate_up_proj_ =
+      register_parameter("gate_up_proj", at::zeros({2 * inter_ + gate_up_lora_.joined_rows(), hidden_}, opts), false);
+  down_proj_ = register_parameter("down_proj", at::zeros({hidden_ + down_lora_.joined_rows(), inter_}, opts), false);
 }
 
 std::vector<gk::CheckpointParam> Mlp::checkpoint_params() const {
@@ -197,32 +203,32 @@ std::vector<gk::CheckpointParam> Mlp::checkpoint_params() const {
 }
 
 void Mlp::process_weights_after_loading() {
-  gate_up_.build(gate_up_proj_);
-  down_.build(down_proj_);
+  gate_up_.build(gate_up_lora_.base_weight(gate_up_proj_));
+  down_.build(down_lora_.base_weight(down_proj_));
 }
 
 void Mlp::declare_derivations(gk::Derivations& d) const {
-  gate_up_.declare(d, gate_up_proj_);
-  down_.declare(d, down_proj_);
+  gate_up_.declare(d, gate_up_lora_.base_weight(gate_up_proj_));
+  down_.declare(d, down_lora_.base_weight(down_proj_));
 }
 
 void Mlp::append_adapter(const std::string& prefix, std::vector<gk::NamedTensor>& out) const {
-  gate_up_lora_.append_tensors(prefix, out);
-  down_lora_.append_tensors(prefix, out);
+  gate_up_lora_.append_tensors(prefix, gate_up_proj_, out);
+  down_lora_.append_tensors(prefix, down_proj_, out);
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x) {
-  const at::Tensor a = silu_and_mul(gate_up_lora_.apply("gate_up_lora", x, gate_up_.apply("gate_up_proj", x, gate_up_proj_)));
-  return down_lora_.apply("down_lora", a, down_.apply("down_proj", a, down_proj_));
+  const at::Tensor a = silu_and_mul(gate_up_lora_.project("gate_up_proj", "gate_up_lora", x, gate_up_, gate_up_proj_));
+  return down_lora_.project("down_proj", "down_lora", a, down_, down_proj_);
 }
 
 at::Tensor Mlp::forward_fast(const at::Tensor& x) {
   mark_part(Part::gemm);
-  const at::Tensor h = gate_up_lora_.apply("gate_up_lora", x, gate_up_.apply("gate_up_proj", x, gate_up_proj_));
+  const at::Tensor h = gate_up_lora_.project("gate_up_proj", "gate_up_lora", x, gate_up_, gate_up_proj_);
   mark_part(Part::mlp_act);
   const at::Tensor a = fused::silu_and_mul(h);
   mark_part(Part::gemm);
-  return down_lora_.apply("down_lora", a, down_.apply("down_proj", a, down_proj_));
+  return down_lora_.project("down_proj", "down_lora", a, down_, down_proj_);
 }
 
 SparseMoe::SparseMoe(const HfConfig& c, c10::Device device)

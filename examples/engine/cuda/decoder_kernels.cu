@@ -233,7 +233,7 @@ __global__ void silu_and_mul_kernel(const T* __restrict__ h, std::int64_t hs, T*
 // goes), t's row is the same for the whole warp (a broadcast).
 constexpr int kLoraRows = 8;
 template <class T, int R>
-__global__ void lora_expand_kernel(const T* __restrict__ y, const T* __restrict__ t, std::int64_t ts,
+__global__ void lora_expand_kernel(const T* __restrict__ y, std::int64_t ys, const T* __restrict__ t, std::int64_t ts,
                                    const T* __restrict__ b, T* __restrict__ out, std::int64_t rows, std::int64_t n,
                                    std::int64_t rank, LoraParts parts, float scale) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -247,7 +247,7 @@ __global__ void lora_expand_kernel(const T* __restrict__ y, const T* __restrict_
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kLoraRows;
   const std::int64_t r1 = r0 + kLoraRows < rows ? r0 + kLoraRows : rows;
   if (p < 0) {
-    for (std::int64_t r = r0; r < r1; ++r) out[r * n + c] = y[r * n + c];
+    for (std::int64_t r = r0; r < r1; ++r) out[r * n + c] = y[r * ys + c];
     return;
   }
   const T* bp = b + brow * rank;
@@ -260,14 +260,14 @@ __global__ void lora_expand_kernel(const T* __restrict__ y, const T* __restrict_
       float acc = 0.f;
 #pragma unroll
       for (int j = 0; j < R; ++j) acc += Io<T>::load(trow[j]) * bv[j];
-      out[r * n + c] = Io<T>::store(Io<T>::load(y[r * n + c]) + scale * acc);
+      out[r * n + c] = Io<T>::store(Io<T>::load(y[r * ys + c]) + scale * acc);
     }
   } else {
     for (std::int64_t r = r0; r < r1; ++r) {
       const T* trow = t + r * ts + p * rank;
       float acc = 0.f;
       for (std::int64_t j = 0; j < rank; ++j) acc += Io<T>::load(trow[j]) * Io<T>::load(bp[j]);
-      out[r * n + c] = Io<T>::store(Io<T>::load(y[r * n + c]) + scale * acc);
+      out[r * n + c] = Io<T>::store(Io<T>::load(y[r * ys + c]) + scale * acc);
     }
   }
 }
@@ -387,9 +387,9 @@ int launch_silu_and_mul(Dtype dt, const void* h, std::int64_t h_stride, void* ou
   });
 }
 
-int launch_lora_expand(Dtype dt, const void* y, const void* t, std::int64_t t_stride, const void* b, void* out,
-                       std::int64_t rows, std::int64_t n, std::int64_t rank, const LoraParts& parts, float scale,
-                       void* stream) {
+int launch_lora_expand(Dtype dt, const void* y, std::int64_t y_stride, const void* t, std::int64_t t_stride,
+                       const void* b, void* out, std::int64_t rows, std::int64_t n, std::int64_t rank,
+                       const LoraParts& parts, float scale, void* stream) {
   if (rows * n == 0) return 0;
   if (parts.count < 0 || parts.count > LoraParts::kMax) return static_cast<int>(cudaErrorInvalidValue);
   constexpr int kThreads = 128;
@@ -403,10 +403,10 @@ int launch_lora_expand(Dtype dt, const void* y, const void* t, std::int64_t t_st
     auto* op = static_cast<T*>(out);
     const auto s = static_cast<cudaStream_t>(stream);
     switch (rank) {  // the ranks adapters use, unrolled
-      case 8: lora_expand_kernel<T, 8><<<grid, kThreads, 0, s>>>(yp, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
-      case 16: lora_expand_kernel<T, 16><<<grid, kThreads, 0, s>>>(yp, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
-      case 32: lora_expand_kernel<T, 32><<<grid, kThreads, 0, s>>>(yp, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
-      default: lora_expand_kernel<T, 0><<<grid, kThreads, 0, s>>>(yp, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
+      case 8: lora_expand_kernel<T, 8><<<grid, kThreads, 0, s>>>(yp, y_stride, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
+      case 16: lora_expand_kernel<T, 16><<<grid, kThreads, 0, s>>>(yp, y_stride, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
+      case 32: lora_expand_kernel<T, 32><<<grid, kThreads, 0, s>>>(yp, y_stride, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
+      default: lora_expand_kernel<T, 0><<<grid, kThreads, 0, s>>>(yp, y_stride, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
     }
   });
 }

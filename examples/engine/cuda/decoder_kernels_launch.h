@@ -56,11 +56,12 @@ struct LoraParts {
 
 // LoRA's expand step and its add, one kernel: out [rows, n] = dtype(y +
 // scale * sum_j t[r, p rank + j] B[brow[p] + c - offset[p], j]) in float32
-// for a column c of part p, y elsewhere. y and out contiguous, t [rows,
-// parts rank] (row stride t_stride), B [rows of the parts, rank] contiguous.
-int launch_lora_expand(Dtype dt, const void* y, const void* t, std::int64_t t_stride, const void* b, void* out,
-                       std::int64_t rows, std::int64_t n, std::int64_t rank, const LoraParts& parts, float scale,
-                       void* stream);
+// for a column c of part p, y elsewhere. y [rows, n] (row stride y_stride),
+// t [rows, parts rank] (row stride t_stride), out contiguous, B [rows of the
+// parts, rank] contiguous.
+int launch_lora_expand(Dtype dt, const void* y, std::int64_t y_stride, const void* t, std::int64_t t_stride,
+                       const void* b, void* out, std::int64_t rows, std::int64_t n, std::int64_t rank,
+                       const LoraParts& parts, float scale, void* stream);
 
 // out [rows, vocab] float32 = -log(-log(u)), u = ((mix32(key[r] ^ id) >> 8) + 1/2) / 2^24
 // with id = ids[r * ids_stride + v] (Note [Sampling on the device] in sampler.cpp).
