@@ -3,6 +3,8 @@
 // the pairs out of order, and adds the count with one atomic.
 #include "index_order.h"
 
+#include <graphkeep/numerics/block_sum.h>
+
 #include <cuda_runtime.h>
 
 namespace gk::cuda {
@@ -20,23 +22,13 @@ __global__ void __launch_bounds__(kThreads) order_kernel(const OrderEntry* entri
   const OrderTask task = tasks[blockIdx.x];
   const OrderEntry e = entries[task.entry];
   const std::int64_t end = e.count - task.first < kOrderTaskIndices ? e.count : task.first + kOrderTaskIndices;
-  unsigned long long bad = 0;
+  std::uint64_t bad = 0;
   for (std::int64_t i = task.first + threadIdx.x; i < end; i += kThreads) {
     if (i == 0) out[3 * task.entry] = index_at(e, 0);
     if (i == e.count - 1) out[3 * task.entry + 1] = index_at(e, i);
     if (i > 0 && index_at(e, i) <= index_at(e, i - 1)) ++bad;
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) bad += __shfl_down_sync(0xFFFFFFFFu, bad, off);
-  __shared__ unsigned long long warp_bad[kThreads / 32];
-  if ((threadIdx.x & 31u) == 0) warp_bad[threadIdx.x / 32] = bad;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned long long b = 0;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) b += warp_bad[w];
-    if (b != 0) atomicAdd(reinterpret_cast<unsigned long long*>(out + 3 * task.entry + 2), b);
-  }
+  numerics::add_block_sum<kThreads>(bad, reinterpret_cast<unsigned long long*>(out + 3 * task.entry + 2));
 }
 
 }  // namespace

@@ -36,6 +36,7 @@
 
 #include <graphkeep/hashing/overlay_load.h>
 #include <graphkeep/hashing/sum64.h>
+#include <graphkeep/numerics/block_sum.h>
 
 #include <cuda_runtime.h>
 
@@ -73,24 +74,6 @@ __device__ __forceinline__ int tensor_of(const ContentHashJob& job, std::uint64_
     if (job.block_begin[mid] <= task) lo = mid; else hi = mid - 1;
   }
   return lo;
-}
-
-// Adds the block's sum of every thread's v into *out, modulo 2^64: a warp
-// reduce, then the warps' sums through shared memory, and one atomic (none
-// for a zero sum). Every thread of the block calls it.
-template <int kBlock>
-__device__ __forceinline__ void add_block_sum(std::uint64_t v, unsigned long long* out) {
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xFFFFFFFFu, v, off);
-  __shared__ std::uint64_t warp_sums[kBlock / 32];
-  if ((threadIdx.x & 31u) == 0) warp_sums[threadIdx.x / 32] = v;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    std::uint64_t b = 0;
-#pragma unroll
-    for (int i = 0; i < kBlock / 32; ++i) b += warp_sums[i];
-    if (b != 0) atomicAdd(out, static_cast<unsigned long long>(b));
-  }
 }
 
 // Note [Scanning while summing]
@@ -182,7 +165,7 @@ __global__ void __launch_bounds__(kThreads) sum_kernel(const ContentHashJob job)
     }
   }
   if (test && bad != ~0ull) atomicMin(job.first_bad + t, static_cast<unsigned long long>(bad));
-  add_block_sum<kThreads>(s, job.sums + t);
+  numerics::add_block_sum<kThreads>(s, job.sums + t);
 }
 
 __global__ void __launch_bounds__(kDeltaThreads) delta_kernel(const ContentHashJob job) {
@@ -239,7 +222,7 @@ __global__ void __launch_bounds__(kExclusiveThreads) exclusive_kernel(const Cont
   for (std::uint64_t q = (owned[0] << shift) + threadIdx.x; q < owned[1] << shift; q += kExclusiveThreads)
     d += s64::exclusive_part_delta(s, q >> shift, static_cast<std::uint32_t>(q & ((1u << shift) - 1)), p, nbytes,
                                    StreamLoad{});
-  add_block_sum<kExclusiveThreads>(d, job.sums + t);
+  numerics::add_block_sum<kExclusiveThreads>(d, job.sums + t);
 }
 
 }  // namespace
