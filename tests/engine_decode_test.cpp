@@ -435,7 +435,8 @@ TEST_CASE("gpu: the fast CUDA path matches the reference ops and the CPU; every 
   }
 }
 
-TEST_CASE("gpu: LoRA's fused expand is y + scale t_p B_p^T rounded once in each targeted part, y elsewhere") {
+TEST_CASE("gpu: LoRA's fused expand is y + scale t_p B_p^T rounded once in each targeted part, y elsewhere, "
+          "from separate tensors or one strided GEMM output") {
   at::NoGradGuard no_grad;
   const c10::Device cuda(c10::kCUDA, 0);
   at::manual_seed(41);
@@ -443,10 +444,17 @@ TEST_CASE("gpu: LoRA's fused expand is y + scale t_p B_p^T rounded once in each 
   const std::int64_t T = 37, rank = 8;
   const std::vector<std::int64_t> offsets = {0, 80}, sizes = {64, 16};
   const double scale = 1.75;
+  for (const bool joined : {false, true})
   for (const at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
     CAPTURE(dt);
+    CAPTURE(joined);
     const auto o = at::TensorOptions().dtype(dt).device(cuda);
-    const at::Tensor y = at::randn({T, 96}, o), t = at::randn({T, 2 * rank}, o), b = at::randn({80, rank}, o);
+    // joined: y and t the two column ranges of one [T, 96 + 2 rank] GEMM
+    // output (Note [LoRA in the decode graphs]), rows strided.
+    const at::Tensor wide = at::randn({T, 96 + 2 * rank}, o);
+    const at::Tensor y = joined ? wide.narrow(1, 0, 96) : at::randn({T, 96}, o);
+    const at::Tensor t = joined ? wide.narrow(1, 96, 2 * rank) : at::randn({T, 2 * rank}, o);
+    const at::Tensor b = at::randn({80, rank}, o);
     const at::Tensor got = demo::fused::lora_expand(y, t, b, offsets, sizes, rank, scale).cpu();
     // The oracle in float64 on the CPU, rounded to the dtype once.
     at::Tensor want = y.cpu().to(at::kDouble);

@@ -233,9 +233,9 @@ __global__ void silu_and_mul_kernel(const T* __restrict__ h, std::int64_t hs, T*
 // goes), t's row is the same for the whole warp (a broadcast).
 constexpr int kLoraRows = 8;
 template <class T, int R>
-__global__ void lora_expand_kernel(const T* __restrict__ y, std::int64_t ys, const T* __restrict__ t, std::int64_t ts,
-                                   const T* __restrict__ b, T* __restrict__ out, std::int64_t rows, std::int64_t n,
-                                   std::int64_t rank, LoraParts parts, float scale) {
+__global__ void lora_expand_kernel(const T* __restrict__ y, std::int64_t ys, const T* __restrict__ t,
+                                   std::int64_t ts, const T* __restrict__ b, T* __restrict__ out, std::int64_t rows,
+                                   std::int64_t n, std::int64_t rank, LoraParts parts, float scale) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= n) return;
   int p = -1;
@@ -402,11 +402,12 @@ int launch_lora_expand(Dtype dt, const void* y, std::int64_t y_stride, const voi
     const auto* bp = static_cast<const T*>(b);
     auto* op = static_cast<T*>(out);
     const auto s = static_cast<cudaStream_t>(stream);
+    const std::int64_t ys = y_stride, ts = t_stride;
     switch (rank) {  // the ranks adapters use, unrolled
-      case 8: lora_expand_kernel<T, 8><<<grid, kThreads, 0, s>>>(yp, y_stride, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
-      case 16: lora_expand_kernel<T, 16><<<grid, kThreads, 0, s>>>(yp, y_stride, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
-      case 32: lora_expand_kernel<T, 32><<<grid, kThreads, 0, s>>>(yp, y_stride, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
-      default: lora_expand_kernel<T, 0><<<grid, kThreads, 0, s>>>(yp, y_stride, tp, t_stride, bp, op, rows, n, rank, parts, scale); break;
+      case 8: lora_expand_kernel<T, 8><<<grid, kThreads, 0, s>>>(yp, ys, tp, ts, bp, op, rows, n, rank, parts, scale); break;
+      case 16: lora_expand_kernel<T, 16><<<grid, kThreads, 0, s>>>(yp, ys, tp, ts, bp, op, rows, n, rank, parts, scale); break;
+      case 32: lora_expand_kernel<T, 32><<<grid, kThreads, 0, s>>>(yp, ys, tp, ts, bp, op, rows, n, rank, parts, scale); break;
+      default: lora_expand_kernel<T, 0><<<grid, kThreads, 0, s>>>(yp, ys, tp, ts, bp, op, rows, n, rank, parts, scale); break;
     }
   });
 }
