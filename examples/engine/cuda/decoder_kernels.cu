@@ -230,7 +230,12 @@ __global__ void silu_and_mul_kernel(const T* __restrict__ h, std::int64_t hs, T*
 
 // A thread per column and kLoraRows rows. The column's row of B is read
 // once into registers (R: the rank, unrolled; R = 0: any rank, read as it
-// goes), t's row is the same for the whole warp (a broadcast).
+// goes), t's row is the same for the whole warp (a broadcast). The rows'
+// loads are all issued before the first store (the loops over rows are
+// unrolled, each row guarded): a thread's rows are independent, and taken
+// one after another each waited out its own global load, which made the
+// kernel latency-bound at a decode batch (a few warps per SM). Each output
+// is the same sum in the same order either way.
 constexpr int kLoraRows = 8;
 template <class T, int R>
 __global__ void lora_expand_kernel(const T* __restrict__ y, std::int64_t ys, const T* __restrict__ t,
@@ -245,30 +250,38 @@ __global__ void lora_expand_kernel(const T* __restrict__ y, std::int64_t ys, con
     if (i < parts.count && c >= parts.offset[i] && c < parts.offset[i] + parts.size[i])
       p = i, brow = parts.brow[i] + c - parts.offset[i];
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kLoraRows;
-  const std::int64_t r1 = r0 + kLoraRows < rows ? r0 + kLoraRows : rows;
-  if (p < 0) {
-    for (std::int64_t r = r0; r < r1; ++r) out[r * n + c] = y[r * ys + c];
-    return;
+  const int here = static_cast<int>(rows - r0 < kLoraRows ? rows - r0 : kLoraRows);  // rows of this block
+  float yv[kLoraRows];
+#pragma unroll
+  for (int i = 0; i < kLoraRows; ++i) yv[i] = i < here ? Io<T>::load(y[(r0 + i) * ys + c]) : 0.f;
+  float acc[kLoraRows] = {};
+  if (p >= 0) {
+    const T* bp = b + brow * rank;
+    if constexpr (R > 0) {
+      float bv[R];
+#pragma unroll
+      for (int j = 0; j < R; ++j) bv[j] = Io<T>::load(bp[j]);
+#pragma unroll
+      for (int i = 0; i < kLoraRows; ++i) {
+        if (i >= here) continue;
+        const T* trow = t + (r0 + i) * ts + p * R;
+#pragma unroll
+        for (int j = 0; j < R; ++j) acc[i] += Io<T>::load(trow[j]) * bv[j];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kLoraRows; ++i) {
+        if (i >= here) continue;
+        const T* trow = t + (r0 + i) * ts + p * rank;
+        for (std::int64_t j = 0; j < rank; ++j) acc[i] += Io<T>::load(trow[j]) * Io<T>::load(bp[j]);
+      }
+    }
   }
-  const T* bp = b + brow * rank;
-  if constexpr (R > 0) {
-    float bv[R];
 #pragma unroll
-    for (int j = 0; j < R; ++j) bv[j] = Io<T>::load(bp[j]);
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const T* trow = t + r * ts + p * R;
-      float acc = 0.f;
-#pragma unroll
-      for (int j = 0; j < R; ++j) acc += Io<T>::load(trow[j]) * bv[j];
-      out[r * n + c] = Io<T>::store(Io<T>::load(y[r * ys + c]) + scale * acc);
-    }
-  } else {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const T* trow = t + r * ts + p * rank;
-      float acc = 0.f;
-      for (std::int64_t j = 0; j < rank; ++j) acc += Io<T>::load(trow[j]) * Io<T>::load(bp[j]);
-      out[r * n + c] = Io<T>::store(Io<T>::load(y[r * ys + c]) + scale * acc);
-    }
+  for (int i = 0; i < kLoraRows; ++i) {
+    if (i >= here) continue;
+    // An untargeted column is y's value unchanged (no rounding through float: y is stored as loaded).
+    out[(r0 + i) * n + c] = p >= 0 ? Io<T>::store(yv[i] + scale * acc[i]) : y[(r0 + i) * ys + c];
   }
 }
 
