@@ -230,18 +230,35 @@ __global__ void silu_and_mul_kernel(const T* __restrict__ h, std::int64_t hs, T*
 
 // A thread per column and kLoraRows rows. The column's row of B is read
 // once into registers (R: the rank, unrolled; R = 0: any rank, read as it
-// goes), t's row is the same for the whole warp (a broadcast). The rows'
-// loads are all issued before the first store (the loops over rows are
-// unrolled, each row guarded): a thread's rows are independent, and taken
-// one after another each waited out its own global load, which made the
-// kernel latency-bound at a decode batch (a few warps per SM). Each output
-// is the same sum in the same order either way.
+// goes). t's rows of the block are the same for every thread: with R
+// unrolled the block stages them once in shared memory as float, and each
+// thread reads them four at a time (one 16-byte load where it made R
+// loads of 2 bytes each from global memory, per row: at a decode batch
+// those loads, not the bytes, were the kernel's cost). A thread's rows are
+// independent: y's are all loaded before the first store. Each output is
+// the same sum in the same order either way (j ascending from 0, then
+// y + scale acc, rounded once).
 constexpr int kLoraRows = 8;
 template <class T, int R>
 __global__ void lora_expand_kernel(const T* __restrict__ y, std::int64_t ys, const T* __restrict__ t,
                                    std::int64_t ts, const T* __restrict__ b, T* __restrict__ out, std::int64_t rows,
                                    std::int64_t n, std::int64_t rank, LoraParts parts, float scale) {
+  static_assert(R % 4 == 0, "the rank in whole float4s (R = 0: any rank, unstaged)");
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kLoraRows;
+  const int here = static_cast<int>(rows - r0 < kLoraRows ? rows - r0 : kLoraRows);  // rows of this block
+  constexpr int kStaged = R > 0 ? R * LoraParts::kMax : 4;  // floats per staged row
+  __shared__ __align__(16) float t_s[kLoraRows][kStaged];
+  if constexpr (R > 0) {  // every thread of the block takes part, the columns past n included
+    const int width = parts.count * R;
+    for (int k = static_cast<int>(threadIdx.x); k < kLoraRows * width; k += static_cast<int>(blockDim.x)) {
+      const int i = k / width, j = k % width;
+      t_s[i][j] = i < here ? Io<T>::load(t[(r0 + i) * ts + j]) : 0.f;
+    }
+    __syncthreads();
+  } else {
+    (void)t_s;
+  }
   if (c >= n) return;
   int p = -1;
   std::int64_t brow = 0;
@@ -249,8 +266,6 @@ __global__ void lora_expand_kernel(const T* __restrict__ y, std::int64_t ys, con
   for (int i = 0; i < LoraParts::kMax; ++i)
     if (i < parts.count && c >= parts.offset[i] && c < parts.offset[i] + parts.size[i])
       p = i, brow = parts.brow[i] + c - parts.offset[i];
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kLoraRows;
-  const int here = static_cast<int>(rows - r0 < kLoraRows ? rows - r0 : kLoraRows);  // rows of this block
   float yv[kLoraRows];
 #pragma unroll
   for (int i = 0; i < kLoraRows; ++i) yv[i] = i < here ? Io<T>::load(y[(r0 + i) * ys + c]) : 0.f;
@@ -263,10 +278,15 @@ __global__ void lora_expand_kernel(const T* __restrict__ y, std::int64_t ys, con
       for (int j = 0; j < R; ++j) bv[j] = Io<T>::load(bp[j]);
 #pragma unroll
       for (int i = 0; i < kLoraRows; ++i) {
-        if (i >= here) continue;
-        const T* trow = t + (r0 + i) * ts + p * R;
+        const float4* trow = reinterpret_cast<const float4*>(&t_s[i][p * R]);
 #pragma unroll
-        for (int j = 0; j < R; ++j) acc[i] += Io<T>::load(trow[j]) * bv[j];
+        for (int q = 0; q < R / 4; ++q) {
+          const float4 v = trow[q];
+          acc[i] += v.x * bv[4 * q];
+          acc[i] += v.y * bv[4 * q + 1];
+          acc[i] += v.z * bv[4 * q + 2];
+          acc[i] += v.w * bv[4 * q + 3];
+        }
       }
     } else {
 #pragma unroll
