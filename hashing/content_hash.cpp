@@ -62,8 +62,11 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
                                   c10::Device device, c10::cuda::CUDAStream stream,
                                   const std::vector<std::vector<sum64::OverlaySource>>* sources,
                                   const std::vector<std::uint64_t>* before, const std::vector<ExponentTest>* tests,
-                                  const std::vector<std::vector<sum64::OverlaySource>>* exclusive) {
+                                  const std::vector<std::vector<sum64::OverlaySource>>* exclusive,
+                                  const std::vector<std::byte*>* copy_to) {
   GK_INTERNAL_ASSERT(sources == nullptr || tests == nullptr, "a hash through writes is not scanned");
+  GK_INTERNAL_ASSERT(copy_to == nullptr || (sources == nullptr && tests == nullptr),
+                     "a copy while hashing is a whole hash, not scanned");
   GK_INTERNAL_ASSERT(exclusive == nullptr || sources != nullptr, "exclusive sources without sources");
   const c10::cuda::CUDAGuard guard(device);
   const c10::cuda::CUDAStreamGuard on(stream);
@@ -75,7 +78,8 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
   // where each tensor's rows begin (n + 1 uint32); with `tests`, then
   // first_bad[n] (all ones), the masks[n] and the element widths[n]; with
   // `exclusive`, after the sources, each pair's OverlaySource row, its
-  // tensor[pairs] and task_begin[pairs + 1] (Note [Exclusive writes]).
+  // tensor[pairs] and task_begin[pairs + 1] (Note [Exclusive writes]); with
+  // `copy_to`, then the destinations[n].
   static_assert(sizeof(sum64::OverlaySource) == 40, "an OverlaySource row is 5 words of the upload");
   std::size_t rows = 0, pairs = 0;
   if (sources != nullptr)
@@ -85,7 +89,7 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
   const std::int64_t base_words = 4 * n + 1, row_words = 5 * static_cast<std::int64_t>(rows);
   const std::int64_t pair_words = pairs > 0 ? 7 * static_cast<std::int64_t>(pairs) + 1 : 0;
   const std::int64_t words = base_words + (sources != nullptr ? row_words + (n + 2) / 2 + pair_words : 0) +
-                             (tests != nullptr ? 3 * n : 0);
+                             (tests != nullptr ? 3 * n : 0) + (copy_to != nullptr ? n : 0);
   at::Tensor host = at::empty({words}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   auto* h = reinterpret_cast<std::uint64_t*>(host.mutable_data_ptr<std::int64_t>());
   std::vector<std::uint64_t> add(static_cast<std::size_t>(n));
@@ -115,6 +119,9 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
       h[base_words + 2 * n + i] = t.bytes;
     }
   }
+  if (copy_to != nullptr)
+    for (std::int64_t i = 0; i < n; ++i)
+      h[base_words + i] = reinterpret_cast<std::uintptr_t>((*copy_to)[which[static_cast<std::size_t>(i)]]);
   if (sources != nullptr) {
     auto* row = reinterpret_cast<sum64::OverlaySource*>(h + base_words);
     auto* begin = reinterpret_cast<std::uint32_t*>(h + base_words + row_words);
@@ -172,6 +179,7 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
     job.scan_mask = d + base_words + n;
     job.scan_bytes = d + base_words + 2 * n;
   }
+  if (copy_to != nullptr) job.copy_to = d + base_words;
   const int err = cuda::launch_content_hash(job, stream.stream());
   GK_CHECK(StateError, err == 0, "gk::content_hashes: the hash kernel failed to launch on ", device, " (cudaError ",
            err, ")");

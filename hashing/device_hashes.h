@@ -93,14 +93,17 @@ struct DeviceLaunch {
 // `inputs`; whole hashes only), each also tested element by element (Note
 // [Scanning while summing]); with `exclusive` (indexed like `inputs`, beside
 // `sources`), each input's exclusive sources too, summed write by write
-// (Note [Exclusive writes] in overlay_load.h); read_device_hashes collects
-// them.
+// (Note [Exclusive writes] in overlay_load.h); or, with `copy_to` (indexed
+// like `inputs`; whole hashes only, no tests), each also copied to
+// (*copy_to)[w] as it is read (Note [Hashing while copying] in
+// cuda/content_hash.cu); read_device_hashes collects them.
 DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vector<std::size_t> which,
                                   c10::Device device, c10::cuda::CUDAStream stream,
                                   const std::vector<std::vector<sum64::OverlaySource>>* sources = nullptr,
                                   const std::vector<std::uint64_t>* before = nullptr,
                                   const std::vector<ExponentTest>* tests = nullptr,
-                                  const std::vector<std::vector<sum64::OverlaySource>>* exclusive = nullptr);
+                                  const std::vector<std::vector<sum64::OverlaySource>>* exclusive = nullptr,
+                                  const std::vector<std::byte*>* copy_to = nullptr);
 
 // Waits for the launch's hashes and writes them into out[which[i]]; for a
 // launch with tests, the byte offset of each input's first bad element (-1:

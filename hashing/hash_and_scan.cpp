@@ -7,6 +7,7 @@
 
 #include "device_hashes.h"
 
+#include <cstring>
 #include <map>
 
 #if defined(GRAPHKEEP_WITH_CUDA)
@@ -44,6 +45,61 @@ HashScan hash_and_scan(const std::vector<ContentRange>& ranges, const std::vecto
   GK_CHECK(StateError, false, "gk::detail::hash_and_scan: graphkeep was built without CUDA");
 #endif
   return r;
+}
+
+struct CopiedHashes::State {
+  std::vector<ContentRange> ranges;  // alive until the launches ran
+  std::vector<std::uint64_t> out;
+#if defined(GRAPHKEEP_WITH_CUDA)
+  std::vector<DeviceLaunch> launches;
+#endif
+};
+
+CopiedHashes::CopiedHashes(std::vector<ContentRange> ranges, const std::vector<std::byte*>& to)
+    : s_(std::make_unique<State>()) {
+  GK_INTERNAL_ASSERT(to.size() == ranges.size(), "CopiedHashes: ", to.size(), " destinations for ", ranges.size(),
+                     " ranges");
+  State& st = *s_;
+  st.ranges = std::move(ranges);
+  st.out.assign(st.ranges.size(), 0);
+  auto by_device = hash_host_ranges(st.ranges, st.out);  // checks every range; hashes the CPU ones
+  for (std::size_t i = 0; i < st.ranges.size(); ++i) {
+    const ContentRange& r = st.ranges[i];
+    GK_INTERNAL_ASSERT(r.nbytes == 0 || to[i] != nullptr, "CopiedHashes: range ", i, " has no destination");
+    if (r.nbytes > 0 && r.tensor.is_cpu())
+      std::memcpy(to[i], static_cast<const std::byte*>(r.tensor.const_data_ptr()) + r.offset, r.nbytes);
+  }
+#if defined(GRAPHKEEP_WITH_CUDA)
+  std::vector<HashBytes> inputs;
+  inputs.reserve(st.ranges.size());
+  for (const ContentRange& c : st.ranges) inputs.push_back(bytes_of(c));
+  for (auto& [index, which] : by_device) {
+    const c10::cuda::CUDAGuard guard(index);
+    st.launches.push_back(launch_device_hashes(inputs, std::move(which), c10::Device(c10::kCUDA, index),
+                                               c10::cuda::getCurrentCUDAStream(index), nullptr, nullptr, nullptr,
+                                               nullptr, &to));
+  }
+#else
+  GK_INTERNAL_ASSERT(by_device.empty(), "CUDA ranges in a build without CUDA");
+#endif
+}
+
+CopiedHashes::~CopiedHashes() {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  if (s_ != nullptr)
+    for (DeviceLaunch& l : s_->launches) l.read.synchronize();
+#endif
+}
+CopiedHashes::CopiedHashes(CopiedHashes&&) noexcept = default;
+CopiedHashes& CopiedHashes::operator=(CopiedHashes&&) noexcept = default;
+
+std::vector<std::uint64_t> CopiedHashes::get() {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  for (DeviceLaunch& l : s_->launches) read_device_hashes(l, s_->out);
+  s_->launches.clear();
+#endif
+  s_->ranges.clear();
+  return s_->out;
 }
 
 }  // namespace gk::detail

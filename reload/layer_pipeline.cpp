@@ -404,6 +404,19 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
   // Zero first, then copy: where a zeroed slot overlaps a copied one, the
   // copied value wins, as it did when each slot was written on its own.
   for (const at::Tensor& C : zero) C.zero_();
+  // The parameters whose hashes after PWAL the record waits for are hashed
+  // as they are copied (Note [Hashing while copying]); the rest in one launch.
+  std::vector<char> taken;
+  std::vector<std::byte*> to;
+  std::vector<ContentRange> hashed = copy_hash_ranges(lp, run, dst, src, taken, to);
+  if (!hashed.empty()) {
+    std::vector<at::Tensor> d, s;
+    for (std::size_t k = 0; k < dst.size(); ++k)
+      if (!taken[k]) d.push_back(dst[k]), s.push_back(src[k]);
+    run.record.copied_hashes = std::make_shared<detail::CopiedHashes>(std::move(hashed), to);
+    dst = std::move(d);
+    src = std::move(s);
+  }
   if (!dst.empty()) copy_slots(dst, src);  // one launch for the CUDA slots
   for (const PlannedSlot& s : lp.slots) {
     const std::size_t i = static_cast<std::size_t>(&s - lp.slots.data());

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/hashing/hash_and_scan.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -75,6 +76,14 @@ struct LayerRecord {
   // finish_record_after_pwal), with what the latter decides from.
   std::shared_ptr<PendingContentHashes> loaded_hashes, after_hashes;
   std::vector<char> candidate, rehash;
+  // Parameters hashed after PWAL by the copy-back instead, as it copies them
+  // into captured storage (Note [Hashing while copying] in
+  // hashing/cuda/content_hash.cu; a streaming reload's): by_copy[pi], and the
+  // copy's hashes, per such parameter in order, its tensors in order. Null
+  // after a copy-back that could not take them all (finish_record_after_pwal
+  // hashes them itself then).
+  std::vector<char> by_copy;
+  std::shared_ptr<detail::CopiedHashes> copied_hashes;
 };
 
 }  // namespace gk

@@ -282,8 +282,10 @@ void hash_positions(const LayerPlan& lp, const std::vector<char>& rehash, std::v
 }
 
 // The first half of record_after_pwal: which parameters may be
-// passthrough, and the launch of the hashes of what PWAL left.
-void launch_after_pwal_hashes(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o) {
+// passthrough, and the launch of the hashes of what PWAL left (`by_copy`:
+// a passthrough candidate is left to the copy-back, which reads its bytes
+// anyway: Note [Hashing while copying]).
+void launch_after_pwal_hashes(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, bool by_copy) {
   LayerRecord& r = run.record;
   const std::size_t n = lp.params.size();
   // Per parameter: still the module's tensor, in checkpoint format, with a
@@ -301,14 +303,90 @@ void launch_after_pwal_hashes(const LayerPlan& lp, LayerRun& run, const detail::
     r.candidate[pi] = ok;
     r.rehash[pi] = lp.layer != nullptr && (ok || o.patch_base != PatchBase::none);
   }
+  r.by_copy.assign(n, 0);
+  r.copied_hashes.reset();
   // The bytes PWAL left in the loaded tensors, against those it was given.
   std::vector<ContentRange> to_hash;
-  for (std::size_t pi = 0; pi < n; ++pi)
-    if (r.rehash[pi]) append_tensor_ranges(lp.params[pi], r.loaded[pi], to_hash);
+  for (std::size_t pi = 0; pi < n; ++pi) {
+    if (!r.rehash[pi]) continue;
+    if (by_copy && r.candidate[pi]) {
+      r.by_copy[pi] = 1;
+      continue;
+    }
+    append_tensor_ranges(lp.params[pi], r.loaded[pi], to_hash);
+  }
   r.after_hashes = std::make_shared<PendingContentHashes>(std::move(to_hash));
 }
 
+// The hashes after PWAL of the rehashed parameters' tensors, in parameter
+// order (hash_positions' `first`): from the launch, and from the copy-back
+// for those it took (hashed here, from the loaded bytes, when it took none:
+// a copy-back that could not take them all, or none ran).
+std::vector<std::uint64_t> after_pwal_hashes(const LayerPlan& lp, LayerRecord& r) {
+  const std::vector<std::uint64_t> launched = r.after_hashes->get();
+  std::vector<std::uint64_t> copied;
+  if (r.copied_hashes != nullptr) {
+    copied = r.copied_hashes->get();
+  } else if (std::any_of(r.by_copy.begin(), r.by_copy.end(), [](char b) { return b != 0; })) {
+    std::vector<ContentRange> ranges;
+    for (std::size_t pi = 0; pi < lp.params.size(); ++pi)
+      if (r.by_copy[pi]) append_tensor_ranges(lp.params[pi], r.loaded[pi], ranges);
+    copied = content_hashes(ranges);
+  }
+  std::vector<std::uint64_t> after;
+  std::size_t li = 0, ci = 0;
+  for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+    if (!r.rehash[pi]) continue;
+    const bool from_copy = pi < r.by_copy.size() && r.by_copy[pi];
+    for (std::size_t ti = 0; ti < lp.params[pi].tensors.size(); ++ti)
+      after.push_back(from_copy ? copied.at(ci++) : launched.at(li++));
+  }
+  GK_INTERNAL_ASSERT(li == launched.size() && ci == copied.size(), "after-PWAL hashes: ", launched.size(), " launched and ",
+                     copied.size(), " copied, ", li, " and ", ci, " used");
+  return after;
+}
+
 }  // namespace
+
+std::vector<ContentRange> copy_hash_ranges(const LayerPlan& lp, LayerRun& run, const std::vector<at::Tensor>& dst,
+                                           const std::vector<at::Tensor>& src, std::vector<char>& taken,
+                                           std::vector<std::byte*>& to) {
+  LayerRecord& r = run.record;
+  std::vector<ContentRange> ranges;
+  to.clear();
+  taken.assign(src.size(), 0);
+  if (!r.recorded || std::none_of(r.by_copy.begin(), r.by_copy.end(), [](char b) { return b != 0; })) return ranges;
+  for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+    if (!r.by_copy[pi]) continue;
+    const at::Tensor& L = r.loaded[pi];
+    std::size_t k = 0;
+    for (; k < src.size(); ++k) {
+      const at::Tensor& N = src[k];
+      const at::Tensor& C = dst[k];
+      if (!taken[k] && C.device() == N.device() && N.const_data_ptr() == L.const_data_ptr() &&
+          N.nbytes() == L.nbytes() && C.nbytes() == N.nbytes() && N.is_contiguous() && C.is_contiguous())
+        break;
+    }
+    if (k == src.size()) {  // not copied here: finish_record_after_pwal hashes them all
+      taken.assign(src.size(), 0);
+      to.clear();
+      return {};
+    }
+    const std::size_t begin = ranges.size();
+    append_tensor_ranges(lp.params[pi], L, ranges);
+    std::size_t covered = 0;
+    for (std::size_t i = begin; i < ranges.size(); ++i) covered += ranges[i].nbytes;
+    if (covered != L.nbytes()) {  // the copy would not be whole: copied and hashed apart
+      taken.assign(src.size(), 0);
+      to.clear();
+      return {};
+    }
+    taken[k] = 1;
+    for (std::size_t i = begin; i < ranges.size(); ++i)
+      to.push_back(static_cast<std::byte*>(dst[k].mutable_data_ptr()) + ranges[i].offset);
+  }
+  return ranges;
+}
 
 void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep, bool defer) {
   if (!run.record.recorded) return;
@@ -316,7 +394,7 @@ void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOpti
                      "record_after_pwal before launch_loaded_hashes: PWAL ran before the loaded bytes were hashed");
   {
     ScopedMsTimer timer(rep.times.hash_ms);
-    launch_after_pwal_hashes(lp, run, o);
+    launch_after_pwal_hashes(lp, run, o, /*by_copy=*/defer);
   }
   if (!defer) finish_record_after_pwal(lp, run, o, rep);
 }
@@ -326,9 +404,10 @@ void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::
   record_loaded_hashes(run, rep);
   if (r.after_hashes == nullptr) return;
   ScopedMsTimer timer(rep.times.hash_ms);
-  const std::vector<std::uint64_t> after = r.after_hashes->get();
-  r.after_hashes.reset();
   const std::size_t n = lp.params.size();
+  const std::vector<std::uint64_t> after = after_pwal_hashes(lp, r);
+  r.after_hashes.reset();
+  r.copied_hashes.reset();
   const std::vector<char>& candidate = r.candidate;
   const std::vector<char>& rehash = r.rehash;
   std::vector<std::size_t> offset, first;

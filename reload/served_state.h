@@ -62,6 +62,14 @@ void record_loaded_hashes(LayerRun& run, ReloadReport& rep);
 void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep,
                        bool defer = false);
 void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep);
+// For the copy-back of dst[k] <- src[k]: the ranges of the parameters whose
+// hashes after PWAL it takes as it copies (run.record.by_copy), with their
+// destinations `to` in dst, and `taken[k]` for the pairs they cover. Empty
+// (nothing taken) when some such parameter has no pair of its own bytes to
+// copy: finish_record_after_pwal then hashes them itself.
+std::vector<ContentRange> copy_hash_ranges(const LayerPlan& lp, LayerRun& run, const std::vector<at::Tensor>& dst,
+                                           const std::vector<at::Tensor>& src, std::vector<char>& taken,
+                                           std::vector<std::byte*>& to);
 
 // What the engine serves after a load that ran every layer (the runs'
 // records are moved out), or nullptr when a layer was not recorded (hashing

@@ -75,6 +75,57 @@ at::Tensor random_bytes(std::int64_t n, at::Generator g = {}) {
   return at::randint(0, 256, {n}, g, at::TensorOptions().dtype(at::kByte));
 }
 
+// gk::detail::CopiedHashes on `device` (Note [Hashing while copying]):
+// ranges of every length class (empty, a partial word, whole 64 KiB blocks,
+// blocks and a tail) copied to destinations shifted by 0, 1, 3 and 8 bytes
+// (aligned and not), from sources at aligned and odd offsets. The hashes
+// are the host's hashes of the ranges, each destination holds its range's
+// bytes, and every byte outside the destinations is untouched.
+void check_copied_hashes(c10::Device device) {
+  at::Generator g = at::detail::createCPUGenerator(29);
+  const std::vector<std::size_t> lengths = {0, 1, 7, 8, 13, 65536, 3 * 65536 + 8, 65536 + 5, 2 * 65536, 57, 4096 + 3};
+  for (std::size_t src_shift : {0, 5}) {
+    for (std::size_t dst_shift : {0, 1, 3, 8}) {
+      CAPTURE(src_shift);
+      CAPTURE(dst_shift);
+      std::size_t total = src_shift;
+      for (std::size_t n : lengths) total += n;
+      const at::Tensor host = random_bytes(static_cast<std::int64_t>(total), g);
+      std::vector<gk::ContentRange> ranges = cut(host, lengths), on_device;
+      for (gk::ContentRange& r : ranges) r.offset += src_shift;
+      const at::Tensor src = host.to(device);
+      // Each destination 16 bytes past the previous one's end, shifted.
+      const std::int64_t dst_bytes = static_cast<std::int64_t>(total + 16 * lengths.size() + 16);
+      const at::Tensor sentinel = at::full({dst_bytes}, 0xA5, at::TensorOptions().dtype(at::kByte));
+      at::Tensor dst = sentinel.to(device, /*non_blocking=*/false, /*copy=*/true);
+      at::Tensor expect = sentinel.clone();
+      std::vector<std::byte*> to;
+      std::size_t at = dst_shift;
+      for (const gk::ContentRange& r : ranges) {
+        on_device.push_back({src, r.offset, r.nbytes});
+        to.push_back(static_cast<std::byte*>(dst.mutable_data_ptr()) + at);
+        if (r.nbytes > 0)
+          expect.narrow(0, static_cast<std::int64_t>(at), static_cast<std::int64_t>(r.nbytes))
+              .copy_(host.narrow(0, static_cast<std::int64_t>(r.offset), static_cast<std::int64_t>(r.nbytes)));
+        at += r.nbytes + 16;
+      }
+      gk::detail::CopiedHashes copied(on_device, to);
+      const std::vector<std::uint64_t> got = copied.get();
+      CHECK(got == view_hashes(ranges));
+      CHECK(at::equal(dst.cpu(), expect));
+      // Negative: the sentinel is not what the copies wrote.
+      CHECK_FALSE(at::equal(sentinel, expect));
+    }
+  }
+  // Refused as content_hashes refuses: a range past its tensor, before anything is copied.
+  const at::Tensor t = random_bytes(100, g).to(device);
+  at::Tensor d = at::zeros({100}, t.options());
+  GK_CHECK_THROWS_WITH_SUBSTR(
+      gk::detail::CopiedHashes(std::vector<gk::ContentRange>{{t, 90, 20}}, {static_cast<std::byte*>(d.mutable_data_ptr())}),
+      gk::WeightError, "range 0 (bytes 90 to 110) lies outside its tensor's 100 bytes");
+  CHECK(d.count_nonzero().item<std::int64_t>() == 0);
+}
+
 // A storage of random bytes, tensors viewing parts of it (some at odd byte
 // offsets, some sharing bytes), and lists of writes of every unit over it:
 // some over the whole storage (meeting many tensors), some over one tensor,
@@ -430,6 +481,10 @@ TEST_CASE("a range of a tensor hashes as a view of its bytes; a range past the t
                               gk::WeightError, "tensor 0 is undefined");
 }
 
+TEST_CASE("CopiedHashes copies each range and hashes it as content_hashes does, at every alignment") {
+  check_copied_hashes(c10::Device(c10::kCPU));
+}
+
 TEST_CASE("PendingContentHashes gives content_hashes' answer; an unread one is destroyed safely") {
   at::Generator g = at::detail::createCPUGenerator(12);
   std::vector<at::Tensor> ts;
@@ -605,6 +660,11 @@ TEST_CASE("the kernel equals the host function on random tensors of many sizes, 
   changed[changed.numel() - 1] = (changed[changed.numel() - 1].item<int>() + 1) % 256;
   CHECK(gk::content_hash(changed) != want[21]);
   CHECK(gk::content_hash(changed) == gk::content_hash(changed.cpu()));
+}
+
+TEST_CASE("the copying hash kernel copies each range and hashes it as the host does, at every alignment") {
+  REQUIRE(gk::testing::cuda_available());
+  check_copied_hashes(c10::Device(c10::kCUDA, 0));
 }
 
 TEST_CASE("ranges of device tensors hash as the host's views, in one launch with whole tensors") {

@@ -1169,6 +1169,100 @@ TEST_CASE("verify_served hashes the written tensors again; a stale staged patch 
                        doctest::Contains("does not know the content it serves"), gk::StateError);
 }
 
+namespace pt {
+// PWAL that doubles its parameter through a raw pointer when asked: no
+// version counter moves, so only the bytes can tell that the parameter no
+// longer holds what was loaded.
+class RawDouble : public torch::nn::Module, public gk::DescribedLayer<RawDouble> {
+ public:
+  RawDouble() { w_ = checkpoint_param("w", {D, D}, at::kFloat, at::kCPU); }
+  void process_weights_after_loading() override {
+    if (!double_raw) return;
+    float* p = static_cast<float*>(w_.mutable_data_ptr());
+    for (int64_t i = 0; i < w_.numel(); ++i) p[i] *= 2.f;
+  }
+  bool double_raw = false;
+  at::Tensor w_;
+  GRAPHKEEP_DESCRIBE_DERIVED(RawDouble, (torch::nn::Module, gk::DescribedLayer<RawDouble>), (w_, gk::parameter),
+                             double_raw)
+};
+class RawModel : public torch::nn::Module {
+ public:
+  RawModel() {
+    fused = register_module("fused", std::make_shared<Fused>());
+    raw = register_module("raw", std::make_shared<RawDouble>());
+  }
+  std::shared_ptr<Fused> fused;
+  std::shared_ptr<RawDouble> raw;
+};
+}  // namespace pt
+
+// Note [Hashing while copying]: a streaming reload takes the hashes after
+// PWAL from its copy into captured storage. They must be of the bytes PWAL
+// left, not of those loaded: a PWAL that doubles its parameter through a
+// raw pointer (no version counter moves, adopted or not) leaves it no
+// longer passthrough, and a patch of it is refused instead of scattered
+// into values it was not made from.
+TEST_CASE("a streaming reload hashes what it copies: a parameter PWAL wrote through a raw pointer is not patched") {
+  at::set_num_threads(1);
+  std::mt19937_64 rng(5);
+  const std::vector<std::string> names = {"fused.k_proj.weight", "fused.q_proj.weight", "fused.v_proj.weight", "raw.w"};
+  auto weights = [&] {
+    pt::Weights w;
+    for (const std::string& n : names) w[n] = pt::random_tensor(rng, {pt::D, pt::D}, false);
+    return w;
+  };
+  const pt::Weights w0 = weights();
+  for (bool adopt : {false, true}) {
+    CAPTURE(adopt);
+    pt::BasicRig<pt::RawModel> rig(w0);
+    gk::ReloadOptions o = rig.engine->options().defaults;
+    o.mode = gk::ReloadMode::streaming;
+    o.adopt_source_tensors = adopt;
+    // PWAL leaves raw.w: passthrough after the streaming reload; a patch
+    // scatters into both layers and serves what a first load of its target
+    // serves.
+    const pt::Weights w1 = weights(), w2 = pt::step(w1, rng, 0.3);
+    {
+      gk::InMemorySource src(pt::delivered(w1), "w1");
+      const gk::ReloadReport r = rig.engine->reload(src, o);
+      CHECK(r.tensors_adopted == (adopt ? 1u : 0u));  // raw.w (fused.qkv arrives in parts)
+    }
+    const gk::ReloadReport p = rig.engine->reload(pt::patch_of(w1, w2, "w1", "w2"));
+    CHECK(p.patch.layers_scattered == 2);
+    CHECK(p.patch.layers_rerun == 0);
+    CHECK(pt::same(rig.replay(), pt::BasicRig<pt::RawModel>(w2).replay()));
+    // PWAL doubles raw.w through its pointer. The bug is real: the version
+    // counters did not move (an adopted tensor is not refused) and the
+    // served bytes are not those loaded.
+    rig.model->raw->double_raw = true;
+    const pt::Weights w3 = weights(), w4 = pt::step(w3, rng, 0.3);
+    pt::Weights w3_source = w3;
+    w3_source["raw.w"] = w3.at("raw.w").clone();  // adopted: PWAL writes the source's tensor
+    {
+      gk::InMemorySource src(pt::delivered(w3_source), "w3");
+      rig.engine->reload(src, o);
+    }
+    rig.model->raw->double_raw = false;
+    const at::Tensor served3 = rig.replay();
+    const at::Tensor raw3 = served3.narrow(0, served3.numel() - pt::D * pt::D, pt::D * pt::D);
+    CHECK(pt::same(raw3, (w3.at("raw.w") * 2).reshape(-1).to(at::kDouble)));
+    // Caught: a patch touching raw.w is refused, naming the in-place write,
+    // and the served weights stay; one touching only fused.qkv scatters.
+    CHECK_THROWS_WITH_AS(rig.engine->reload(pt::patch_of(w3, w4, "w3", "w4")),
+                         doctest::Contains("wrote parameter 'raw.w' in place"), gk::WeightError);
+    CHECK(pt::same(rig.replay(), served3));
+    pt::Weights w4_fused = w3;
+    for (const std::string& n : names)
+      if (n != "raw.w") w4_fused[n] = w4.at(n);
+    const gk::ReloadReport pf = rig.engine->reload(pt::patch_of(w3, w4_fused, "w3", "w4-fused"));
+    CHECK(pf.patch.layers_scattered == 1);
+    const at::Tensor served4 = rig.replay();
+    CHECK(pt::same(served4.narrow(0, served4.numel() - pt::D * pt::D, pt::D * pt::D), raw3));
+    CHECK_FALSE(pt::same(served4, served3));
+  }
+}
+
 // ---------------------------------------------------------------------------
 // The CUDA scatter (label gpu): a plain module's parameters on the device
 // take the scatter path; every element size (1, 2, 4, 8 bytes), int32 and

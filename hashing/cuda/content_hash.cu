@@ -117,7 +117,36 @@ struct ScanWords {
   }
 };
 
-template <bool kScan>
+// Note [Hashing while copying]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A streaming reload copies each parameter PWAL left as it was loaded into
+// the captured storage, and hashes it after PWAL to know that PWAL left it
+// so (Note [Patch landings]): two reads of the same bytes. With copy_to the
+// sum kernel stores every word it loads at the same offset of the
+// destination, so one read serves both; the hash is the hash of the bytes
+// the copy read. A partial last word stores only the bytes that exist; a
+// destination that is not 8-byte aligned is written byte by byte.
+struct CopyWords {
+  unsigned char* to = nullptr;
+  bool aligned = false;
+
+  __device__ __forceinline__ CopyWords(const ContentHashJob& job, int t, bool copy) {
+    if (!copy) return;
+    to = reinterpret_cast<unsigned char*>(job.copy_to[t]);
+    aligned = (reinterpret_cast<std::uintptr_t>(to) & 7u) == 0;
+  }
+  // Stores word j (w) of the n bytes.
+  __device__ __forceinline__ void store(std::uint64_t w, std::uint64_t j, std::uint64_t n) const {
+    if (aligned && 8 * j + 8 <= n) {
+      reinterpret_cast<unsigned long long*>(to)[j] = w;
+      return;
+    }
+    const std::uint64_t k = n - 8 * j < 8 ? n - 8 * j : 8;
+    for (std::uint64_t b = 0; b < k; ++b) to[8 * j + b] = static_cast<unsigned char>(w >> (8 * b));
+  }
+};
+
+template <bool kScan, bool kCopy>
 __global__ void __launch_bounds__(kThreads) sum_kernel(const ContentHashJob job) {
   const std::uint64_t task = blockIdx.x;
   const int t = tensor_of(job, task);
@@ -131,7 +160,8 @@ __global__ void __launch_bounds__(kThreads) sum_kernel(const ContentHashJob job)
   std::uint64_t bad = ~0ull;
   const ScanWords scan = kScan ? ScanWords(job, t) : ScanWords();
   const bool test = kScan && scan.bytes != 0;
-  if (aligned && first + kBlockWords <= nbytes / 8) {
+  const CopyWords copy(job, t, kCopy);
+  if (aligned && (!kCopy || copy.aligned) && first + kBlockWords <= nbytes / 8) {
     // A whole block of whole words.
     // Word j's term is mix64(w + (j + 1) * kGamma); this thread's words are
     // kThreads apart, so their keys are kThreads * kGamma apart (additions,
@@ -146,6 +176,11 @@ __global__ void __launch_bounds__(kThreads) sum_kernel(const ContentHashJob job)
       for (int i = 0; i < kUnroll; ++i) v[i] = __ldcs(w + kThreads * (c + i));
 #pragma unroll
       for (int i = 0; i < kUnroll; ++i) s += s64::mix64(v[i] + key + i * kStep);
+      if constexpr (kCopy) {
+        auto* d = reinterpret_cast<unsigned long long*>(copy.to) + first + threadIdx.x;
+#pragma unroll
+        for (int i = 0; i < kUnroll; ++i) d[kThreads * (c + i)] = v[i];
+      }
       if (test) {
 #pragma unroll
         for (int i = 0; i < kUnroll; ++i) scan.test(v[i], first + threadIdx.x + kThreads * (c + i), bad);
@@ -156,12 +191,14 @@ __global__ void __launch_bounds__(kThreads) sum_kernel(const ContentHashJob job)
       const std::uint64_t w = s64::word_at(p, nbytes, j, StreamLoad{});
       s += s64::word_term(w, j);
       if (test) scan.test(w, j, bad);
+      if constexpr (kCopy) copy.store(w, j, nbytes);
     }
   } else {
     for (std::uint64_t j = first + threadIdx.x; j < last; j += kThreads) {
       const std::uint64_t w = s64::word_at(p, nbytes, j, ByteLoad{});
       s += s64::word_term(w, j);
       if (test) scan.test(w, j, bad);
+      if constexpr (kCopy) copy.store(w, j, nbytes);
     }
   }
   if (test && bad != ~0ull) atomicMin(job.first_bad + t, static_cast<unsigned long long>(bad));
@@ -238,10 +275,14 @@ int launch_content_hash(const ContentHashJob& job, void* stream) {
       exclusive_kernel<<<static_cast<unsigned>(job.pair_tasks), kExclusiveThreads, 0, s>>>(job);
   } else {
     if (job.blocks > 0x7FFFFFFFull) return static_cast<int>(cudaErrorInvalidConfiguration);
-    if (job.scan_mask != nullptr)
-      sum_kernel<true><<<static_cast<unsigned>(job.blocks), kThreads, 0, s>>>(job);
+    const unsigned grid = static_cast<unsigned>(job.blocks);
+    if (job.copy_to != nullptr && job.scan_mask != nullptr) return static_cast<int>(cudaErrorInvalidValue);
+    if (job.copy_to != nullptr)
+      sum_kernel<false, true><<<grid, kThreads, 0, s>>>(job);
+    else if (job.scan_mask != nullptr)
+      sum_kernel<true, false><<<grid, kThreads, 0, s>>>(job);
     else
-      sum_kernel<false><<<static_cast<unsigned>(job.blocks), kThreads, 0, s>>>(job);
+      sum_kernel<false, false><<<grid, kThreads, 0, s>>>(job);
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -50,6 +50,11 @@ struct ContentHashJob {
   const std::uint64_t* scan_mask = nullptr;   // [count]
   const std::uint64_t* scan_bytes = nullptr;  // [count]
   unsigned long long* first_bad = nullptr;    // [count]
+  // Optional (gk::detail::CopiedHashes; whole hashes only): tensor t's bytes
+  // are also stored, as they are read, at copy_to[t] (device memory of the
+  // same device, nbytes[t] long, overlapping no input): Note [Hashing while
+  // copying] in content_hash.cu.
+  const std::uint64_t* copy_to = nullptr;     // [count]
 };
 
 // Launches the content hash kernel on `stream` (a cudaStream_t of the current

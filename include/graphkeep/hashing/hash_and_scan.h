@@ -18,7 +18,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace gk::detail {
@@ -44,5 +46,32 @@ struct HashScan {
 // by tests[i], one launch per device on its current stream; waits for the
 // answers. Built without CUDA: gk::StateError, unless `ranges` is empty.
 HashScan hash_and_scan(const std::vector<ContentRange>& ranges, const std::vector<ExponentTest>& tests);
+
+// Copies every range's bytes to to[i] and hashes them (gk-sum64 v1) in the
+// same read: a streaming reload's copy into captured storage yields the
+// hashes of what it copied (Note [Hashing while copying] in
+// hashing/cuda/content_hash.cu). The CUDA ranges of each device go in one
+// launch on its current stream (in order with the caller's work there);
+// get() waits for those launches only, behind an event, and returns the
+// hashes in order. Ranges on the CPU are copied and hashed at once. Each
+// destination is memory of the range's device, at least as long as the
+// range, overlapping no range; ranges are checked as gk::content_hashes
+// checks them.
+//
+//   gk::detail::CopiedHashes h(ranges, destinations);   // launched
+//   enqueue_other_work();
+//   std::vector<std::uint64_t> hashes = h.get();        // == content_hashes(ranges)
+class CopiedHashes {
+ public:
+  CopiedHashes(std::vector<ContentRange> ranges, const std::vector<std::byte*>& to);
+  ~CopiedHashes();  // waits for the launches if get() was not called
+  CopiedHashes(CopiedHashes&&) noexcept;
+  CopiedHashes& operator=(CopiedHashes&&) noexcept;
+  std::vector<std::uint64_t> get();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 }  // namespace gk::detail
