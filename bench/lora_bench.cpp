@@ -130,9 +130,10 @@ int main(int argc, char** argv) {
     using Kernels = demo::LoraProjection::Kernels;
     auto other = [&](Kernels k, double& ms, nlohmann::ordered_json& parts) {
       if (!device.is_cuda()) return;
-      demo::LoraProjection::set_kernels(k);
-      auto e = build(dirs[0]);
-      demo::LoraProjection::set_kernels(Kernels::joined);
+      auto e = [&] {
+        const demo::LoraProjection::ScopedKernels scoped(k);
+        return build(dirs[0]);
+      }();
       ms = gkbench::mean_ms(steps, [&] { (void)e->decode(tokens, pos); });
       parts = parts_of(*e);
     };

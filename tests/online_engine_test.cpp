@@ -279,11 +279,13 @@ void serve_while_swapping_adapters(const c10::Device device, const int kRounds) 
     // The joined GEMM computes what a shrink GEMM of its own computes, up to
     // the order of the sums; a lost A (the LoRA term gone) is far outside.
     using Kernels = demo::LoraProjection::Kernels;
-    demo::LoraProjection::set_kernels(Kernels::fused_expand);  // read when the engine is built
     gk::InMemorySource again(w);
-    demo::LlmEngine unjoined(c, device, demo::WeightFormat::dense, again, opts);
-    demo::LoraProjection::set_kernels(Kernels::joined);
-    const at::Tensor other = unjoined.decode_logits(tokens, pos);
+    const at::Tensor other = [&] {
+      const demo::LoraProjection::ScopedKernels scoped(Kernels::fused_expand);  // read when built and captured
+      demo::LlmEngine unjoined(c, device, demo::WeightFormat::dense, again, opts);
+      return unjoined.decode_logits(tokens, pos);
+    }();
+    CHECK(demo::LoraProjection::kernels() == Kernels::joined);  // restored
     demo::LlmEngineOptions none = opts;
     none.adapter.clear();
     gk::InMemorySource base(w);

@@ -54,6 +54,19 @@ class LoraProjection {
   enum class Kernels { aten, fused_expand, joined };
   static void set_kernels(Kernels k);
   static Kernels kernels();
+  // Sets the kernels for its lifetime and restores the previous choice,
+  // also when what is built meanwhile throws:
+  //   { LoraProjection::ScopedKernels k(Kernels::aten); engine = build(); }
+  class ScopedKernels {
+   public:
+    explicit ScopedKernels(Kernels k) : before_(kernels()) { set_kernels(k); }
+    ~ScopedKernels() { set_kernels(before_); }
+    ScopedKernels(const ScopedKernels&) = delete;
+    ScopedKernels& operator=(const ScopedKernels&) = delete;
+
+   private:
+    Kernels before_;
+  };
 
   LoraProjection() = default;
   // `dense_base`: the projection multiplies by its checkpoint-format weight
