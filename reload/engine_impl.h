@@ -177,6 +177,12 @@ struct ReloadEngine::Impl {
   // faults first and keeps no undo (Note [Online reload threading]).
   void copy_back(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep, const PwalGuard& guard,
                  bool staged = false);
+  // What copy_back writes: dst[k] <- src[k] (the slots whose new value is
+  // copied in), and the slots it zeroes. Reads run.current and run.mismatched.
+  struct CopyPairs {
+    std::vector<at::Tensor> dst, src, zero;
+  };
+  CopyPairs copy_pairs(const LayerPlan& lp, const LayerRun& run) const;
   // Points the layer's fields back at their captured storage and restores
   // its values and configuration. Returns false when something could not be
   // restored (the model is then inconsistent).
@@ -203,7 +209,11 @@ struct ReloadEngine::Impl {
   // staged tensors and configuration values of every layer whose PWAL ran.
   // `copied` turns true before the first layer is copied (until then a
   // failed patch has been written back).
+  // The adopted tensors it copies are hashed as they are copied, and a
+  // change since staging fails it after the copy (Note [Adopted tensors are
+  // hashed]).
   void write_staged(detail::StagedState& st, ReloadReport& rep, const PwalGuard& committing, bool& copied);
+  void write_staged_layers(detail::StagedState& st, ReloadReport& rep, const PwalGuard& committing, bool& copied);
 
   // --- served_state.cpp -------------------------------------------------------
   // The served weights for `st` (null: unknown), its label recalled from
@@ -259,5 +269,15 @@ struct ReloadEngine::Impl {
     Impl& impl_;
   };
 };
+
+namespace detail {
+// Per adopted tensor of `run` (Note [Adopted tensors are hashed]): the pair
+// k of a copy-back (dst[k] <- src[k]) that copies exactly its bytes, whole
+// and contiguous, into a destination of the same size and device; -1 where
+// no pair reads its storage; -2 where a pair reads it otherwise (a view of
+// part of it), so that it must be checked before anything is written.
+std::vector<std::ptrdiff_t> adopted_pairs(const LayerRun& run, const std::vector<at::Tensor>& dst,
+                                          const std::vector<at::Tensor>& src);
+}  // namespace detail
 
 }  // namespace gk

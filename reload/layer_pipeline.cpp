@@ -379,24 +379,12 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
   // Transactional: every captured storage this commit writes is saved
   // first, so a later failure can undo it (Note [Undo by storage]).
   const bool undoable = !staged && o.mode == ReloadMode::transactional;
-  std::vector<at::Tensor> dst, src, zero;
-  for (std::size_t i = 0; i < lp.slots.size(); ++i) {
-    PlannedSlot& s = lp.slots[i];
-    if (run.mismatched[i] || unprotected(s)) continue;
-    const at::Tensor& C = s.captured;
-    const at::Tensor& N = run.current[i];
-    if (!C.defined()) continue;
-    const Init init = s.role.effective_init();
-    const bool in_place = same_storage_and_offset(N, C);
-    if (init == Init::copy_new && !in_place) {
-      dst.push_back(C);
-      src.push_back(N);
-      rep.bytes_copied += C.nbytes();
-    } else if (init == Init::zero) {
-      zero.push_back(C);
-      rep.slots_zeroed += 1;
-    }
-  }
+  CopyPairs pairs = copy_pairs(lp, run);
+  std::vector<at::Tensor>& dst = pairs.dst;
+  std::vector<at::Tensor>& src = pairs.src;
+  const std::vector<at::Tensor>& zero = pairs.zero;
+  for (const at::Tensor& C : dst) rep.bytes_copied += C.nbytes();
+  rep.slots_zeroed += zero.size();
   if (undoable) {
     for (const at::Tensor& C : dst) run.backups.take(C);
     for (const at::Tensor& C : zero) run.backups.take(C);
@@ -406,14 +394,33 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
   for (const at::Tensor& C : zero) C.zero_();
   // The parameters whose hashes after PWAL the record waits for are hashed
   // as they are copied (Note [Hashing while copying]); the rest in one launch.
+  // So are the adopted tensors a staged commit copies, whose bytes must
+  // still be those stage() hashed (Note [Adopted tensors are hashed]).
   std::vector<char> taken;
   std::vector<std::byte*> to;
-  std::vector<ContentRange> hashed = copy_hash_ranges(lp, run, dst, src, taken, to);
-  if (!hashed.empty()) {
+  std::vector<ContentRange> hashed;
+  if (!staged) {
+    hashed = copy_hash_ranges(lp, run, dst, src, taken, to);
+    if (!hashed.empty()) run.record.copied_hashes = std::make_shared<detail::CopiedHashes>(std::move(hashed), to);
+  } else if (o.check_adopted_content) {
+    taken.assign(dst.size(), 0);
+    run.adopted_copied.clear();
+    const std::vector<std::ptrdiff_t> at = detail::adopted_pairs(run, dst, src);
+    for (std::size_t j = 0; j < at.size(); ++j) {
+      if (at[j] < 0) continue;
+      const auto k = static_cast<std::size_t>(at[j]);
+      const at::Tensor& v = run.adopted[j].value;
+      hashed.push_back({v, 0, v.nbytes()});
+      to.push_back(static_cast<std::byte*>(dst[k].mutable_data_ptr()));
+      taken[k] = 1;
+      run.adopted_copied.push_back(j);
+    }
+    if (!hashed.empty()) run.adopted_hashes = std::make_shared<detail::CopiedHashes>(std::move(hashed), to);
+  }
+  if (std::find(taken.begin(), taken.end(), 1) != taken.end()) {
     std::vector<at::Tensor> d, s;
     for (std::size_t k = 0; k < dst.size(); ++k)
       if (!taken[k]) d.push_back(dst[k]), s.push_back(src[k]);
-    run.record.copied_hashes = std::make_shared<detail::CopiedHashes>(std::move(hashed), to);
     dst = std::move(d);
     src = std::move(s);
   }
@@ -427,6 +434,51 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
   if (!undoable) run.backups.release();
   run.phase = LayerRun::Phase::committed;
 }
+
+ReloadEngine::Impl::CopyPairs ReloadEngine::Impl::copy_pairs(const LayerPlan& lp, const LayerRun& run) const {
+  CopyPairs p;
+  for (std::size_t i = 0; i < lp.slots.size(); ++i) {
+    const PlannedSlot& s = lp.slots[i];
+    if (run.mismatched[i] || unprotected(s)) continue;
+    const at::Tensor& C = s.captured;
+    const at::Tensor& N = run.current[i];
+    if (!C.defined()) continue;
+    const Init init = s.role.effective_init();
+    const bool in_place = same_storage_and_offset(N, C);
+    if (init == Init::copy_new && !in_place) {
+      p.dst.push_back(C);
+      p.src.push_back(N);
+    } else if (init == Init::zero) {
+      p.zero.push_back(C);
+    }
+  }
+  return p;
+}
+
+namespace detail {
+std::vector<std::ptrdiff_t> adopted_pairs(const LayerRun& run, const std::vector<at::Tensor>& dst,
+                                          const std::vector<at::Tensor>& src) {
+  std::vector<std::ptrdiff_t> at(run.adopted.size(), -1);
+  for (std::size_t j = 0; j < run.adopted.size(); ++j) {
+    const at::Tensor& v = run.adopted[j].value;
+    for (std::size_t k = 0; k < src.size(); ++k) {
+      const at::Tensor& N = src[k];
+      if (!N.defined() || !N.has_storage() || !v.has_storage() || !N.storage().is_alias_of(v.storage())) continue;
+      const at::Tensor& C = dst[k];
+      const bool whole = N.const_data_ptr() == v.const_data_ptr() && N.nbytes() == v.nbytes() && N.is_contiguous() &&
+                         v.is_contiguous() && C.is_contiguous() && C.nbytes() == v.nbytes() &&
+                         C.device() == v.device();
+      if (whole && at[j] == -1) {
+        at[j] = static_cast<std::ptrdiff_t>(k);
+      } else {
+        at[j] = -2;  // read otherwise: checked before anything is written
+        break;
+      }
+    }
+  }
+  return at;
+}
+}  // namespace detail
 
 bool ReloadEngine::Impl::rollback(LayerPlan& lp, LayerRun& run) {
   bool ok = !run.pwal_unguarded;

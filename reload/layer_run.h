@@ -42,6 +42,11 @@ struct LayerRun {
     std::uint64_t hash = 0;  // its content hash at adoption (stage() only; Note [Adopted tensors are hashed])
   };
   std::vector<Adopted> adopted;
+  // A staged commit's check of the adopted tensors it copies, made by the
+  // copy itself (Note [Adopted tensors are hashed] in staged_reload.cpp):
+  // which of `adopted`, and the hashes of what the copy read.
+  std::vector<std::size_t> adopted_copied;
+  std::shared_ptr<detail::CopiedHashes> adopted_hashes;
   std::vector<std::shared_ptr<const void>> configs;  // snapshot, per PlannedConfig (null: did not resolve)
   std::vector<at::Tensor> current;                   // per slot: the post-PWAL tensor (a storage view)
   std::vector<char> mismatched;                      // per slot

@@ -64,11 +64,26 @@ namespace gk {
 // counter (through .data, a raw pointer, a CUDA kernel, an optimizer's
 // foreach kernels on the same storage) would be served as a mix that
 // matches neither weight set. So stage() hashes each adopted tensor right
-// after adopting it, before PWAL reads it, and the commit hashes them all
-// again (one launch and one synchronization per device) before writing
-// anything: a difference makes the staged reload stale, refused with
-// nothing changed. The price is one read of the adopted bytes inside the
-// pause (measured in docs/performance.md). No product option turns it off
+// after adopting it, before PWAL reads it, and the commit checks that it
+// still hashes so. Only what the commit reads can matter: an adopted tensor
+// no copy reads (PWAL made an FP8 weight from it and let it go; a kept base
+// is a copy made at staging) is served as it was at staging whatever the
+// trainer does now, and is not read again.
+//   - A tensor the commit copies whole into captured storage (a bf16
+//     weight PWAL left as it was) is hashed by that copy, in the same read
+//     (Note [Hashing while copying] in hashing/cuda/content_hash.cu): the
+//     pause reads each byte once. A difference is found after the copy
+//     wrote it, so the commit fails with the model inconsistent: replay is
+//     refused, naming the weight, until a reload() succeeds (as after any
+//     commit that fails while writing). Until 2026-12-06 the commit hashed
+//     them before writing and refused a stale one with nothing changed; that
+//     read cost a third of the pause (1.7x the device copy at 8B and at the
+//     MoE, against 1.2x without it; docs/performance.md).
+//   - A tensor a copy reads otherwise (a view of part of it) is hashed
+//     before anything is written: a difference makes the staged reload
+//     stale, refused with nothing changed.
+// The version counters are compared before anything is written, for every
+// adopted tensor. No product option turns the check off
 // (gk::testing::EngineHooks::skip_adopted_content_check does, for the test
 // and the benchmark).
 
@@ -209,6 +224,16 @@ StagedReload ReloadEngine::stage(WeightSource& source, const StageOptions& optio
   return StagedReload(std::move(st));
 }
 
+namespace {
+// Why an adopted tensor no longer holds what stage() hashed.
+std::string adopted_changed(const LayerRun::Adopted& a, std::uint64_t now) {
+  return concat("weight '", a.name, "' was adopted from the source (ReloadOptions::adopt_source_tensors) and its bytes "
+                "changed since staging (content hash ", format_content_hash(a.hash), " -> ", format_content_hash(now),
+                "; a write through .data, a raw pointer or a kernel moves no version counter): what PWAL derived at "
+                "staging no longer matches it");
+}
+}  // namespace
+
 std::vector<std::string> ReloadEngine::Impl::why_stale(detail::StagedState& st) {
   std::vector<std::string> stale;
   if (!st.dropped.empty()) stale.push_back(st.dropped);
@@ -225,24 +250,26 @@ std::vector<std::string> ReloadEngine::Impl::why_stale(detail::StagedState& st) 
         stale.push_back(concat("weight '", a.name, "' was adopted from the source (ReloadOptions::adopt_source_tensors) "
                                "and has been written since staging (its version counter moved): what the commit "
                                "would copy is not what stage() checked"));
-  // Note [Adopted tensors are hashed]
+  // Note [Adopted tensors are hashed]: here, those the copy does not read whole.
   if (st.options.check_adopted_content) {
     ScopedMsTimer t(st.rep.times.hash_ms);
     std::vector<const LayerRun::Adopted*> adopted;
     std::vector<at::Tensor> values;
-    for (const LayerRun& run : st.runs)
-      for (const LayerRun::Adopted& a : run.adopted) {
-        adopted.push_back(&a);
-        values.push_back(a.value);
-      }
+    const StagedPatch* patch = st.patch.get();
+    for (std::size_t li = 0; li < st.runs.size(); ++li) {
+      const LayerRun& run = st.runs[li];
+      if (run.adopted.empty() || (patch != nullptr && !patch->rerun[li])) continue;
+      const CopyPairs pairs = copy_pairs(plan.layers()[li], run);
+      const std::vector<std::ptrdiff_t> at = detail::adopted_pairs(run, pairs.dst, pairs.src);
+      for (std::size_t j = 0; j < run.adopted.size(); ++j)
+        if (at[j] == -2) {
+          adopted.push_back(&run.adopted[j]);
+          values.push_back(run.adopted[j].value);
+        }
+    }
     const std::vector<std::uint64_t> now = content_hashes(values);
     for (std::size_t i = 0; i < now.size(); ++i)
-      if (now[i] != adopted[i]->hash)
-        stale.push_back(concat("weight '", adopted[i]->name, "' was adopted from the source "
-                               "(ReloadOptions::adopt_source_tensors) and its bytes changed since staging (content hash ",
-                               format_content_hash(adopted[i]->hash), " -> ", format_content_hash(now[i]),
-                               "; a write through .data, a raw pointer or a kernel moves no version counter): what "
-                               "PWAL derived at staging no longer matches it"));
+      if (now[i] != adopted[i]->hash) stale.push_back(adopted_changed(*adopted[i], now[i]));
   }
   if (state != EngineState::ready)
     stale.push_back(concat("the engine is not ready (", to_string(state.load()),
@@ -252,6 +279,26 @@ std::vector<std::string> ReloadEngine::Impl::why_stale(detail::StagedState& st) 
 
 void ReloadEngine::Impl::write_staged(detail::StagedState& st, ReloadReport& rep, const PwalGuard& committing,
                                       bool& copied) {
+  write_staged_layers(st, rep, committing, copied);
+  // Note [Adopted tensors are hashed]: the bytes the copies read.
+  std::string changed;
+  for (LayerRun& run : st.runs) {
+    if (run.adopted_hashes == nullptr) continue;
+    ScopedMsTimer t(rep.times.hash_ms);
+    const std::vector<std::uint64_t> now = run.adopted_hashes->get();
+    run.adopted_hashes.reset();
+    for (std::size_t i = 0; i < now.size(); ++i) {
+      const LayerRun::Adopted& a = run.adopted[run.adopted_copied[i]];
+      if (now[i] != a.hash) changed += (changed.empty() ? "" : "; ") + adopted_changed(a, now[i]);
+    }
+  }
+  GK_CHECK(StateError, changed.empty(), "commit failed: ", changed, ". The commit copied those bytes into the "
+           "captured storage, so the model now mixes two weight sets: replay is refused until a reload() succeeds "
+           "(write an adopted tensor only after commit() returns, or stage without adopt_source_tensors)");
+}
+
+void ReloadEngine::Impl::write_staged_layers(detail::StagedState& st, ReloadReport& rep, const PwalGuard& committing,
+                                             bool& copied) {
   StagedPatch* patch = st.patch.get();
   if (patch != nullptr) commit_patch(st, rep);
   for (std::size_t li = 0; li < st.runs.size(); ++li) {

@@ -945,17 +945,26 @@ TEST_CASE("an adopted tensor written through a raw pointer between stage() and c
     CHECK_FALSE(equal_bits(served, fresh_fused_output(2, rig.input)));
     CHECK_FALSE(equal_bits(served, old));
   }
-  SUBCASE("positive: by default the commit is refused, naming the weight, and nothing changes") {
+  SUBCASE("positive: by default the commit fails, naming the weight, and replay is refused until a reload") {
+    // Note [Adopted tensors are hashed]: the copy into captured storage
+    // hashes what it reads, so the mix is found once written.
     gk::InMemorySource src(whole);
     gk::StagedReload staged = rig.engine->stage(src, adopting(gk::ReloadMode::transactional).stage());
     CHECK(staged.report().times.hash_ms > 0);
     poke();
     GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->commit(std::move(staged)), gk::StateError,
-                                "weight 'fused.qk' was adopted from the source (ReloadOptions::adopt_source_tensors) "
-                                "and its bytes changed since staging (content hash ");
+                                "commit failed: weight 'fused.qk' was adopted from the source "
+                                "(ReloadOptions::adopt_source_tensors) and its bytes changed since staging (content "
+                                "hash ");
+    CHECK(rig.engine->state() == gk::EngineState::inconsistent);
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->check_replay_allowed(), gk::StateError,
+                                "a staged commit failed while writing the captured storage");
+    CHECK_FALSE(staged.pending());
+    // A reload recovers: the model equals a fresh one.
+    gk::InMemorySource recover(rig.model->checkpoint(2));
+    rig.engine->reload(recover);
     CHECK(rig.engine->state() == gk::EngineState::ready);
-    CHECK(equal_bits(rig.replay(), old));
-    staged.abort();
+    CHECK(equal_bits(rig.replay(), fresh_fused_output(2, rig.input)));
     // Without a write the same commit goes through and equals a fresh model.
     auto again = rig.model->whole(3);
     gk::InMemorySource src3(again);
