@@ -325,11 +325,15 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
   // launch (which waits for what the stream holds: the loads, not the
   // hashes), so that PWAL, which may write the loaded tensors in place, runs
   // after them in stream order; they are read with the hashes after PWAL.
+  // `meanwhile` (the previous layer's copy-back) runs while this layer's
+  // scan runs on the device; with no scan here, after this layer's checks
+  // are launched (below).
+  const bool scan_here = !o.allow_non_finite && !o.source_scanned;
   const std::function<void()> then = [&] {
     launch_loaded_hashes(run, rep);
-    if (meanwhile) meanwhile();
+    if (scan_here && meanwhile) meanwhile();
   };
-  if (!o.allow_non_finite && !o.source_scanned) {
+  if (scan_here) {
     ScopedMsTimer t(rep.times.finite_ms);
     refuse_non_finite(lp, source, then);
   } else {
@@ -360,6 +364,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
   // With `meanwhile` (a streaming reload) the caller finishes the record a
   // layer late (Note [Commit one layer late]).
   record_after_pwal(lp, run, o, rep, /*defer=*/static_cast<bool>(meanwhile));
+  if (!scan_here && meanwhile) meanwhile();
   // A streaming reload reads the check's verdicts at the copy-back, a layer
   // later; the others before they return (a stage() refuses at stage time).
   if (!meanwhile) detail::finish_from_shapes_check(lp, run.current, run.from_shapes);

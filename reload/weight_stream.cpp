@@ -244,16 +244,22 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   // Nothing is weaker: a layer is committed only after it was processed and
   // checked, and a failure at layer L leaves L-1 processed, not committed
   // (rolled back) -- a streaming reload that fails after committing some
-  // layer is inconsistent either way.
+  // layer is inconsistent either way. Where the source was scanned whole
+  // first (Note [Scanning a resident source first]), layer L has no scan to
+  // overlap: L-1's copy-back is enqueued after L's PWAL and checks instead,
+  // so that the verdicts of L-1's checks, which the copy-back reads first,
+  // were launched before L-2's copy and reading them leaves that copy
+  // queued, not drained.
   // The same holds for the layer's content hashes after PWAL (which decide
   // how each parameter lands, Note [Patch landings]): launched at the end of
   // layer L-1, collected after L-1's copy-back is enqueued, so neither waits
   // for that copy. Where every tensor of L-1 was adopted (the record holds
-  // no copy of its own), they are collected one layer later still, after
-  // L's copy-back: the host no longer waits for a hash the device has only
-  // just reached, and enqueues the next layer's work first. (A layer with
-  // copies of its own is finished at once: deferring it would hold one
-  // more layer of copies.)
+  // no copy of its own), they are collected two layers later still: the
+  // hashes after PWAL come from the copy itself (Note [Hashing while
+  // copying]), and collecting L-1's at L would drain the device's queue at
+  // every layer; two layers late, two copies stay queued while the host
+  // prepares the next layer. (A layer with copies of its own is finished
+  // at once: deferring it would hold more layers of copies.)
   std::optional<std::size_t> late;  // processed, its commit not yet enqueued
   std::deque<std::size_t> unrecorded;  // committed, their records not yet finished
   auto finish_records = [&](std::size_t keep) {
@@ -272,7 +278,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     const std::vector<char>& adopted = runs[li].record.adopted;
     const bool holds_no_copy = std::all_of(adopted.begin(), adopted.end(), [](char a) { return a != 0; });
     unrecorded.push_back(li);
-    finish_records(holds_no_copy ? 1 : 0);
+    finish_records(holds_no_copy ? 2 : 0);
   };
   auto finish_layer = [&](std::size_t li) {
     process(plan.layers()[li], runs[li], o, rep, source, guard,
