@@ -55,6 +55,15 @@ inline bool same_storage_and_offset(const at::Tensor& a, const at::Tensor& b) {
          a.storage_offset() == b.storage_offset();
 }
 
+// Whether the copy-back pair dst <- src copies exactly the bytes of `of`,
+// whole and contiguous, into a destination of the same size and device: a
+// copy that reads every byte of `of` once, and so can hash them as it goes
+// (Note [Hashing while copying] in hashing/cuda/content_hash.cu).
+inline bool copies_whole(const at::Tensor& dst, const at::Tensor& src, const at::Tensor& of) {
+  return src.const_data_ptr() == of.const_data_ptr() && src.nbytes() == of.nbytes() && dst.nbytes() == of.nbytes() &&
+         src.is_contiguous() && of.is_contiguous() && dst.is_contiguous() && dst.device() == of.device();
+}
+
 struct LayerRun;
 // Waits for the calling thread's current stream on every device the runs'
 // staged tensors are on (staged_reload.cpp; Note [Online reload threading]).

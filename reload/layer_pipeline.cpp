@@ -469,11 +469,7 @@ std::vector<std::ptrdiff_t> adopted_pairs(const LayerRun& run, const std::vector
     for (std::size_t k = 0; k < src.size(); ++k) {
       const at::Tensor& N = src[k];
       if (!N.defined() || !N.has_storage() || !v.has_storage() || !N.storage().is_alias_of(v.storage())) continue;
-      const at::Tensor& C = dst[k];
-      const bool whole = N.const_data_ptr() == v.const_data_ptr() && N.nbytes() == v.nbytes() && N.is_contiguous() &&
-                         v.is_contiguous() && C.is_contiguous() && C.nbytes() == v.nbytes() &&
-                         C.device() == v.device();
-      if (whole && at[j] == -1) {
+      if (copies_whole(dst[k], N, v) && at[j] == -1) {
         at[j] = static_cast<std::ptrdiff_t>(k);
       } else {
         at[j] = -2;  // read otherwise: checked before anything is written

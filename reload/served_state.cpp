@@ -337,7 +337,7 @@ std::vector<std::uint64_t> after_pwal_hashes(const LayerPlan& lp, LayerRecord& r
   std::size_t li = 0, ci = 0;
   for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
     if (!r.rehash[pi]) continue;
-    const bool from_copy = pi < r.by_copy.size() && r.by_copy[pi];
+    const bool from_copy = r.by_copy[pi] != 0;
     for (std::size_t ti = 0; ti < lp.params[pi].tensors.size(); ++ti)
       after.push_back(from_copy ? copied.at(ci++) : launched.at(li++));
   }
@@ -356,31 +356,24 @@ std::vector<ContentRange> copy_hash_ranges(const LayerPlan& lp, LayerRun& run, c
   to.clear();
   taken.assign(src.size(), 0);
   if (!r.recorded || std::none_of(r.by_copy.begin(), r.by_copy.end(), [](char b) { return b != 0; })) return ranges;
+  // Not every by-copy parameter copied whole here: finish_record_after_pwal
+  // hashes them all from the loaded bytes, and the copy-back copies plainly.
+  const auto none = [&] {
+    taken.assign(src.size(), 0);
+    to.clear();
+    return std::vector<ContentRange>{};
+  };
   for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
     if (!r.by_copy[pi]) continue;
     const at::Tensor& L = r.loaded[pi];
     std::size_t k = 0;
-    for (; k < src.size(); ++k) {
-      const at::Tensor& N = src[k];
-      const at::Tensor& C = dst[k];
-      if (!taken[k] && C.device() == N.device() && N.const_data_ptr() == L.const_data_ptr() &&
-          N.nbytes() == L.nbytes() && C.nbytes() == N.nbytes() && N.is_contiguous() && C.is_contiguous())
-        break;
-    }
-    if (k == src.size()) {  // not copied here: finish_record_after_pwal hashes them all
-      taken.assign(src.size(), 0);
-      to.clear();
-      return {};
-    }
+    while (k < src.size() && (taken[k] || !copies_whole(dst[k], src[k], L))) ++k;
+    if (k == src.size()) return none();
     const std::size_t begin = ranges.size();
     append_tensor_ranges(lp.params[pi], L, ranges);
     std::size_t covered = 0;
     for (std::size_t i = begin; i < ranges.size(); ++i) covered += ranges[i].nbytes;
-    if (covered != L.nbytes()) {  // the copy would not be whole: copied and hashed apart
-      taken.assign(src.size(), 0);
-      to.clear();
-      return {};
-    }
+    if (covered != L.nbytes()) return none();  // ranges with gaps: the copy would read bytes they skip
     taken[k] = 1;
     for (std::size_t i = begin; i < ranges.size(); ++i)
       to.push_back(static_cast<std::byte*>(dst[k].mutable_data_ptr()) + ranges[i].offset);
