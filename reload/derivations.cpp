@@ -13,6 +13,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -441,34 +443,47 @@ bool patch_leaves_unchanged(const PlannedSlot& s) { return s.role.derive == Deri
 FromShapesCheck launch_from_shapes_check(const LayerPlan& lp, const std::vector<at::Tensor>& current,
                                          const std::vector<char>& mismatched) {
   FromShapesCheck c;
-  std::vector<at::Tensor> differs;
+  std::vector<at::Tensor> read;
   for (std::size_t i = 0; i < lp.slots.size(); ++i) {
     const PlannedSlot& s = lp.slots[i];
     if (!patch_leaves_unchanged(s) || !s.defined() || mismatched[i] || !current[i].defined() ||
         current[i].numel() == 0 || same_storage_and_offset(current[i], s.captured))
       continue;
     c.slots.push_back(i);
-    differs.push_back(at::ne(as_bits(current[i]), as_bits(s.captured)).any().reshape({1}));
+    read.push_back(current[i]);
+    read.push_back(s.captured);
   }
-  if (!differs.empty()) c.differs = LateFlags(at::cat(differs));
+  if (!read.empty()) c.bytes = LateBytes(read);
   return c;
 }
 
-void finish_from_shapes_check(const LayerPlan& lp, const std::vector<at::Tensor>& current, FromShapesCheck& check) {
-  if (!check.differs.pending()) return;
-  const std::vector<char> d = check.differs.read();
+void finish_from_shapes_check(const LayerPlan& lp, FromShapesCheck& check) {
+  if (!check.bytes.pending()) return;
+  check.bytes.wait();
   for (std::size_t j = 0; j < check.slots.size(); ++j) {
-    if (!d[j]) continue;
+    const std::span<const std::byte> now = check.bytes.bytes(2 * j), was = check.bytes.bytes(2 * j + 1);
+    if (now.size() == was.size() && std::memcmp(now.data(), was.data(), now.size()) == 0) continue;
     const PlannedSlot& s = lp.slots[check.slots[j]];
-    const at::Tensor now = current[check.slots[j]].reshape({-1}), was = s.captured.reshape({-1});
-    const std::int64_t at = at::nonzero(at::ne(as_bits(now), as_bits(was))).reshape({-1})[0].item<std::int64_t>();
+    // (check() found the layout PWAL built equal to the captured one.)
+    GK_INTERNAL_ASSERT(now.size() == was.size(), s.name, ": ", now.size(), " bytes now, ", was.size(), " captured");
+    const std::size_t esz = c10::elementSize(s.dtype);
+    const std::size_t at = static_cast<std::size_t>(
+        std::mismatch(now.begin(), now.end(), was.begin()).first - now.begin()) / esz;
+    const auto value = [&](std::span<const std::byte> b) {
+      const auto n = static_cast<std::int64_t>(b.size() / esz);
+      return at::from_blob(const_cast<std::byte*>(b.data()), {n}, at::TensorOptions().dtype(s.dtype))
+          [static_cast<std::int64_t>(at)].item().toDouble();
+    };
+    const double was_v = value(was), now_v = value(now);
+    check.bytes.release();
     GK_THROW(DeclarationError, s.owner, "::", member_name(s.local), " is declared ", to_string(s.role.role),
              ".from_shapes() (a function of shapes and configuration alone), but PWAL of layer '", lp.prefix,
-             "' built ", s.name, " with other values from these weights: element ", at, " was ",
-             was[at].item().toDouble(), " and is now ", now[at].item().toDouble(),
+             "' built ", s.name, " with other values from these weights: element ", at, " was ", was_v,
+             " and is now ", now_v,
              ". It depends on the checkpoint's values: drop .from_shapes() from its declaration (a weight patch "
              "then re-runs this layer's PWAL). Nothing was copied into captured storage for this layer");
   }
+  check.bytes.release();
 }
 
 }  // namespace gk::detail

@@ -9,7 +9,7 @@
 //   detail::finish_from_shapes_check(lp, run.current, run.from_shapes);  // throws DeclarationError
 #pragma once
 
-#include "late_flags.h"
+#include "late_bytes.h"
 
 #include <graphkeep/reload/slot_plan.h>
 
@@ -76,18 +76,17 @@ void check_block_derivations(const LayerPlan& lp, const std::vector<at::Tensor>&
 // What PWAL built (`current`, per slot of lp; undefined or `mismatched`
 // slots are skipped) against what a from_shapes declaration predicts, bit
 // for bit: a from_shapes slot must hold what its captured storage holds. In
-// two steps, for the layer pipeline: launch_from_shapes_check enqueues one
-// batched comparison per layer and the copy of its verdicts (Note [Verdicts
-// read late] in late_flags.h); finish_from_shapes_check reads them and
+// two steps, for the layer pipeline: launch_from_shapes_check enqueues the
+// copies of both to the host (Note [Comparing on the host] in
+// late_bytes.h); finish_from_shapes_check waits for them, compares, and
 // throws gk::DeclarationError naming the class, the member, the slot and
-// the first differing element. `current` must be the same tensors at both
-// steps (the error reads that element from them).
+// the first differing element.
 struct FromShapesCheck {
-  std::vector<std::size_t> slots;  // compared, in order of the flags
-  LateFlags differs;
+  std::vector<std::size_t> slots;  // compared: slot j's bytes are 2j (now) and 2j + 1 (captured)
+  LateBytes bytes;
 };
 FromShapesCheck launch_from_shapes_check(const LayerPlan& lp, const std::vector<at::Tensor>& current,
                                          const std::vector<char>& mismatched);
-void finish_from_shapes_check(const LayerPlan& lp, const std::vector<at::Tensor>& current, FromShapesCheck& check);
+void finish_from_shapes_check(const LayerPlan& lp, FromShapesCheck& check);
 
 }  // namespace gk::detail

@@ -367,7 +367,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
   if (!scan_here && meanwhile) meanwhile();
   // A streaming reload reads the check's verdicts at the copy-back, a layer
   // later; the others before they return (a stage() refuses at stage time).
-  if (!meanwhile) detail::finish_from_shapes_check(lp, run.current, run.from_shapes);
+  if (!meanwhile) detail::finish_from_shapes_check(lp, run.from_shapes);
   run.phase = LayerRun::Phase::processed;
   if (guard.captured() && o.after_layer) o.after_layer(lp.prefix);
 }
@@ -379,7 +379,7 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
     return;
   }
   ScopedMsTimer t(rep.times.copy_ms);
-  detail::finish_from_shapes_check(lp, run.current, run.from_shapes);  // nothing written yet
+  detail::finish_from_shapes_check(lp, run.from_shapes);  // nothing written yet
   if (!staged) fault(testing::FaultPoint::copy, lp.prefix);
   // Transactional: every captured storage this commit writes is saved
   // first, so a later failure can undo it (Note [Undo by storage]).

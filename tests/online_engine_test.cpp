@@ -414,6 +414,56 @@ void streaming_hashes_are_the_loaded_bytes(const c10::Device device) {
   CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), logits));
 }
 
+// The MoE experts' stride arrays are declared from_shapes: every full reload
+// compares what PWAL built with the captured storage, on the host (Note
+// [Comparing on the host] in reload/late_bytes.h). A captured element that
+// no longer holds what PWAL builds (written here by hand) is named with
+// both values and the reload refused; once it holds them again, a reload
+// serves the weights bitwise.
+void from_shapes_strides_are_compared(const c10::Device device) {
+  at::NoGradGuard no_grad;
+  demo::HfConfig c;
+  for (const demo::HfConfig& x : demo::builtin_tiny_configs())
+    if (x.model_type == "qwen3_moe") c = x;
+  REQUIRE(c.model_type == "qwen3_moe");
+  const std::vector<gk::NamedTensor> w3 = weights_on(device, c, 3), w4 = weights_on(device, c, 4);
+  gk::InMemorySource first(w3);
+  demo::LlmEngine eng(c, device, demo::WeightFormat::dense, first);
+  const at::Tensor tokens = at::arange(8, at::kLong).mul(5).remainder(c.vocab_size);
+  const at::Tensor pos = at::full({8}, 2, at::kLong);
+  const at::Tensor logits3 = eng.decode_logits(tokens, pos);
+  gk::ReloadOptions o = eng.reload_engine().options().defaults;
+  o.mode = gk::ReloadMode::streaming;
+  o.adopt_source_tensors = true;
+  const auto reload = [&](const std::vector<gk::NamedTensor>& w) {
+    std::vector<gk::NamedTensor> own;
+    for (const gk::NamedTensor& t : w) own.push_back({t.name, t.value.clone(), t.shard});
+    gk::InMemorySource src(std::move(own));
+    return eng.reload(src, o);
+  };
+  CHECK_NOTHROW(reload(w4));
+  CHECK_FALSE(demo::bitwise_equal(eng.decode_logits(tokens, pos), logits3));
+  const gk::PlannedSlot* strides = nullptr;
+  for (const gk::LayerPlan& l : eng.reload_engine().plan().layers())
+    for (const gk::PlannedSlot& s : l.slots)
+      if (strides == nullptr && s.name.find("strides_.ab_strides2") != std::string::npos) strides = &s;
+  REQUIRE(strides != nullptr);
+  CAPTURE(strides->name);
+  REQUIRE(strides->captured.device() == device);
+  const at::Tensor kept = strides->captured.clone();
+  strides->captured[1].fill_(12345);
+  std::ostringstream want;
+  want << " built " << strides->name << " with other values from these weights: element 1 was " << 12345.0
+       << " and is now " << static_cast<double>(c.moe_intermediate_size) << ". It depends on the checkpoint's values";
+  const std::string msg = gk::testing::message_of<gk::DeclarationError>([&] { reload(w3); });
+  CAPTURE(msg);
+  CHECK(msg.find(want.str()) != std::string::npos);
+  CHECK(msg.find("ab_strides2 is declared metadata.from_shapes()") != std::string::npos);
+  strides->captured.copy_(kept);
+  CHECK_NOTHROW(reload(w3));
+  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), logits3));
+}
+
 void poison_kv_cache(demo::LlmEngine& eng) {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   for (const demo::KvCache& c : eng.kv_caches()) {
@@ -702,6 +752,9 @@ TEST_CASE("the example engine decodes while another thread stages; every step is
 TEST_CASE("a streaming reload's served hashes are those of the bytes it loaded, adopted or copied (CPU replay)") {
   streaming_hashes_are_the_loaded_bytes(c10::Device(c10::kCPU));
 }
+TEST_CASE("the MoE's from_shapes strides are compared with what the graphs captured at every reload (CPU replay)") {
+  from_shapes_strides_are_compared(c10::Device(c10::kCPU));
+}
 TEST_CASE("LoRA adapters swapped while decoding: every step is adapter 1's or adapter 2's, never a mix (CPU replay)") {
   serve_while_swapping_adapters(c10::Device(c10::kCPU), 120);
 }
@@ -718,6 +771,10 @@ TEST_CASE("gpu: the example engine decodes on CUDA graphs while another thread s
 
 TEST_CASE("gpu: a streaming reload's served hashes are those of the bytes it loaded, scanned and hashed in one read") {
   streaming_hashes_are_the_loaded_bytes(c10::Device(c10::kCUDA, 0));
+}
+
+TEST_CASE("gpu: the MoE's from_shapes strides, copied to the host and compared there, at every reload (CUDA graphs)") {
+  from_shapes_strides_are_compared(c10::Device(c10::kCUDA, 0));
 }
 
 TEST_CASE("gpu: LoRA adapters swapped 500 times while decoding on CUDA graphs; never a mix of two adapters") {

@@ -439,6 +439,20 @@ TEST_CASE("a from_shapes declaration that lies is refused at the next full reloa
                               "from these weights: element 0 was ");
   GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(w1), gk::DeclarationError,
                               "It depends on the checkpoint's values: drop .from_shapes() from its declaration");
+  // The element and both values, as PWAL computes c (the same op on the same
+  // stacked shape): the captured one from w0, the new one from w1.
+  const auto c_of = [](const pt::Weights& w) {
+    std::vector<at::Tensor> experts;
+    for (int64_t e = 0; e < pt::E; ++e) experts.push_back(w.at("moe.experts." + std::to_string(e) + ".w"));
+    return (at::stack(experts).view({pt::E, -1}).sum(1) * 64).to(at::kLong);
+  };
+  const at::Tensor c0 = c_of(w0), c1 = c_of(w1);
+  REQUIRE(c0[0].item<int64_t>() != c1[0].item<int64_t>());
+  std::ostringstream values;
+  values << "built moe.strides_.c with other values from these weights: element 0 was "
+         << static_cast<double>(c0[0].item<int64_t>()) << " and is now " << static_cast<double>(c1[0].item<int64_t>())
+         << ". It depends";
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.reload(w1), gk::DeclarationError, values.str());
   // Nothing of the refused reload is served: the old weights, bit for bit, replay allowed.
   CHECK(pt::same(rig.replay(), out0));
   CHECK(rig.engine->served()->content_version() == version0);
@@ -451,9 +465,7 @@ TEST_CASE("a from_shapes declaration that lies is refused at the next full reloa
   gk::ReloadOptions streaming = rig.engine->options().defaults;
   streaming.mode = gk::ReloadMode::streaming;
   gk::InMemorySource lying(pt::delivered(w1), "full weights");
-  GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(lying, streaming), gk::DeclarationError,
-                              "but PWAL of layer 'moe' built moe.strides_.c with other values from these weights: "
-                              "element 0 was ");
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(lying, streaming), gk::DeclarationError, values.str());
   gk::InMemorySource good(pt::delivered(w0), "full weights");
   CHECK_NOTHROW(rig.engine->reload(good, streaming));
   CHECK(pt::same(rig.replay(), out0));

@@ -1,0 +1,60 @@
+// reload/late_bytes.h: the bytes of a few small device tensors, copied to
+// the host behind one event and read later, without ATen operations on the
+// device (internal to the reload layer).
+//
+//   detail::LateBytes got({current, captured});  // copies enqueued now
+//   enqueue_other_work();
+//   got.wait();                                  // waits for the copies alone
+//   if (!std::ranges::equal(got.bytes(0), got.bytes(1))) ...
+//
+// Note [Comparing on the host]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A verdict over a few small tensors (are PWAL's stride arrays what the
+// graphs captured?) computed with ATen ops costs a handful of operations per
+// tensor (ne, any, reshape, then a cat and a copy to the host): each is a
+// few microseconds of host time, paid at every layer of a streaming reload,
+// where the host, not the device, sets the pace (docs/performance.md, "The
+// same bytes in more tensors"). Their bytes are what such a check reads, and
+// they are small: LateBytes copies them to pinned host memory with one
+// cudaMemcpyAsync each and one event, and the host compares them with
+// memcmp when it reads the verdict (Note [Verdicts read late] in
+// late_flags.h: after the next layer's work is enqueued).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace gk::detail {
+
+class LateBytes {
+ public:
+  LateBytes() = default;
+  // Enqueues a copy of each tensor's bytes (in its element order: a
+  // non-contiguous tensor is made contiguous first) on its device's current
+  // stream; a CPU tensor is copied at once.
+  explicit LateBytes(const std::vector<at::Tensor>& tensors);
+  ~LateBytes();
+  LateBytes(LateBytes&&) noexcept;
+  LateBytes& operator=(LateBytes&&) noexcept;
+  // Whether tensors were given and the bytes not yet released.
+  bool pending() const noexcept { return host_.defined(); }
+  // Waits for the copies (their events alone). Idempotent.
+  void wait();
+  // Tensor i's bytes; after wait().
+  std::span<const std::byte> bytes(std::size_t i) const;
+  // Frees the host buffer.
+  void release();
+
+ private:
+  struct Ready;
+  at::Tensor host_;
+  std::vector<std::size_t> offsets_;  // tensor i: [offsets_[i], offsets_[i + 1])
+  std::vector<at::Tensor> keep_;      // sources (contiguous copies) until the copies ran
+  std::shared_ptr<Ready> ready_;
+};
+
+}  // namespace gk::detail
