@@ -16,35 +16,76 @@
 
 namespace gk::detail {
 
-HashScan hash_and_scan(const std::vector<ContentRange>& ranges, const std::vector<ExponentTest>& tests) {
+struct PendingHashScan::State {
+  std::vector<ContentRange> ranges;  // alive until the launches ran
+  std::vector<ExponentTest> tests;
+  HashScan r;
+#if defined(GRAPHKEEP_WITH_CUDA)
+  std::vector<DeviceLaunch> launches;
+#endif
+};
+
+PendingHashScan::PendingHashScan(std::vector<ContentRange> ranges, std::vector<ExponentTest> tests)
+    : s_(std::make_unique<State>()) {
   GK_INTERNAL_ASSERT(tests.size() == ranges.size(), "hash_and_scan: ", tests.size(), " tests for ", ranges.size(),
                      " ranges");
-  HashScan r;
-  r.hashes.assign(ranges.size(), 0);
-  r.first_bad.assign(ranges.size(), -1);
-  if (ranges.empty()) return r;
+  State& st = *s_;
+  st.ranges = std::move(ranges);
+  st.tests = std::move(tests);
+  st.r.hashes.assign(st.ranges.size(), 0);
+  st.r.first_bad.assign(st.ranges.size(), -1);
+  if (st.ranges.empty()) return;
 #if defined(GRAPHKEEP_WITH_CUDA)
-  for (std::size_t i = 0; i < ranges.size(); ++i)
-    GK_CHECK(WeightError, !ranges[i].tensor.defined() || ranges[i].tensor.is_cuda(), "gk::detail::hash_and_scan: range ",
-             i, " is on ", ranges[i].tensor.device(), "; it runs on CUDA devices only");
-  auto by_device = hash_host_ranges(ranges, r.hashes);  // checks every range (the empty ones hashed here)
+  for (std::size_t i = 0; i < st.ranges.size(); ++i)
+    GK_CHECK(WeightError, !st.ranges[i].tensor.defined() || st.ranges[i].tensor.is_cuda(),
+             "gk::detail::hash_and_scan: range ", i, " is on ", st.ranges[i].tensor.device(),
+             "; it runs on CUDA devices only");
+  auto by_device = hash_host_ranges(st.ranges, st.r.hashes);  // checks every range (the empty ones hashed here)
   std::vector<HashBytes> inputs;
-  inputs.reserve(ranges.size());
-  for (const ContentRange& c : ranges) inputs.push_back(bytes_of(c));
-  std::vector<DeviceLaunch> launches;
+  inputs.reserve(st.ranges.size());
+  for (const ContentRange& c : st.ranges) inputs.push_back(bytes_of(c));
   for (auto& [index, which] : by_device) {
     const c10::cuda::CUDAGuard guard(index);
-    launches.push_back(launch_device_hashes(inputs, std::move(which), c10::Device(c10::kCUDA, index),
-                                            c10::cuda::getCurrentCUDAStream(index), nullptr, nullptr, &tests));
+    st.launches.push_back(launch_device_hashes(inputs, std::move(which), c10::Device(c10::kCUDA, index),
+                                               c10::cuda::getCurrentCUDAStream(index), nullptr, nullptr, &st.tests));
   }
-  std::vector<std::int64_t> bad_byte(ranges.size(), -1);
-  for (DeviceLaunch& l : launches) read_device_hashes(l, r.hashes, &bad_byte);
-  for (std::size_t i = 0; i < ranges.size(); ++i)
-    if (bad_byte[i] >= 0 && tests[i].bytes != 0) r.first_bad[i] = bad_byte[i] / tests[i].bytes;
 #else
   GK_CHECK(StateError, false, "gk::detail::hash_and_scan: graphkeep was built without CUDA");
 #endif
-  return r;
+}
+
+PendingHashScan::~PendingHashScan() {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  if (s_ != nullptr)
+    for (DeviceLaunch& l : s_->launches) l.read.synchronize();
+#endif
+}
+PendingHashScan::PendingHashScan(PendingHashScan&&) noexcept = default;
+PendingHashScan& PendingHashScan::operator=(PendingHashScan&&) noexcept = default;
+
+bool PendingHashScan::ready() const {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  for (const DeviceLaunch& l : s_->launches)
+    if (!l.read.query()) return false;
+#endif
+  return true;
+}
+
+HashScan PendingHashScan::get() {
+  State& st = *s_;
+#if defined(GRAPHKEEP_WITH_CUDA)
+  std::vector<std::int64_t> bad_byte(st.ranges.size(), -1);
+  for (DeviceLaunch& l : st.launches) read_device_hashes(l, st.r.hashes, &bad_byte);
+  st.launches.clear();
+  for (std::size_t i = 0; i < st.ranges.size(); ++i)
+    if (bad_byte[i] >= 0 && st.tests[i].bytes != 0) st.r.first_bad[i] = bad_byte[i] / st.tests[i].bytes;
+#endif
+  st.ranges.clear();
+  return std::move(st.r);
+}
+
+HashScan hash_and_scan(const std::vector<ContentRange>& ranges, const std::vector<ExponentTest>& tests) {
+  return PendingHashScan(ranges, tests).get();
 }
 
 struct CopiedHashes::State {

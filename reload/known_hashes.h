@@ -2,15 +2,17 @@
 // reload's loads, for the loads to reuse (internal to the reload layer; Note
 // [Scanning a resident source first] in weight_stream.cpp).
 //
-//   detail::KnownHashes known;
-//   known.add(source_tensor, offset, nbytes, hash);   // the scan's ranges
-//   if (auto h = known.find(p, n)) ...                // at a load: the same bytes, still alive
+//   detail::KnownHashes known([&]() -> const std::vector<std::uint64_t>& { return scan_hashes(); });
+//   known.add(source_tensor, offset, nbytes, k);      // the scan's range k
+//   if (auto k = known.find(p, n)) ...                // at a load: the same bytes, still alive
+//   known.hash(*k);                                   // later: waits for the scan if it must
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <unordered_map>
 
@@ -22,20 +24,26 @@ namespace gk::detail {
 // another tensor, and its hash is no longer found.
 class KnownHashes {
  public:
-  // The hash of `nbytes` bytes of t from byte `offset`.
-  void add(const at::Tensor& t, std::size_t offset, std::size_t nbytes, std::uint64_t hash);
-  // The hash of the n bytes at p, where they are exactly bytes added of a
-  // tensor whose storage is alive.
-  std::optional<std::uint64_t> find(const void* p, std::size_t n) const;
+  // `values` returns every hash by its index, waiting for them if it must
+  // (a scan still running on the device: Note [Scanning a resident source
+  // first] in weight_stream.cpp); called from hash() alone.
+  explicit KnownHashes(std::function<const std::vector<std::uint64_t>&()> values) : values_(std::move(values)) {}
+  // Hash `index` covers `nbytes` bytes of t from byte `offset`.
+  void add(const at::Tensor& t, std::size_t offset, std::size_t nbytes, std::size_t index);
+  // The index of the hash of the n bytes at p, where they are exactly bytes
+  // added of a tensor whose storage is alive.
+  std::optional<std::size_t> find(const void* p, std::size_t n) const;
+  std::uint64_t hash(std::size_t index) const { return values_().at(index); }
   bool empty() const noexcept { return by_data_.empty(); }
 
  private:
   struct Entry {
     std::size_t nbytes;
-    std::uint64_t hash;
+    std::size_t index;
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     const void* storage_data;
   };
+  std::function<const std::vector<std::uint64_t>&()> values_;
   std::unordered_map<const void*, Entry> by_data_;
 };
 

@@ -257,7 +257,7 @@ void ReloadEngine::Impl::snapshot_and_detach(LayerPlan& lp, LayerRun& run, const
   // same device holds no memory and fails loudly if anything reads it).
   for (const CheckpointParam& cp : lp.params) {
     at::Tensor t = find_param_or_buffer(*lp.module, cp.param);
-    t.set_data(at::empty({0}, t.options().requires_grad(false)));
+    t.set_data(detail::placeholder_like(t));
   }
   run.detached = true;
 }

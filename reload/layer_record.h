@@ -16,6 +16,10 @@
 #include <utility>
 #include <vector>
 
+namespace gk::detail {
+class KnownHashes;  // known_hashes.h
+}  // namespace gk::detail
+
 namespace gk {
 
 // Note [Patch landings]
@@ -71,6 +75,11 @@ struct LayerRecord {
   // The bytes of each checkpoint tensor, as loaded (until launch_loaded_hashes).
   std::vector<ContentRange> loaded_ranges;
   std::vector<std::size_t> loaded_at;  // loaded_ranges[k] is hashes[loaded_at[k]]
+  // Hashes a streaming reload's scan of the source took (hashes[i] is
+  // known->hash(k) for each {i, k}), filled in by record_loaded_hashes once
+  // the scan has answered.
+  std::shared_ptr<const detail::KnownHashes> known;
+  std::vector<std::pair<std::size_t, std::size_t>> known_at;
   // Hashes still on the device: of the loaded tensors (until
   // record_loaded_hashes) and of what PWAL left (until
   // finish_record_after_pwal), with what the latter decides from.

@@ -227,8 +227,8 @@ void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Ten
       const ContentRange& c = to_hash[i];
       if (c.tensor.defined() && c.nbytes > 0) {
         const auto* p = static_cast<const std::byte*>(c.tensor.const_data_ptr()) + c.offset;
-        if (const std::optional<std::uint64_t> h = o.known_hashes->find(p, c.nbytes)) {
-          r.hashes[i].second = *h;
+        if (const std::optional<std::size_t> k = o.known_hashes->find(p, c.nbytes)) {
+          r.known_at.emplace_back(i, *k);
           continue;
         }
       }
@@ -236,6 +236,7 @@ void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Ten
       rest.push_back(std::move(to_hash[i]));
     }
     to_hash = std::move(rest);
+    if (!r.known_at.empty()) r.known = o.known_hashes;
   } else {
     for (std::size_t i = 0; i < to_hash.size(); ++i) r.loaded_at.push_back(i);
   }
@@ -254,6 +255,11 @@ void launch_loaded_hashes(LayerRun& run, ReloadReport& rep) {
 void record_loaded_hashes(LayerRun& run, ReloadReport& rep) {
   LayerRecord& r = run.record;
   launch_loaded_hashes(run, rep);
+  if (r.known != nullptr) {
+    for (const auto& [i, k] : r.known_at) r.hashes[i].second = r.known->hash(k);
+    r.known.reset();
+    r.known_at.clear();
+  }
   if (r.loaded_hashes == nullptr) return;
   ScopedMsTimer t(rep.times.hash_ms);
   const std::vector<std::uint64_t> h = r.loaded_hashes->get();

@@ -135,12 +135,31 @@ std::string unknown_slot_message(const SlotPlan& plan, std::string_view option, 
                 " (slot names: module path, then parameter or member path, as ReloadEngine::slot_names() lists them)");
 }
 
+// Note [Views without the dispatcher]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A streaming reload makes a storage view of every slot of every layer (what
+// PWAL built, what was loaded): at::empty then set_ is two dispatcher calls
+// and an allocator call each, a few microseconds of host time on a CUDA
+// device, paid per slot where the host sets the pace (docs/performance.md).
+// The view is built directly: a TensorImpl over the same storage, with the
+// dispatch keys at::empty gives a tensor of t's options (the backend's; the
+// constructor adds the autograd keys, or none in inference mode) and t's
+// geometry. t is a valid tensor, so the geometry fits its storage.
 at::Tensor storage_view(const at::Tensor& t) {
   if (!t.defined()) return {};
-  at::NoGradGuard no_grad;
-  at::Tensor v = at::empty({0}, t.options().requires_grad(false));
-  v.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
-  return v;
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()),
+                                                   c10::DispatchKeySet(t.options().computeDispatchKey()), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor placeholder_like(const at::Tensor& t) {
+  c10::Storage none(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, t.device()), /*allocator=*/nullptr,
+                    /*resizable=*/false);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(none),
+                                                   c10::DispatchKeySet(t.options().computeDispatchKey()), t.dtype());
+  impl->set_sizes_contiguous({0});
+  return at::Tensor(std::move(impl));
 }
 
 void record_layout(PlannedSlot& s, const at::Tensor& t) {

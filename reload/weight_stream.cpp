@@ -65,31 +65,90 @@ std::string whole_note(const SlotPlan& plan, const std::unordered_map<std::strin
 // keeps their hashes in `known`; the layers' loads hash only the bytes the
 // scan did not read.
 //
-// True when it scanned the whole source (nothing was non-finite); throws
-// gk::WeightError naming the first non-finite tensor.
-bool refuse_non_finite_source(const WeightSource& source, bool model_on_cuda, const SlotPlan& plan,
-                              const std::unordered_map<std::string, ExpectedParam>& expected_params,
-                              detail::KnownHashes& known) {
+//
+// Note [Processing while the scan runs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The scan is one read of the whole source on the device (a third of a
+// reload's device time, and more of its wall time: the host used to wait
+// for it before it touched the first layer). Nothing before the first
+// copy-back writes captured storage, so the reload does not wait: it
+// launches the scan (SourceScan), then loads, runs PWAL on and checks the
+// first layers while the device reads, and waits for the scan's verdict
+// only before the first copy into captured storage. A non-finite value
+// then fails the reload with every processed layer rolled back and nothing
+// copied, as before. Layers processed ahead hold what they loaded: only
+// layers whose tensors were all adopted (no copy of their own) go ahead,
+// at most kAheadOfScan of them, so the memory a streaming reload holds
+// stays a few layers' derived tensors. The loads' hashes that the scan
+// took (KnownHashes) are filled in when the records are finished, after
+// the verdict.
+constexpr std::size_t kAheadOfScan = 4;
+
+// The scan of a resident source: launched by the constructor, answered by
+// verdict() (waits; throws gk::WeightError naming the first non-finite
+// tensor) or, for the hashes alone, by hashes().
+class SourceScan {
+ public:
+  // scanned() is false where the source cannot be scanned first (not
+  // resident, a tensor undefined, or on the host for a model on a GPU).
+  SourceScan(const WeightSource& source, bool model_on_cuda, const SlotPlan& plan,
+             const std::unordered_map<std::string, ExpectedParam>& expected_params);
+  bool scanned() const noexcept { return scanned_; }
+  // Whether verdict() would not wait.
+  bool ready() const { return answered_ || !pending_.has_value() || pending_->ready(); }
+  // Whether verdict() ran (and passed). (hashes() alone answers, not judges.)
+  bool judged() const noexcept { return judged_; }
+  void verdict();
+  const std::vector<std::uint64_t>& hashes();
+  // The hashes the scan takes, for the loads (its values come from hashes():
+  // it must not outlive this scan).
+  std::shared_ptr<detail::KnownHashes> known;
+
+ private:
+  void answer();
+  bool scanned_ = false, answered_ = false, judged_ = false;
+  std::string description_;
+  std::vector<at::Tensor> values_;
+  std::string names_;                // every name, end to end (the source's are moved out as it yields them)
+  std::vector<std::size_t> name_at_;  // tensor i's name: [name_at_[i], name_at_[i + 1])
+  std::vector<std::int64_t> shard_;
+  std::vector<std::int64_t> first_;  // per tensor: its first non-finite element, or -1
+  std::vector<std::size_t> range_of_;
+  std::vector<ContentRange> ranges_;
+  std::optional<detail::PendingHashScan> pending_;
+  detail::HashScan r_;
+};
+
+SourceScan::SourceScan(const WeightSource& source, bool model_on_cuda, const SlotPlan& plan,
+                       const std::unordered_map<std::string, ExpectedParam>& expected_params) {
   const std::span<const NamedTensor> all = source.resident();
-  if (all.empty()) return false;
-  std::vector<at::Tensor> values;
-  values.reserve(all.size());
+  if (all.empty()) return;
+  values_.reserve(all.size());
   for (const NamedTensor& nt : all) {
-    if (!nt.value.defined()) return false;  // refused by name when it arrives
-    if (model_on_cuda && !nt.value.is_cuda()) return false;
-    values.push_back(nt.value);
+    if (!nt.value.defined()) return;  // refused by name when it arrives
+    if (model_on_cuda && !nt.value.is_cuda()) return;
+    values_.push_back(nt.value);
   }
+  scanned_ = true;
+  description_ = source.describe();
+  name_at_.reserve(all.size() + 1);
+  shard_.reserve(all.size());
+  for (const NamedTensor& nt : all) {
+    name_at_.push_back(names_.size());
+    names_ += nt.name;
+    shard_.push_back(nt.shard);
+  }
+  name_at_.push_back(names_.size());
   // CUDA tensors with an exponent test (or none to make: not floating), as
   // ranges read once for both; the rest (on the host, or of a dtype torch
-  // tests) by first_non_finite.
-  std::vector<std::int64_t> first(values.size(), -1);
+  // tests) by first_non_finite, at once.
+  first_.assign(values_.size(), -1);
   std::vector<ContentRange> ranges;
   std::vector<detail::ExponentTest> tests;
-  std::vector<std::size_t> range_of;  // the tensor of each range
   std::vector<at::Tensor> other;
   std::vector<std::size_t> other_at;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const at::Tensor& t = values[i];
+  for (std::size_t i = 0; i < values_.size(); ++i) {
+    const at::Tensor& t = values_[i];
     const bool floating = at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type());
     const detail::ExponentTest e = detail::exponent_test(t.scalar_type());  // none for integers
     if (!(t.is_cuda() && t.is_contiguous() && t.layout() == at::kStrided && (e.bytes != 0 || !floating))) {
@@ -105,35 +164,60 @@ bool refuse_non_finite_source(const WeightSource& source, bool model_on_cuda, co
       ranges.push_back({t, 0, t.nbytes()});
     for (std::size_t k = before; k < ranges.size(); ++k) {
       tests.push_back(e);
-      range_of.push_back(i);
+      range_of_.push_back(i);
     }
   }
   if (!ranges.empty()) {
-    const detail::HashScan r = detail::hash_and_scan(ranges, tests);
-    for (std::size_t k = 0; k < ranges.size(); ++k) {
-      const ContentRange& c = ranges[k];
-      known.add(c.tensor, c.offset, c.nbytes, r.hashes[k]);
-      const std::size_t i = range_of[k];
-      if (r.first_bad[k] >= 0 && first[i] < 0)  // ranges ascend: the first hit is the lowest
-        first[i] = static_cast<std::int64_t>(c.offset / c.tensor.element_size()) + r.first_bad[k];
-    }
+    known = std::make_shared<detail::KnownHashes>(
+        [this]() -> const std::vector<std::uint64_t>& { return hashes(); });
+    for (std::size_t k = 0; k < ranges.size(); ++k) known->add(ranges[k].tensor, ranges[k].offset, ranges[k].nbytes, k);
+    pending_.emplace(ranges, std::move(tests));
+    ranges_ = std::move(ranges);
   }
   if (!other.empty()) {
     const std::vector<std::int64_t> f = detail::first_non_finite(other);
-    for (std::size_t k = 0; k < other.size(); ++k) first[other_at[k]] = f[k];
+    for (std::size_t k = 0; k < other.size(); ++k) first_[other_at[k]] = f[k];
   }
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    if (first[i] < 0) continue;
-    const at::Tensor& t = values[i];
-    const double value = t.reshape({-1})[first[i]].item<double>();
-    GK_THROW(WeightError, "weight '", all[i].name, "'",
-             all[i].shard != 0 ? concat(" shard ", all[i].shard) : std::string(), " from ", source.describe(),
-             " holds a non-finite value (", value, " at element ", first[i], " of ", t.sizes(),
+}
+
+void SourceScan::answer() {
+  if (answered_) return;
+  if (pending_) {
+    r_ = pending_->get();
+    pending_.reset();
+    for (std::size_t k = 0; k < ranges_.size(); ++k) {
+      const ContentRange& c = ranges_[k];
+      const std::size_t i = range_of_[k];
+      if (r_.first_bad[k] >= 0 && first_[i] < 0)  // ranges ascend: the first hit is the lowest
+        first_[i] = static_cast<std::int64_t>(c.offset / c.tensor.element_size()) + r_.first_bad[k];
+    }
+    ranges_.clear();
+  }
+  answered_ = true;
+}
+
+const std::vector<std::uint64_t>& SourceScan::hashes() {
+  answer();
+  return r_.hashes;
+}
+
+void SourceScan::verdict() {
+  answer();
+  for (std::size_t i = 0; i < values_.size(); ++i) {
+    if (first_[i] < 0) continue;
+    const at::Tensor& t = values_[i];
+    const double value = t.reshape({-1})[first_[i]].item<double>();
+    const std::string_view name(names_.data() + name_at_[i], name_at_[i + 1] - name_at_[i]);
+    GK_THROW(WeightError, "weight '", name, "'", shard_[i] != 0 ? concat(" shard ", shard_[i]) : std::string(),
+             " from ", description_, " holds a non-finite value (", value, " at element ", first_[i], " of ",
+             t.sizes(),
              "): refused before any layer was copied: the model's weights are unchanged. A diverged trainer writes "
              "such checkpoints; to serve them anyway, set ReloadOptions::allow_non_finite");
   }
-  return true;
+  values_.clear();  // the source's tensors: no longer held here
+  judged_ = true;
 }
+
 bool any_cuda_slot(const SlotPlan& plan) {
   for (const LayerPlan& lp : plan.layers())
     for (const PlannedSlot& s : lp.slots)
@@ -217,123 +301,161 @@ std::vector<LayerRun> ReloadEngine::Impl::new_runs() const {
 void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::RunOptions& options,
                                           PwalGuard& guard, std::vector<LayerRun>& runs, ReloadReport& rep,
                                           bool& any_committed) {
-  // Note [Scanning a resident source first]: scanned here, not per layer.
+  // Note [Scanning a resident source first]: scanned here, not per layer,
+  // and answered before the first copy-back (Note [Processing while the
+  // scan runs]).
   std::optional<detail::RunOptions> scanned;
+  std::optional<SourceScan> scan;
   if (options.mode == ReloadMode::streaming && !options.allow_non_finite) {
     ScopedMsTimer t(rep.times.finite_ms);
-    auto known = std::make_shared<detail::KnownHashes>();
-    if (refuse_non_finite_source(source, any_cuda_slot(plan), plan, expected_params, *known)) {
+    scan.emplace(source, any_cuda_slot(plan), plan, expected_params);
+    if (scan->scanned()) {
       scanned = options;
       scanned->source_scanned = true;
-      if (!known->empty()) scanned->known_hashes = std::move(known);
+      if (scan->known != nullptr && !scan->known->empty()) scanned->known_hashes = scan->known;
+    } else {
+      scan.reset();
     }
   }
   const detail::RunOptions& o = scanned ? *scanned : options;
-  {
-    ScopedMsTimer t(rep.times.detach_ms);
-    for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], guard);
-  }
-  // Note [Commit one layer late]
-  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // A streaming reload commits each layer after it is processed, but not
-  // at once: layer L-1's copy-back is enqueued while layer L's non-finite
-  // scan runs (process's `meanwhile`). The scan waits, through an event, for
-  // what the stream held when it was launched; had L-1's copy been queued
-  // first, the host would wait for that copy at every layer and could no
-  // longer run ahead of the device (Note [The check on a side stream]).
-  // Nothing is weaker: a layer is committed only after it was processed and
-  // checked, and a failure at layer L leaves L-1 processed, not committed
-  // (rolled back) -- a streaming reload that fails after committing some
-  // layer is inconsistent either way. Where the source was scanned whole
-  // first (Note [Scanning a resident source first]), layer L has no scan to
-  // overlap: L-1's copy-back is enqueued after L's PWAL and checks instead,
-  // so that the verdicts of L-1's checks, which the copy-back reads first,
-  // were launched before L-2's copy and reading them leaves that copy
-  // queued, not drained.
-  // The same holds for the layer's content hashes after PWAL (which decide
-  // how each parameter lands, Note [Patch landings]): launched at the end of
-  // layer L-1, collected after L-1's copy-back is enqueued, so neither waits
-  // for that copy. Where every tensor of L-1 was adopted (the record holds
-  // no copy of its own), they are collected two layers later still: the
-  // hashes after PWAL come from the copy itself (Note [Hashing while
-  // copying]), and collecting L-1's at L would drain the device's queue at
-  // every layer; two layers late, two copies stay queued while the host
-  // prepares the next layer. (A layer with copies of its own is finished
-  // at once: deferring it would hold more layers of copies.)
-  std::optional<std::size_t> late;  // processed, its commit not yet enqueued
-  std::deque<std::size_t> unrecorded;  // committed, their records not yet finished
-  auto finish_records = [&](std::size_t keep) {
-    while (unrecorded.size() > keep) {
-      const std::size_t li = unrecorded.front();
-      unrecorded.pop_front();
-      finish_record_after_pwal(plan.layers()[li], runs[li], o, rep);
+  std::size_t pretend_pending = hooks.scan_pending_layers;  // testing: the scan still runs for this many layers
+  // Whether the layers processed and not yet committed may wait for the
+  // scan's verdict while one more is processed.
+  auto go_ahead = [&](const std::deque<std::size_t>& late) {
+    if (!scan || scan->judged() || late.size() >= kAheadOfScan) return false;
+    for (std::size_t li : late) {
+      const std::vector<char>& adopted = runs[li].record.adopted;
+      if (adopted.empty() || !std::all_of(adopted.begin(), adopted.end(), [](char a) { return a != 0; })) return false;
     }
-  };
-  auto commit_late = [&] {
-    if (!late) return;
-    const std::size_t li = *late;
-    late.reset();
-    copy_back(plan.layers()[li], runs[li], o, rep, guard);
-    any_committed = true;
-    const std::vector<char>& adopted = runs[li].record.adopted;
-    const bool holds_no_copy = std::all_of(adopted.begin(), adopted.end(), [](char a) { return a != 0; });
-    unrecorded.push_back(li);
-    finish_records(holds_no_copy ? 2 : 0);
-  };
-  auto finish_layer = [&](std::size_t li) {
-    process(plan.layers()[li], runs[li], o, rep, source, guard,
-            o.mode == ReloadMode::streaming ? std::function<void()>(commit_late) : std::function<void()>());
-    if (o.mode == ReloadMode::streaming) {
-      GK_INTERNAL_ASSERT(!late, "process() returned without running its `meanwhile`: layer '",
-                         plan.layers()[*late].prefix, "' would never be committed");
-      late = li;
+    if (pretend_pending > 0) {
+      --pretend_pending;
+      return true;
     }
+    return !scan->ready();
   };
-  // Layers without checkpoint tensors (PWAL-only) are complete at once.
-  for (std::size_t li = 0; li < runs.size(); ++li)
-    if (runs[li].expected == 0) finish_layer(li);
-
-  while (true) {
-    std::optional<NamedTensor> nt;
+  auto scan_verdict = [&] {
+    if (!scan || scan->judged()) return;
+    ScopedMsTimer t(rep.times.finite_ms);
+    scan->verdict();
+  };
+  try {
     {
-      ScopedMsTimer t(rep.times.load_ms);
-      nt = source.next();
+      ScopedMsTimer t(rep.times.detach_ms);
+      for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], guard);
     }
-    if (!nt) break;
-    auto it = expected.find(nt->name);
-    if (it == expected.end()) {
-      auto wp = expected_params.find(nt->name);
-      GK_CHECK(WeightError, wp != expected_params.end(), source.describe(), " has weight '", nt->name,
-               "', which the model does not expect (no layer lists it among its checkpoint tensors, and no "
-               "parameter has that name)");
-      deliver_whole(plan, wp->second, std::move(*nt), source, runs, rep);
-      if (runs[wp->second.layer].loaded == runs[wp->second.layer].expected) finish_layer(wp->second.layer);
-      continue;
-    }
-    const Expected& e = it->second;
-    LayerRun& run = runs[e.layer];
-    GK_CHECK(WeightError, nt->shard >= 0 && nt->shard < e.num_shards, "weight '", nt->name, "' shard ",
-             nt->shard, " is out of range: the model expects ", e.num_shards, " shard(s)");
-    GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !run.shards[e.flat][nt->shard],
-             "weight '", nt->name, "'", e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(),
-             " was delivered twice by ", source.describe(), whole_note(plan, expected_params, e),
-             "; each checkpoint tensor loads exactly once");
-    GK_CHECK(WeightError, nt->value.defined(), "weight '", nt->name, "' is an undefined tensor");
-    GK_CHECK(WeightError, nt->value.sizes().equals(e.shard_shape), "weight '", nt->name, "'",
-             e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(), " has shape ", nt->value.sizes(),
-             " but the model expects ", at::IntArrayRef(e.shard_shape));
-    GK_CHECK(WeightError, nt->value.scalar_type() == e.dtype, "weight '", nt->name, "' has dtype ",
-             nt->value.scalar_type(), " but the model expects ", e.dtype);
-    run.shards[e.flat][nt->shard] = true;
-    rep.tensors_loaded += 1;
-    rep.bytes_loaded += nt->value.nbytes();
-    run.pending.push_back({e.param, e.tensor, nt->shard, std::move(nt->value), std::move(nt->name)});
-    count_loaded(run);
-    if (run.loaded == run.expected) finish_layer(e.layer);
-  }
+    // Note [Commit one layer late]
+    // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    // A streaming reload commits each layer after it is processed, but not
+    // at once: layer L-1's copy-back is enqueued while layer L's non-finite
+    // scan runs (process's `meanwhile`). The scan waits, through an event, for
+    // what the stream held when it was launched; had L-1's copy been queued
+    // first, the host would wait for that copy at every layer and could no
+    // longer run ahead of the device (Note [The check on a side stream]).
+    // Nothing is weaker: a layer is committed only after it was processed and
+    // checked, and a failure at layer L leaves L-1 processed, not committed
+    // (rolled back) -- a streaming reload that fails after committing some
+    // layer is inconsistent either way. Where the source was scanned whole
+    // first (Note [Scanning a resident source first]), layer L has no scan to
+    // overlap: L-1's copy-back is enqueued after L's PWAL and checks instead,
+    // so that the verdicts of L-1's checks, which the copy-back reads first,
+    // were launched before L-2's copy and reading them leaves that copy
+    // queued, not drained.
+    // The same holds for the layer's content hashes after PWAL (which decide
+    // how each parameter lands, Note [Patch landings]): launched at the end of
+    // layer L-1, collected after L-1's copy-back is enqueued, so neither waits
+    // for that copy. Where every tensor of L-1 was adopted (the record holds
+    // no copy of its own), they are collected two layers later still: the
+    // hashes after PWAL come from the copy itself (Note [Hashing while
+    // copying]), and collecting L-1's at L would drain the device's queue at
+    // every layer; two layers late, two copies stay queued while the host
+    // prepares the next layer. (A layer with copies of its own is finished
+    // at once: deferring it would hold more layers of copies.)
+    std::deque<std::size_t> late;  // processed, their commits not yet enqueued
+    std::deque<std::size_t> unrecorded;  // committed, their records not yet finished
+    auto finish_records = [&](std::size_t keep) {
+      while (unrecorded.size() > keep) {
+        const std::size_t li = unrecorded.front();
+        unrecorded.pop_front();
+        finish_record_after_pwal(plan.layers()[li], runs[li], o, rep);
+      }
+    };
+    auto commit_late = [&](bool last) {
+      if (late.empty() || (!last && go_ahead(late))) return;
+      scan_verdict();  // before anything is copied
+      while (!late.empty()) {
+        const std::size_t li = late.front();
+        late.pop_front();
+        copy_back(plan.layers()[li], runs[li], o, rep, guard);
+        any_committed = true;
+        const std::vector<char>& adopted = runs[li].record.adopted;
+        const bool holds_no_copy = std::all_of(adopted.begin(), adopted.end(), [](char a) { return a != 0; });
+        unrecorded.push_back(li);
+        finish_records(holds_no_copy ? 2 : 0);
+      }
+    };
+    auto finish_layer = [&](std::size_t li) {
+      process(plan.layers()[li], runs[li], o, rep, source, guard,
+              o.mode == ReloadMode::streaming ? std::function<void()>([&] { commit_late(false); })
+                                              : std::function<void()>());
+      if (o.mode == ReloadMode::streaming) {
+        GK_INTERNAL_ASSERT(late.size() < kAheadOfScan + 1 && (late.empty() || scan),
+                           "process() returned without running its `meanwhile`: layer '",
+                           plan.layers()[late.front()].prefix, "' would never be committed");
+        late.push_back(li);
+      }
+    };
+    // Layers without checkpoint tensors (PWAL-only) are complete at once.
+    for (std::size_t li = 0; li < runs.size(); ++li)
+      if (runs[li].expected == 0) finish_layer(li);
 
-  commit_late();
-  finish_records(0);
+    while (true) {
+      std::optional<NamedTensor> nt;
+      {
+        ScopedMsTimer t(rep.times.load_ms);
+        nt = source.next();
+      }
+      if (!nt) break;
+      auto it = expected.find(nt->name);
+      if (it == expected.end()) {
+        auto wp = expected_params.find(nt->name);
+        GK_CHECK(WeightError, wp != expected_params.end(), source.describe(), " has weight '", nt->name,
+                 "', which the model does not expect (no layer lists it among its checkpoint tensors, and no "
+                 "parameter has that name)");
+        deliver_whole(plan, wp->second, std::move(*nt), source, runs, rep);
+        if (runs[wp->second.layer].loaded == runs[wp->second.layer].expected) finish_layer(wp->second.layer);
+        continue;
+      }
+      const Expected& e = it->second;
+      LayerRun& run = runs[e.layer];
+      GK_CHECK(WeightError, nt->shard >= 0 && nt->shard < e.num_shards, "weight '", nt->name, "' shard ",
+               nt->shard, " is out of range: the model expects ", e.num_shards, " shard(s)");
+      GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !run.shards[e.flat][nt->shard],
+               "weight '", nt->name, "'", e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(),
+               " was delivered twice by ", source.describe(), whole_note(plan, expected_params, e),
+               "; each checkpoint tensor loads exactly once");
+      GK_CHECK(WeightError, nt->value.defined(), "weight '", nt->name, "' is an undefined tensor");
+      GK_CHECK(WeightError, nt->value.sizes().equals(e.shard_shape), "weight '", nt->name, "'",
+               e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(), " has shape ", nt->value.sizes(),
+               " but the model expects ", at::IntArrayRef(e.shard_shape));
+      GK_CHECK(WeightError, nt->value.scalar_type() == e.dtype, "weight '", nt->name, "' has dtype ",
+               nt->value.scalar_type(), " but the model expects ", e.dtype);
+      run.shards[e.flat][nt->shard] = true;
+      rep.tensors_loaded += 1;
+      rep.bytes_loaded += nt->value.nbytes();
+      run.pending.push_back({e.param, e.tensor, nt->shard, std::move(nt->value), std::move(nt->name)});
+      count_loaded(run);
+      if (run.loaded == run.expected) finish_layer(e.layer);
+    }
+
+    commit_late(/*last=*/true);
+    scan_verdict();  // (a source of layers without checkpoint tensors alone)
+    finish_records(0);
+  } catch (...) {
+    // A failure while the scan ran (a PWAL that chokes on a NaN, say):
+    // the non-finite value is the cause to name. Nothing was copied.
+    if (!any_committed) scan_verdict();
+    throw;
+  }
 
   // Completion gate: every checkpoint tensor and every shard, exactly once.
   std::vector<std::string> missing;
@@ -346,7 +468,8 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     if (e.num_shards == 1 || static_cast<std::int64_t>(absent.size()) == e.num_shards)
       missing.push_back(concat("'", name, "'"));
     else
-      missing.push_back(concat("'", name, "' (partial: shards ", at::IntArrayRef(absent), " of ", e.num_shards, " missing)"));
+      missing.push_back(
+          concat("'", name, "' (partial: shards ", at::IntArrayRef(absent), " of ", e.num_shards, " missing)"));
   }
   if (!missing.empty()) {
     std::sort(missing.begin(), missing.end());

@@ -464,6 +464,90 @@ void from_shapes_strides_are_compared(const c10::Device device) {
   CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), logits3));
 }
 
+// Note [Processing while the scan runs] (reload/weight_stream.cpp): a
+// streaming reload of a resident source loads, runs PWAL on and checks up
+// to four adopted layers while its non-finite scan still runs, and copies
+// nothing before the scan's verdict. On a CPU the scan answers at once; the
+// hook makes the reload take it as running for `pending` more layers. The
+// fault hook records the order: how many layers ran PWAL before the first
+// copy into captured storage (two without the hook: a layer's copy-back is
+// enqueued after the next layer's checks, Note [Commit one layer late]).
+void processing_while_the_scan_runs(const c10::Device device) {
+  at::NoGradGuard no_grad;
+  const demo::HfConfig c = demo::builtin_tiny_config();
+  gk::InMemorySource first(weights_on(device, c, 3));
+  demo::LlmEngine eng(c, device, demo::WeightFormat::dense, first);
+  demo::LlmEngineOptions eager;
+  eager.batch_sizes = {};
+  gk::InMemorySource b(weights_on(device, c, 4));
+  demo::LlmEngine trainer(c, device, demo::WeightFormat::dense, b, eager);
+  const at::Tensor tokens = at::arange(8, at::kLong).mul(5).remainder(c.vocab_size);
+  const at::Tensor pos = at::full({8}, 2, at::kLong);
+  const at::Tensor logits3 = eng.decode_logits(tokens, pos);
+  const std::size_t layers = eng.reload_engine().plan().layers().size();
+  REQUIRE(layers >= 6);
+  std::vector<std::pair<gk::testing::FaultPoint, std::string>> events;
+  const auto pwal_before_first_copy = [&] {
+    std::size_t n = 0;
+    for (const auto& [point, layer] : events) {
+      if (point == gk::testing::FaultPoint::copy) return n;
+      n += point == gk::testing::FaultPoint::pwal ? 1 : 0;
+    }
+    return n;
+  };
+  const auto reload = [&](std::size_t pending, std::vector<gk::NamedTensor> source) {
+    gk::testing::EngineHooks h;
+    h.scan_pending_layers = pending;
+    h.fault = [&](gk::testing::FaultPoint point, const std::string& layer) { events.emplace_back(point, layer); };
+    gk::testing::set_hooks(eng.reload_engine(), h);
+    events.clear();
+    gk::InMemorySource src(std::move(source));
+    gk::ReloadOptions o = eng.reload_engine().options().defaults;
+    o.mode = gk::ReloadMode::streaming;
+    o.adopt_source_tensors = true;
+    const gk::ReloadReport r = eng.reload(src, o);
+    gk::testing::set_hooks(eng.reload_engine(), {});
+    return r;
+  };
+  // Without the hook: two layers' PWAL before the first copy.
+  CHECK(reload(0, whole_parameters(trainer)).tensors_adopted > 0);
+  CHECK(pwal_before_first_copy() == 2);
+  const at::Tensor want = eng.decode_logits(tokens, pos);
+  CHECK_FALSE(demo::bitwise_equal(want, logits3));
+  {
+    gk::InMemorySource back(weights_on(device, c, 3));
+    eng.reload(back);
+    CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), logits3));
+  }
+  // Taken as running: four layers go ahead, the fifth's checks end the wait.
+  const gk::ReloadReport r = reload(3, whole_parameters(trainer));
+  CHECK(r.tensors_adopted == r.tensors_loaded);
+  CHECK(pwal_before_first_copy() == 5);
+  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), want));
+  for (const gk::NamedTensor& t : whole_parameters(trainer)) {
+    CAPTURE(t.name);
+    for (const gk::LayerPlan& lp : eng.reload_engine().plan().layers())
+      for (const gk::CheckpointParam& cp : lp.params)
+        if (lp.full_name(cp.param) == t.name && cp.tensors.size() == 1)
+          CHECK(eng.reload_engine().served()->hash(lp.full_name(cp.tensors[0].name)) == gk::content_hash(t.value));
+  }
+  // A NaN in the last tensor: the layers processed ahead are rolled back,
+  // nothing was copied, the weights served are the trainer's still.
+  const std::uint64_t version = eng.reload_engine().served()->content_version();
+  std::vector<gk::NamedTensor> bad = whole_parameters(trainer);
+  bad.back().value.view({-1})[0] = std::nan("");
+  const std::string name = bad.back().name;
+  const std::string msg = gk::testing::message_of<gk::WeightError>([&] { reload(3, std::move(bad)); });
+  CAPTURE(msg);
+  CHECK(msg.find("weight '" + name + "'") != std::string::npos);
+  CHECK(msg.find("refused before any layer was copied") != std::string::npos);
+  CHECK(pwal_before_first_copy() >= 4);
+  CHECK(std::none_of(events.begin(), events.end(), [](const auto& e) { return e.first == gk::testing::FaultPoint::copy; }));
+  gk::testing::set_hooks(eng.reload_engine(), {});
+  CHECK(eng.reload_engine().served()->content_version() == version);
+  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), want));
+}
+
 void poison_kv_cache(demo::LlmEngine& eng) {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   for (const demo::KvCache& c : eng.kv_caches()) {
@@ -752,6 +836,9 @@ TEST_CASE("the example engine decodes while another thread stages; every step is
 TEST_CASE("a streaming reload's served hashes are those of the bytes it loaded, adopted or copied (CPU replay)") {
   streaming_hashes_are_the_loaded_bytes(c10::Device(c10::kCPU));
 }
+TEST_CASE("a streaming reload processes adopted layers while its scan runs, and copies nothing before its verdict (CPU replay)") {
+  processing_while_the_scan_runs(c10::Device(c10::kCPU));
+}
 TEST_CASE("the MoE's from_shapes strides are compared with what the graphs captured at every reload (CPU replay)") {
   from_shapes_strides_are_compared(c10::Device(c10::kCPU));
 }
@@ -771,6 +858,10 @@ TEST_CASE("gpu: the example engine decodes on CUDA graphs while another thread s
 
 TEST_CASE("gpu: a streaming reload's served hashes are those of the bytes it loaded, scanned and hashed in one read") {
   streaming_hashes_are_the_loaded_bytes(c10::Device(c10::kCUDA, 0));
+}
+
+TEST_CASE("gpu: a streaming reload processes adopted layers while its scan runs on the device, and copies nothing before its verdict") {
+  processing_while_the_scan_runs(c10::Device(c10::kCUDA, 0));
 }
 
 TEST_CASE("gpu: the MoE's from_shapes strides, copied to the host and compared there, at every reload (CUDA graphs)") {

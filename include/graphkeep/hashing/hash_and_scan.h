@@ -47,6 +47,27 @@ struct HashScan {
 // answers. Built without CUDA: gk::StateError, unless `ranges` is empty.
 HashScan hash_and_scan(const std::vector<ContentRange>& ranges, const std::vector<ExponentTest>& tests);
 
+// hash_and_scan in two steps: the constructor launches (checking the
+// ranges), ready() asks without waiting whether the answers are in, get()
+// waits for them (once). The ranges' tensors are held until then.
+//
+//   gk::detail::PendingHashScan scan(ranges, tests);   // launched
+//   while (!scan.ready()) do_host_work();
+//   gk::detail::HashScan r = scan.get();
+class PendingHashScan {
+ public:
+  PendingHashScan(std::vector<ContentRange> ranges, std::vector<ExponentTest> tests);
+  ~PendingHashScan();  // waits for the launches if get() was not called
+  PendingHashScan(PendingHashScan&&) noexcept;
+  PendingHashScan& operator=(PendingHashScan&&) noexcept;
+  bool ready() const;
+  HashScan get();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
 // Copies every range's bytes to to[i] and hashes them (gk-sum64 v1) in the
 // same read: a streaming reload's copy into captured storage yields the
 // hashes of what it copied (Note [Hashing while copying] in

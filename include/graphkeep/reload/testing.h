@@ -79,6 +79,12 @@ struct EngineHooks {
   // target hashes read these very bytes (Note [Hashing through the writes]
   // in graphkeep/hashing/overlaid_hash.h), so the patch is then refused.
   std::function<void(at::Tensor& values, bool sectors)> patch_writes;
+  // A streaming reload from a resident source takes its non-finite scan as
+  // still running on the device while this many more layers are processed
+  // ahead of its verdict (Note [Processing while the scan runs] in
+  // reload/weight_stream.cpp): on a CPU, where the scan answers at once, a
+  // test takes the path a GPU takes.
+  std::size_t scan_pending_layers = 0;
 
   // Protections switched off, for tests that show what a protection catches
   // and benchmarks that measure what it costs (Note [Options per call,
