@@ -495,10 +495,14 @@ void processing_while_the_scan_runs(const c10::Device device) {
     }
     return n;
   };
+  std::string fail_at;  // a layer whose check fails (a fault injected there)
   const auto reload = [&](std::size_t pending, std::vector<gk::NamedTensor> source) {
     gk::testing::EngineHooks h;
     h.scan_pending_layers = pending;
-    h.fault = [&](gk::testing::FaultPoint point, const std::string& layer) { events.emplace_back(point, layer); };
+    h.fault = [&](gk::testing::FaultPoint point, const std::string& layer) {
+      events.emplace_back(point, layer);
+      if (point == gk::testing::FaultPoint::check && layer == fail_at) throw std::runtime_error("injected at " + layer);
+    };
     gk::testing::set_hooks(eng.reload_engine(), h);
     events.clear();
     gk::InMemorySource src(std::move(source));
@@ -531,6 +535,18 @@ void processing_while_the_scan_runs(const c10::Device device) {
         if (lp.full_name(cp.param) == t.name && cp.tensors.size() == 1)
           CHECK(eng.reload_engine().served()->hash(lp.full_name(cp.tensors[0].name)) == gk::content_hash(t.value));
   }
+  // A fault at the fourth layer's check, three layers processed ahead: all
+  // of them rolled back, nothing copied, the engine ready.
+  const std::uint64_t served = eng.reload_engine().served()->content_version();
+  fail_at = eng.reload_engine().plan().layers()[3].prefix;
+  CHECK_THROWS_WITH_AS(reload(3, whole_parameters(trainer)), ("injected at " + fail_at).c_str(), std::runtime_error);
+  fail_at.clear();
+  CHECK(pwal_before_first_copy() == 4);
+  CHECK(std::none_of(events.begin(), events.end(), [](const auto& e) { return e.first == gk::testing::FaultPoint::copy; }));
+  gk::testing::set_hooks(eng.reload_engine(), {});
+  CHECK(eng.reload_engine().state() == gk::EngineState::ready);
+  CHECK(eng.reload_engine().served()->content_version() == served);
+  CHECK(demo::bitwise_equal(eng.decode_logits(tokens, pos), want));
   // A NaN in the last tensor: the layers processed ahead are rolled back,
   // nothing was copied, the weights served are the trainer's still.
   const std::uint64_t version = eng.reload_engine().served()->content_version();
