@@ -919,6 +919,91 @@ TEST_CASE("non-finite checkpoint values are refused by name before PWAL, in ever
   }
 }
 
+namespace {
+// A fused parameter and a view of part of it that PWAL makes (k's rows): the
+// commit's copy of that view reads the adopted qk in part, so the content
+// check cannot ride on a whole copy (Note [Adopted tensors are hashed]:
+// such a tensor is hashed before anything is written).
+class FusedRows : public torch::nn::Module, public gk::DescribedLayer<FusedRows> {
+ public:
+  FusedRows() {
+    qk_ = checkpoint_param("qk", {{"q.weight", {3, 8}, at::kFloat}, {"k.weight", {5, 8}, at::kFloat}}, at::kCPU);
+  }
+  void process_weights_after_loading() override { k_rows_ = qk_.narrow(0, 3, 5); }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = gk::hostrt::empty({x.size(0), 13}, x.options());
+    gk::hostrt::launch_aten("qk_and_k_rows", {x, qk_, k_rows_}, {y}, [](auto& in, auto& out) {
+      out[0].copy_(at::cat({at::mm(in[0], in[1].t()), at::mm(in[0], in[2].t()) * 2.0}, 1));
+    });
+    return y;
+  }
+
+ private:
+  at::Tensor qk_, k_rows_;
+  GRAPHKEEP_DESCRIBE_DERIVED(FusedRows, (torch::nn::Module, gk::DescribedLayer<FusedRows>), (qk_, gk::parameter),
+                             (k_rows_, gk::derived_weight))
+};
+
+class FusedRowsModel : public torch::nn::Module {
+ public:
+  FusedRowsModel(int64_t = 8, int64_t = 16, int64_t = 1) { fused = register_module("fused", std::make_shared<FusedRows>()); }
+  at::Tensor forward(const at::Tensor& x) { return fused->forward(x); }
+  std::vector<gk::NamedTensor> checkpoint(int step, int64_t = 1) const {
+    return {{"fused.q.weight", FusedModel::wave(3, 8, 0.5, step)}, {"fused.k.weight", FusedModel::wave(5, 8, 1.5, step)}};
+  }
+  std::vector<gk::NamedTensor> whole(int step) const {
+    auto ck = checkpoint(step);
+    return {{"fused.qk", at::cat({ck[0].value, ck[1].value})}};
+  }
+  std::shared_ptr<FusedRows> fused;
+};
+}  // namespace
+
+TEST_CASE("an adopted tensor the commit reads only in part is hashed before anything is written") {
+  Rig<FusedRowsModel> rig;
+  const at::Tensor old = rig.replay();
+  const gk::LayerPlan& lp = rig.engine->plan().layers().front();
+  REQUIRE(std::any_of(lp.slots.begin(), lp.slots.end(), [](const gk::PlannedSlot& s) {
+    return s.name == "fused.k_rows_";
+  }));
+  auto whole = rig.model->whole(2);
+  auto poke = [&] {  // in k's rows, through a raw pointer: no version counter moves
+    auto* p = static_cast<float*>(whole[0].value.data_ptr());
+    p[3 * 8 + 1] += 1.0f;
+  };
+  SUBCASE("negative: with the check off, the commit serves a mix of staging's and the written bytes") {
+    gk::testing::EngineHooks h;
+    h.skip_adopted_content_check = true;
+    const gk::testing::ScopedHooks unchecked(rig.engine.get(), std::move(h));
+    gk::InMemorySource src(whole);
+    gk::StagedReload staged = rig.engine->stage(src, adopting(gk::ReloadMode::transactional).stage());
+    CHECK(staged.report().tensors_adopted == 1);
+    poke();
+    CHECK_NOTHROW(rig.engine->commit(std::move(staged)));
+    CHECK_FALSE(equal_bits(rig.replay(), old));
+  }
+  SUBCASE("positive: the commit is refused as stale, naming the weight, and nothing was written") {
+    gk::InMemorySource src(whole);
+    gk::StagedReload staged = rig.engine->stage(src, adopting(gk::ReloadMode::transactional).stage());
+    poke();
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->commit(std::move(staged)), gk::StateError,
+                                "weight 'fused.qk' was adopted from the source (ReloadOptions::adopt_source_tensors) "
+                                "and its bytes changed since staging (content hash ");
+    CHECK(rig.engine->state() == gk::EngineState::ready);
+    CHECK(equal_bits(rig.replay(), old));
+    staged.abort();
+    // Without a write the same commit serves a fresh model's output.
+    auto again = rig.model->whole(3);
+    gk::InMemorySource src3(again);
+    staged = rig.engine->stage(src3, adopting(gk::ReloadMode::transactional).stage());
+    CHECK_NOTHROW(rig.engine->commit(std::move(staged)));
+    auto fresh = std::make_shared<FusedRowsModel>();
+    gk::InMemorySource f(fresh->checkpoint(3));
+    gk::load_weights(*fresh, f);
+    CHECK(equal_bits(rig.replay(), fresh->forward(rig.input)));
+  }
+}
+
 // Note [Adopted tensors are hashed]. A write through a raw pointer moves no
 // version counter: before the content check the commit was accepted and
 // served the written parameter with the derived tensors of staging time.
