@@ -26,7 +26,7 @@ at::Tensor storage_view(const at::Tensor& t);
 
 // An empty tensor of t's device and dtype over a storage of its own, of no
 // bytes, that cannot be resized: what a detached parameter holds until the
-// load gives it data (Note [Views without the dispatcher] in slot_plan.cpp).
+// load gives it data (Note [Storage views without dispatch] in slot_plan.cpp).
 at::Tensor placeholder_like(const at::Tensor& t);
 
 // Records t's layout and captured storage into s.

@@ -135,8 +135,8 @@ std::string unknown_slot_message(const SlotPlan& plan, std::string_view option, 
                 " (slot names: module path, then parameter or member path, as ReloadEngine::slot_names() lists them)");
 }
 
-// Note [Views without the dispatcher]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [Storage views without dispatch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A streaming reload makes a storage view of every slot of every layer (what
 // PWAL built, what was loaded): at::empty then set_ is two dispatcher calls
 // and an allocator call each, a few microseconds of host time on a CUDA
@@ -144,7 +144,11 @@ std::string unknown_slot_message(const SlotPlan& plan, std::string_view option, 
 // The view is built directly: a TensorImpl over the same storage, with the
 // dispatch keys at::empty gives a tensor of t's options (the backend's; the
 // constructor adds the autograd keys, or none in inference mode) and t's
-// geometry. t is a valid tensor, so the geometry fits its storage.
+// geometry. t is a valid tensor, so the geometry fits its storage. Unlike
+// a patch's views (Note [Views without dispatch] in
+// graphkeep/delta/detail/element_bits.h), a storage view takes any
+// geometry and has a version counter of its own: it is a new handle on
+// the storage, not a view of t.
 at::Tensor storage_view(const at::Tensor& t) {
   if (!t.defined()) return {};
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()),
