@@ -7,6 +7,20 @@
 //   got.wait();                                  // waits for the copies alone
 //   if (!std::ranges::equal(got.bytes(0), got.bytes(1))) ...
 //
+// Note [Verdicts read late]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A check whose answer lies on the device (do these slots differ from
+// their captured values?) would read it with .cpu(): a copy on the
+// caller's stream and a wait for *everything* queued there, which in a
+// streaming reload includes the previous layer's copy-back (Note [Commit
+// one layer late] in weight_stream.cpp). The host then idles for the
+// device at every layer and the two no longer overlap: the MoE's 48 layers
+// spent 27.5 ms so on an H200 (docs/gpu-runs.md, 2026-12-06 02:46). The
+// bytes are copied into pinned memory behind an event right after they
+// are computed; wait() waits for that event alone, and a reader that
+// reads them a layer later (before the layer's commit) usually waits for
+// nothing.
+//
 // Note [Comparing on the host]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A verdict over a few small tensors (are PWAL's stride arrays what the
@@ -17,8 +31,7 @@
 // same bytes in more tensors"). Their bytes are what such a check reads, and
 // they are small: LateBytes copies them to pinned host memory with one
 // cudaMemcpyAsync each and one event, and the host compares them with
-// memcmp when it reads the verdict (Note [Verdicts read late] in
-// late_flags.h: after the next layer's work is enqueued).
+// memcmp when it reads the verdict, late (above).
 #pragma once
 
 #include <ATen/core/Tensor.h>

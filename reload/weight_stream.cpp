@@ -95,7 +95,7 @@ class SourceScan {
              const std::unordered_map<std::string, ExpectedParam>& expected_params);
   bool scanned() const noexcept { return scanned_; }
   // Whether verdict() would not wait.
-  bool ready() const { return answered_ || !pending_.has_value() || pending_->ready(); }
+  bool ready() const { return !pending_.has_value() || pending_->ready(); }
   // Whether verdict() ran (and passed). (hashes() alone answers, not judges.)
   bool judged() const noexcept { return judged_; }
   void verdict();
@@ -113,8 +113,8 @@ class SourceScan {
   std::vector<std::size_t> name_at_;  // tensor i's name: [name_at_[i], name_at_[i + 1])
   std::vector<std::int64_t> shard_;
   std::vector<std::int64_t> first_;  // per tensor: its first non-finite element, or -1
-  std::vector<std::size_t> range_of_;
-  std::vector<ContentRange> ranges_;
+  std::vector<std::size_t> range_of_;       // per range: its tensor
+  std::vector<std::int64_t> range_first_;  // per range: the element of its tensor where it starts
   std::optional<detail::PendingHashScan> pending_;
   detail::HashScan r_;
 };
@@ -165,14 +165,14 @@ SourceScan::SourceScan(const WeightSource& source, bool model_on_cuda, const Slo
     for (std::size_t k = before; k < ranges.size(); ++k) {
       tests.push_back(e);
       range_of_.push_back(i);
+      range_first_.push_back(static_cast<std::int64_t>(ranges[k].offset / t.element_size()));
     }
   }
   if (!ranges.empty()) {
     known = std::make_shared<detail::KnownHashes>(
         [this]() -> const std::vector<std::uint64_t>& { return hashes(); });
     for (std::size_t k = 0; k < ranges.size(); ++k) known->add(ranges[k].tensor, ranges[k].offset, ranges[k].nbytes, k);
-    pending_.emplace(ranges, std::move(tests));
-    ranges_ = std::move(ranges);
+    pending_.emplace(std::move(ranges), std::move(tests));
   }
   if (!other.empty()) {
     const std::vector<std::int64_t> f = detail::first_non_finite(other);
@@ -185,13 +185,11 @@ void SourceScan::answer() {
   if (pending_) {
     r_ = pending_->get();
     pending_.reset();
-    for (std::size_t k = 0; k < ranges_.size(); ++k) {
-      const ContentRange& c = ranges_[k];
+    for (std::size_t k = 0; k < range_of_.size(); ++k) {
       const std::size_t i = range_of_[k];
       if (r_.first_bad[k] >= 0 && first_[i] < 0)  // ranges ascend: the first hit is the lowest
-        first_[i] = static_cast<std::int64_t>(c.offset / c.tensor.element_size()) + r_.first_bad[k];
+        first_[i] = range_first_[k] + r_.first_bad[k];
     }
-    ranges_.clear();
   }
   answered_ = true;
 }
@@ -319,14 +317,16 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   }
   const detail::RunOptions& o = scanned ? *scanned : options;
   std::size_t pretend_pending = hooks.scan_pending_layers;  // testing: the scan still runs for this many layers
+  // Whether layer li's record holds no copy of its own: every tensor adopted.
+  auto holds_no_copy = [&](std::size_t li) {
+    const std::vector<char>& adopted = runs[li].record.adopted;
+    return !adopted.empty() && std::all_of(adopted.begin(), adopted.end(), [](char a) { return a != 0; });
+  };
   // Whether the layers processed and not yet committed may wait for the
   // scan's verdict while one more is processed.
   auto go_ahead = [&](const std::deque<std::size_t>& late) {
     if (!scan || scan->judged() || late.size() >= kAheadOfScan) return false;
-    for (std::size_t li : late) {
-      const std::vector<char>& adopted = runs[li].record.adopted;
-      if (adopted.empty() || !std::all_of(adopted.begin(), adopted.end(), [](char a) { return a != 0; })) return false;
-    }
+    if (!std::all_of(late.begin(), late.end(), holds_no_copy)) return false;
     if (pretend_pending > 0) {
       --pretend_pending;
       return true;
@@ -387,10 +387,8 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
         late.pop_front();
         copy_back(plan.layers()[li], runs[li], o, rep, guard);
         any_committed = true;
-        const std::vector<char>& adopted = runs[li].record.adopted;
-        const bool holds_no_copy = std::all_of(adopted.begin(), adopted.end(), [](char a) { return a != 0; });
         unrecorded.push_back(li);
-        finish_records(holds_no_copy ? 2 : 0);
+        finish_records(holds_no_copy(li) ? 2 : 0);  // (a record of no parameters waits for nothing either way)
       }
     };
     auto finish_layer = [&](std::size_t li) {
