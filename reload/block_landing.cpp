@@ -27,10 +27,31 @@
 //     of 4,096): written sparse, an FP8 output's index alone would take 8
 //     bytes per 1-byte element, ten times the output with its values and
 //     undo; whole, it takes twice the output.
-// The parameter's own writes and these commit together, so no replay sees
+// When the entries are as many as the blocks, every block is recomputed
+// instead (Note [Recomputing every block]). The parameter's own writes and
+// these commit together, so no replay sees
 // a new weight with an old scale; a failed commit writes every undo back.
 // The full reload's check (check_block_derivations) is what makes the
 // function trustworthy: it equals PWAL over every block, computed apart.
+//
+// Note [Recomputing every block]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A patch of scattered elements touches nearly every block of a weight
+// quantized per row or per group: 1 % of a row of 4,096 is ~40 elements.
+// Finding the touched blocks then costs more than it saves: a sort, a
+// unique and a synchronization for their count, a gather of the blocks and
+// a scatter of the results, per derivation (an 8B FP8 model has 224). So
+// when a derivation's source receives at least as many entries as it has
+// blocks (the host knows both: the entries' sizes; for entries at random
+// positions, at least 63 % of the blocks are touched), every block is
+// recomputed instead, as PWAL computes them: the source is copied once
+// with the entries applied, and the function runs over it whole block-rows
+// at a time, with no index tensor and no synchronization; the outputs are
+// written whole. The untouched blocks come out as served: the function is
+// block-local and deterministic, and equals PWAL over every block (the
+// check above), which is what built or last recomputed them. Its cost
+// bounds the dense case: one pass of the function over the source, PWAL's
+// own work for the derivation.
 #include "block_landing.h"
 
 #include "derivations.h"
@@ -57,6 +78,50 @@ struct OutputWrite {
   at::Tensor whole;
   std::vector<at::Tensor> index, bits;
 };
+
+// Writes every block of d's outputs from the source with the entries `f`
+// (flat indices) set to `values` (Note [Recomputing every block]), and
+// returns the number of blocks.
+std::size_t recompute_every_block(const LayerPlan& lp, const PlannedDerivation& d, const at::Tensor& src,
+                                  const at::Tensor& f, const at::Tensor& values, StagedPatch& sp) {
+  const std::int64_t k = d.cols, bh = d.block_rows, bw = d.block_cols;
+  const std::int64_t nbr = d.rows / bh, nbc = k / bw;
+  const at::Tensor patched = detail::flat_bits(src).clone();
+  patched.index_put_({f}, values);
+  std::vector<at::Tensor> whole;
+  for (const PlannedDerivation::Output& o : d.outputs)
+    whole.push_back(at::empty_like(detail::flat_bits(lp.slots[o.slot].captured)));
+  const std::int64_t per_call = std::max<std::int64_t>(1, kLandChunk / (bh * k));  // block-rows
+  for (std::int64_t r0 = 0; r0 < nbr; r0 += per_call) {
+    const std::int64_t rows = std::min(per_call, nbr - r0), count = rows * nbc;
+    // [count, bh, bw], block by block: block-rows are contiguous; with
+    // several blocks per block-row, each block's rows are gathered.
+    const at::Tensor bits = nbc == 1 ? patched.narrow(0, r0 * bh * k, rows * bh * k)
+                                     : patched.view({nbr, bh, nbc, bw}).narrow(0, r0, rows).permute({0, 2, 1, 3}).contiguous();
+    const std::vector<at::Tensor> outs = d.fn(bits.view(src.scalar_type()).view({count, bh, bw}));
+    detail::check_block_outputs(lp, d, outs, count, "the patch was not staged");
+    for (std::size_t j = 0; j < outs.size(); ++j) {
+      const at::Tensor out = detail::flat_bits(outs[j].contiguous());
+      const std::int64_t m = d.outputs[j].per_block;
+      switch (d.outputs[j].layout) {  // where block_output_index puts them, for a range of whole block-rows
+        case BlockLayout::same_as_source:
+          if (nbc == 1) whole[j].narrow(0, r0 * bh * k, rows * bh * k).copy_(out);
+          else whole[j].view({nbr, bh, nbc, bw}).narrow(0, r0, rows).copy_(out.view({rows, nbc, bh, bw}).permute({0, 2, 1, 3}));
+          break;
+        case BlockLayout::one_per_block: whole[j].narrow(0, r0 * nbc * m, count * m).copy_(out); break;
+        case BlockLayout::one_per_block_transposed:
+          whole[j].view({nbc * m, nbr}).narrow(1, r0, rows).copy_(out.view({rows, nbc * m}).t());
+          break;
+      }
+    }
+  }
+  for (std::size_t j = 0; j < d.outputs.size(); ++j) {
+    const at::Tensor dst = detail::flat_bits(lp.slots[d.outputs[j].slot].captured);
+    sp.undo.push_back({dst, at::Tensor(), dst.clone()});
+    sp.writes.push_back({dst, at::Tensor(), std::move(whole[j])});
+  }
+  return static_cast<std::size_t>(nbr * nbc);
+}
 
 }  // namespace
 
@@ -93,6 +158,10 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
     // 1. The entries in the source's flat coordinates.
     const auto [f, values] = entries_in_source(src, ls);
     if (!f.defined()) continue;
+    if (f.numel() >= nbr * nbc) {  // Note [Recomputing every block]
+      recomputed += recompute_every_block(lp, d, src, f, values, sp);
+      continue;
+    }
     // 2. The touched blocks, and the entries sorted by block.
     const at::Tensor r = f.div(k, "floor"), c = f - r * k;
     const at::Tensor b = r.div(bh, "floor") * nbc + c.div(bw, "floor");

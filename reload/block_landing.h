@@ -32,10 +32,13 @@ void add_indexed_write(StagedPatch& sp, const at::Tensor& dst, const at::Tensor&
 // Adds to `sp` the writes (and their undo) that bring the outputs of lp's
 // block derivations up to date with the landings `ls` into their sources:
 // only the blocks the landings touch are recomputed, from the captured
-// source with the landings applied. Returns the number of blocks
-// recomputed. One synchronization per derivation touched (the touched
-// blocks' count and chunks); per output, O(touched blocks) memory or at
-// most twice the output, whichever is less.
+// source with the landings applied; every block, where a source receives
+// at least as many entries as it has blocks (Note [Recomputing every
+// block] in block_landing.cpp). Returns the number of blocks recomputed.
+// One synchronization per derivation that takes the touched blocks (their
+// count and chunks), none for one that takes every block; per output,
+// O(touched blocks) memory or at most twice the output, whichever is less,
+// and a copy of the source for one that takes every block.
 std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLanding>& ls, StagedPatch& sp);
 
 }  // namespace gk

@@ -695,6 +695,34 @@ void check_patch_chain(std::uint64_t seed, double small, double large, const Che
     }
 }
 
+// One whole row of a changed on a model of class Model, whose
+// derivation has `blocks` blocks: 16 entries, at least as many as the
+// blocks, so every block is recomputed (Note [Recomputing every block] in
+// reload/block_landing.cpp), the untouched ones to the bits they had, by
+// reload() and by stage() + commit().
+template <class Model>
+void check_every_block_recomputed(std::uint64_t seed, std::size_t blocks) {
+  std::mt19937_64 rng(seed);
+  const Weights w0 = quant_weights(rng);
+  Weights w1 = w0;
+  w1["lin.a.weight"] = w0.at("lin.a.weight").clone();
+  w1["lin.a.weight"][2] += 0.5f;
+  BasicRig<Model> full(w0);
+  full.reload(w1);
+  for (bool staged : {false, true}) {
+    CAPTURE(staged);
+    BasicRig<Model> rig(w0);
+    const gk::Patch p = patch_of(w0, w1, "step-0", "row 2");
+    REQUIRE(p.entries.size() == 1);
+    CHECK(p.entries[0].count() == QC);
+    const gk::ReloadReport r = staged ? rig.engine->commit(rig.engine->stage(p)) : rig.engine->reload(p);
+    CHECK(r.patch.layers_rerun == 0);
+    CHECK(r.patch.blocks_recomputed == blocks);
+    CHECK(same(rig.replay(), full.replay()));
+    CHECK(rig.engine->served()->content_version() == full.engine->served()->content_version());
+  }
+}
+
 }  // namespace pt
 
 TEST_CASE("block derivations: a patch recomputes only the blocks it touches, without PWAL, to a full reload's bits") {
@@ -731,6 +759,20 @@ TEST_CASE("block derivations: a patch recomputes only the blocks it touches, wit
   CHECK(r.patch.elements == 1);
   full.reload(w1);
   CHECK(pt::same(rig.replay(), full.replay()));
+
+  // As many entries as blocks: every block, each output written whole.
+  {
+    INFO("every block: per row");
+    pt::check_every_block_recomputed<pt::QuantModel<pt::QuantBlocks, pt::Blocks::rows>>(11, pt::QR);
+  }
+  {
+    INFO("every block: 2x4 groups, scales group-major");
+    pt::check_every_block_recomputed<pt::QuantModel<pt::QuantBlocks, pt::Blocks::groups>>(11, pt::QR * pt::QC / 8);
+  }
+  {
+    INFO("every block: 2x4 groups, two values per block");
+    pt::check_every_block_recomputed<pt::QuantModel<pt::QuantBlocks, pt::Blocks::packed>>(11, pt::QR * pt::QC / 8);
+  }
 
   // The derived writes take the smaller form (Note [Patches through block
   // derivations]): one touched row stays sparse, below the two copies of
