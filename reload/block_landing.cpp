@@ -83,7 +83,7 @@ struct OutputWrite {
 // (flat indices) set to `values` (Note [Recomputing every block]), and
 // returns the number of blocks.
 std::size_t recompute_every_block(const LayerPlan& lp, const PlannedDerivation& d, const at::Tensor& src,
-                                  const at::Tensor& f, const at::Tensor& values, StagedPatch& sp) {
+                                  const at::Tensor& f, const at::Tensor& values, std::int64_t chunk, StagedPatch& sp) {
   const std::int64_t k = d.cols, bh = d.block_rows, bw = d.block_cols;
   const std::int64_t nbr = d.rows / bh, nbc = k / bw;
   const at::Tensor patched = detail::flat_bits(src).clone();
@@ -91,7 +91,7 @@ std::size_t recompute_every_block(const LayerPlan& lp, const PlannedDerivation& 
   std::vector<at::Tensor> whole;
   for (const PlannedDerivation::Output& o : d.outputs)
     whole.push_back(at::empty_like(detail::flat_bits(lp.slots[o.slot].captured)));
-  const std::int64_t per_call = std::max<std::int64_t>(1, kLandChunk / (bh * k));  // block-rows
+  const std::int64_t per_call = std::max<std::int64_t>(1, chunk / (bh * k));  // block-rows
   for (std::int64_t r0 = 0; r0 < nbr; r0 += per_call) {
     const std::int64_t rows = std::min(per_call, nbr - r0), count = rows * nbc;
     // [count, bh, bw], block by block: block-rows are contiguous; with
@@ -147,7 +147,9 @@ void add_indexed_write(StagedPatch& sp, const at::Tensor& dst, const at::Tensor&
   sp.writes.push_back({bits, sorted, values.index_select(0, order)});
 }
 
-std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLanding>& ls, StagedPatch& sp) {
+std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLanding>& ls, StagedPatch& sp,
+                                std::int64_t chunk_elements) {
+  const std::int64_t chunk = chunk_elements > 0 ? chunk_elements : kLandChunk;
   using at::indexing::Slice;
   std::size_t recomputed = 0;
   for (const PlannedDerivation& d : lp.derivations) {
@@ -159,7 +161,7 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
     const auto [f, values] = entries_in_source(src, ls);
     if (!f.defined()) continue;
     if (f.numel() >= nbr * nbc) {  // Note [Recomputing every block]
-      recomputed += recompute_every_block(lp, d, src, f, values, sp);
+      recomputed += recompute_every_block(lp, d, src, f, values, chunk, sp);
       continue;
     }
     // 2. The touched blocks, and the entries sorted by block.
@@ -168,15 +170,27 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
     const auto [by_block, order] = at::sort(b, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false);
     const at::Tensor in_block = (r.remainder(bh) * bw + c.remainder(bw)).index_select(0, order);
     const at::Tensor v = values.index_select(0, order);
-    const at::Tensor u = std::get<0>(at::_unique(b, /*sorted=*/true));
-    const std::int64_t count = u.numel(), per_call = std::max<std::int64_t>(1, kLandChunk / (bh * bw));
-    if (count == 0) continue;  // entries that change nothing
-    const at::Tensor starts = at::arange(0, count, per_call, longs);
-    std::vector<std::int64_t> bounds(static_cast<std::size_t>(starts.numel()) + 1, by_block.numel());
-    {
-      const at::Tensor firsts = at::searchsorted(by_block, u.index_select(0, starts)).cpu();  // the one sync
-      for (std::int64_t i = 0; i < starts.numel(); ++i) bounds[static_cast<std::size_t>(i)] = firsts[i].item<std::int64_t>();
-    }
+    // The touched blocks in order, and where each chunk of them starts
+    // among the sorted entries: each entry's block ordinal (a running count
+    // of block changes), each block's id put at its ordinal, the chunks'
+    // first entries found by ordinal; their count and the chunks' starts
+    // come to the host together (the one synchronization: at::unique would
+    // take another).
+    const std::int64_t m = by_block.numel(), per_call = std::max<std::int64_t>(1, chunk / (bh * bw));
+    if (m == 0) continue;  // entries that change nothing
+    const at::Tensor starts_block = at::ones({m}, longs);
+    if (m > 1) starts_block.narrow(0, 1, m - 1).copy_(by_block.narrow(0, 1, m - 1).ne(by_block.narrow(0, 0, m - 1)));
+    const at::Tensor ordinal = starts_block.cumsum(0).sub_(1);
+    const std::int64_t most = std::min(m, nbr * nbc), most_chunks = (most + per_call - 1) / per_call;
+    const at::Tensor touched = at::empty({most}, longs).index_put_({ordinal}, by_block);  // equal values collide
+    const at::Tensor host =
+        at::cat({at::searchsorted(ordinal, at::arange(0, most_chunks * per_call, per_call, longs)), ordinal.narrow(0, m - 1, 1) + 1})
+            .cpu();
+    const std::int64_t* at_host = host.const_data_ptr<std::int64_t>();
+    const std::int64_t count = at_host[most_chunks], chunks = (count + per_call - 1) / per_call;
+    const at::Tensor u = touched.narrow(0, 0, count);
+    std::vector<std::int64_t> bounds(at_host, at_host + chunks);
+    bounds.push_back(m);
     // Each output whole or sparse, by the memory it takes (Note [Patches
     // through block derivations]).
     std::vector<OutputWrite> w(d.outputs.size());
@@ -189,7 +203,7 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
         w[j].whole = count == nbr * nbc ? at::empty_like(detail::flat_bits(out)) : detail::flat_bits(out).clone();
     }
     const at::Tensor src_blocks = detail::flat_bits(src).view({nbr, bh, nbc, bw});
-    for (std::int64_t ci = 0; ci < starts.numel(); ++ci) {
+    for (std::int64_t ci = 0; ci < chunks; ++ci) {
       const std::int64_t first = ci * per_call, cnt = std::min(per_call, count - first);
       const at::Tensor ids = u.narrow(0, first, cnt);
       const at::Tensor rows = ids.div(nbc, "floor"), cols = ids.remainder(nbc);

@@ -39,6 +39,9 @@ void add_indexed_write(StagedPatch& sp, const at::Tensor& dst, const at::Tensor&
 // count and chunks), none for one that takes every block; per output,
 // O(touched blocks) memory or at most twice the output, whichever is less,
 // and a copy of the source for one that takes every block.
-std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLanding>& ls, StagedPatch& sp);
+// `chunk_elements` (> 0) replaces the source elements per call of the
+// function (testing::EngineHooks::land_chunk_elements).
+std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLanding>& ls, StagedPatch& sp,
+                                std::int64_t chunk_elements = 0);
 
 }  // namespace gk

@@ -382,7 +382,7 @@ void ReloadEngine::Impl::stage_scatter_layers(PatchStaging& ps) {
     }
     ReloadReport::PatchStats::Landing& landing = *std::find_if(
         rep.patch.landings.begin(), rep.patch.landings.end(), [&](const auto& l) { return l.layer == lp.prefix; });
-    landing.blocks_recomputed = land_derived_blocks(lp, ls, *ps.sp);
+    landing.blocks_recomputed = land_derived_blocks(lp, ls, *ps.sp, hooks.land_chunk_elements);
     landing.layout_elements = land_layout_elements(lp, ls, *ps.sp);
     rep.patch.blocks_recomputed += landing.blocks_recomputed;
     rep.patch.layout_elements += landing.layout_elements;

@@ -664,15 +664,21 @@ void check_failed_commit_restores(Rig& rig, Rig& full, const Weights& w1, std::m
 // sector writes: each serves what a full reload serves, bit for bit, the
 // served content version too, and the same patch on Undeclared re-runs
 // PWAL to the same bits. `check(r, u)` adds the checks of the declared
-// landing's report r and the undeclared one's u.
+// landing's report r and the undeclared one's u. `chunk` (> 0): block
+// derivations land that many source elements per call of their function
+// (testing::EngineHooks::land_chunk_elements), a block or two.
 template <class Declared, class Undeclared, class Check>
-void check_patch_chain(std::uint64_t seed, double small, double large, const Check& check) {
+void check_patch_chain(std::uint64_t seed, double small, double large, const Check& check,
+                       std::int64_t chunk = 0) {
   for (gk::PatchWrites writes : {gk::PatchWrites::elements, gk::PatchWrites::sectors})
     for (bool staged : {false, true}) {
       CAPTURE(staged);
       std::mt19937_64 rng(seed);
       const Weights w0 = quant_weights(rng), w1 = step(w0, rng, small), w2 = step(w1, rng, large);
       BasicRig<Declared> rig(w0), full(w0);
+      gk::testing::EngineHooks h;
+      h.land_chunk_elements = chunk;
+      const gk::testing::ScopedHooks chunked(rig.engine.get(), std::move(h));
       BasicRig<Undeclared> slow(w0);
       const at::Tensor out0 = rig.replay();
       gk::PatchOptions o = rig.engine->options().patch;
@@ -745,6 +751,18 @@ TEST_CASE("block derivations: a patch recomputes only the blocks it touches, wit
     INFO("2x4 groups, two values per block, group-major (packed words' layout)");
     pt::check_patch_chain<pt::QuantModel<pt::QuantBlocks, pt::Blocks::packed>,
                           pt::QuantModel<pt::QuantPlain, pt::Blocks::packed_undeclared>>(9, 0.02, 0.3, blocks);
+  }
+  // The same with a landing of a block or two per call of the function:
+  // the touched blocks' chunks, and every block's, in many pieces.
+  {
+    INFO("per row, one block per call");
+    pt::check_patch_chain<pt::QuantModel<pt::QuantBlocks, pt::Blocks::rows>,
+                          pt::QuantModel<pt::QuantPlain, pt::Blocks::undeclared>>(9, 0.05, 0.3, blocks, pt::QC);
+  }
+  {
+    INFO("2x4 groups, two values per block, three blocks per call");
+    pt::check_patch_chain<pt::QuantModel<pt::QuantBlocks, pt::Blocks::packed>,
+                          pt::QuantModel<pt::QuantPlain, pt::Blocks::packed_undeclared>>(9, 0.05, 0.3, blocks, 24);
   }
 
   // Only the touched blocks: one element of row 5 recomputes one row.

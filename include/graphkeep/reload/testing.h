@@ -104,6 +104,10 @@ struct EngineHooks {
   // the staged hashes (a patch is rolled back on a difference). One read of
   // the written tensors inside the pause.
   bool verify_served = false;
+  // Source elements per call of a block derivation's function while a patch
+  // lands (0: the engine's, millions): a test sets a few blocks' worth to
+  // take the landing through several chunks.
+  std::int64_t land_chunk_elements = 0;
 };
 
 // Hooks that only leave `slots` out of copy-back, or only treat `members`
