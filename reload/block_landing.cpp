@@ -39,9 +39,9 @@
 // A patch of scattered elements touches nearly every block of a weight
 // quantized per row or per group: 1 % of a row of 4,096 is ~40 elements.
 // Finding the touched blocks then costs more than it saves: a sort, a
-// unique and a synchronization for their count, a gather of the blocks and
-// a scatter of the results, per derivation (an 8B FP8 model has 224). So
-// when a derivation's source receives at least as many entries as it has
+// synchronization for their count, a gather of the blocks and a scatter of
+// the results, per derivation (the example engine's 8B FP8 model has 128).
+// So when a derivation's source receives at least as many entries as it has
 // blocks (the host knows both: the entries' sizes; for entries at random
 // positions, at least 63 % of the blocks are touched), every block is
 // recomputed instead, as PWAL computes them: the source is copied once
