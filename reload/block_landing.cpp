@@ -94,10 +94,9 @@ std::size_t recompute_every_block(const LayerPlan& lp, const PlannedDerivation& 
   const std::int64_t per_call = std::max<std::int64_t>(1, chunk / (bh * k));  // block-rows
   for (std::int64_t r0 = 0; r0 < nbr; r0 += per_call) {
     const std::int64_t rows = std::min(per_call, nbr - r0), count = rows * nbc;
-    // [count, bh, bw], block by block: block-rows are contiguous; with
-    // several blocks per block-row, each block's rows are gathered.
-    const at::Tensor bits = nbc == 1 ? patched.narrow(0, r0 * bh * k, rows * bh * k)
-                                     : patched.view({nbr, bh, nbc, bw}).narrow(0, r0, rows).permute({0, 2, 1, 3}).contiguous();
+    // [count, bh, bw], block by block (with one block per block-row, the
+    // permutation moves nothing and contiguous() copies nothing).
+    const at::Tensor bits = patched.view({nbr, bh, nbc, bw}).narrow(0, r0, rows).permute({0, 2, 1, 3}).contiguous();
     const std::vector<at::Tensor> outs = d.fn(bits.view(src.scalar_type()).view({count, bh, bw}));
     detail::check_block_outputs(lp, d, outs, count, "the patch was not staged");
     for (std::size_t j = 0; j < outs.size(); ++j) {
@@ -105,8 +104,7 @@ std::size_t recompute_every_block(const LayerPlan& lp, const PlannedDerivation& 
       const std::int64_t m = d.outputs[j].per_block;
       switch (d.outputs[j].layout) {  // where block_output_index puts them, for a range of whole block-rows
         case BlockLayout::same_as_source:
-          if (nbc == 1) whole[j].narrow(0, r0 * bh * k, rows * bh * k).copy_(out);
-          else whole[j].view({nbr, bh, nbc, bw}).narrow(0, r0, rows).copy_(out.view({rows, nbc, bh, bw}).permute({0, 2, 1, 3}));
+          whole[j].view({nbr, bh, nbc, bw}).narrow(0, r0, rows).copy_(out.view({rows, nbc, bh, bw}).permute({0, 2, 1, 3}));
           break;
         case BlockLayout::one_per_block: whole[j].narrow(0, r0 * nbc * m, count * m).copy_(out); break;
         case BlockLayout::one_per_block_transposed:
@@ -181,14 +179,15 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
     const at::Tensor starts_block = at::ones({m}, longs);
     if (m > 1) starts_block.narrow(0, 1, m - 1).copy_(by_block.narrow(0, 1, m - 1).ne(by_block.narrow(0, 0, m - 1)));
     const at::Tensor ordinal = starts_block.cumsum(0).sub_(1);
-    const std::int64_t most = std::min(m, nbr * nbc), most_chunks = (most + per_call - 1) / per_call;
-    const at::Tensor touched = at::empty({most}, longs).index_put_({ordinal}, by_block);  // equal values collide
+    // (Fewer entries than blocks here: at most m blocks, in at most m_chunks chunks.)
+    const std::int64_t m_chunks = (m + per_call - 1) / per_call;
+    const at::Tensor block_ids = at::empty({m}, longs).index_put_({ordinal}, by_block);  // equal values collide
     const at::Tensor host =
-        at::cat({at::searchsorted(ordinal, at::arange(0, most_chunks * per_call, per_call, longs)), ordinal.narrow(0, m - 1, 1) + 1})
+        at::cat({at::searchsorted(ordinal, at::arange(0, m_chunks * per_call, per_call, longs)), ordinal.narrow(0, m - 1, 1) + 1})
             .cpu();
     const std::int64_t* at_host = host.const_data_ptr<std::int64_t>();
-    const std::int64_t count = at_host[most_chunks], chunks = (count + per_call - 1) / per_call;
-    const at::Tensor u = touched.narrow(0, 0, count);
+    const std::int64_t count = at_host[m_chunks], chunks = (count + per_call - 1) / per_call;
+    const at::Tensor u = block_ids.narrow(0, 0, count);
     std::vector<std::int64_t> bounds(at_host, at_host + chunks);
     bounds.push_back(m);
     // Each output whole or sparse, by the memory it takes (Note [Patches
@@ -198,9 +197,8 @@ std::size_t land_derived_blocks(const LayerPlan& lp, const std::vector<PatchLand
       const at::Tensor& out = lp.slots[d.outputs[j].slot].captured;
       const std::int64_t e = static_cast<std::int64_t>(out.element_size());
       const std::int64_t touched = count * detail::values_per_block(d, d.outputs[j]);
-      // Whole: every block touched needs no copy of the old output to start from.
-      if (out.numel() * 2 * e <= touched * (8 + 2 * e))
-        w[j].whole = count == nbr * nbc ? at::empty_like(detail::flat_bits(out)) : detail::flat_bits(out).clone();
+      // (Some block is untouched here, so whole starts from the old output.)
+      if (out.numel() * 2 * e <= touched * (8 + 2 * e)) w[j].whole = detail::flat_bits(out).clone();
     }
     const at::Tensor src_blocks = detail::flat_bits(src).view({nbr, bh, nbc, bw});
     for (std::int64_t ci = 0; ci < chunks; ++ci) {
