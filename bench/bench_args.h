@@ -10,12 +10,15 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 
 namespace gkbench {
 
-// --model, --format, --json, --device, --batch, --blocking-sync.
+// --model, --format, --json, --device, --batch, --blocking-sync, --commit.
 struct CommonArgs {
   explicit CommonArgs(std::int64_t default_batch) : batch(default_batch) {}
   std::string model = "tiny";
@@ -26,7 +29,28 @@ struct CommonArgs {
   // The device's waits sleep instead of spinning (bench_sync.h): the host
   // CPU times then count the host's work, not its waits for the device.
   bool blocking_sync = false;
+  // The commit the binary was built from, for the rows (--commit; else
+  // $GK_COMMIT; else .gpu-bin/COMMIT, which `scripts/gpu.sh pack` writes).
+  std::string commit = default_commit();
+
+  static std::string default_commit() {
+    if (const char* env = std::getenv("GK_COMMIT"); env != nullptr && *env != '\0') return env;
+    std::ifstream f(".gpu-bin/COMMIT");
+    std::string rev;
+    if (f >> rev) return rev;
+    return "unknown";
+  }
 };
+
+// Today's UTC date, YYYY-MM-DD, for the rows.
+inline std::string utc_date() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
+}
 
 class ArgWalker {
  public:
@@ -49,6 +73,7 @@ class ArgWalker {
     else if (k == "--device") c.device = value();
     else if (k == "--batch") c.batch = std::stoll(value());
     else if (k == "--blocking-sync") c.blocking_sync = true;
+    else if (k == "--commit") c.commit = value();
     else return false;
     return true;
   }

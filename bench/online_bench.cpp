@@ -46,6 +46,8 @@
 //
 //   gk-online-bench --model llama8b --format dense --json out.json
 //   gk-online-bench --model tiny --device cpu        (a smoke run anywhere)
+//   gk-online-bench ... --scale-json docs/data/reload_scale_h200.json   (issue 32's
+//                                         rows, Note [Scale rows]; --commit REV)
 //   gk-online-bench ... --trace t.json   (a Kineto trace of one more streaming reload, trainer's
 //                                         tensors adopted; bench/trace_summary.py)
 //
@@ -68,6 +70,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 #ifdef GRAPHKEEP_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -232,6 +235,7 @@ int main(int argc, char** argv) {
   int reps = 3;                   // streaming reloads measured (median)
   std::int64_t layers = 0;        // > 0: the model's layer count (the slot count of a big model, small tensors)
   std::string trace;              // a Kineto trace of one more streaming reload (adopted)
+  std::string scale_json;         // issue 32's rows (Note [Scale rows]) appended here
   for (gkbench::ArgWalker a(argc, argv); a.next();) {
     if (a.common(common)) continue;
     const std::string k = a.flag();
@@ -248,9 +252,10 @@ int main(int argc, char** argv) {
     else if (k == "--reps") reps = std::max(1, std::stoi(val()));
     else if (k == "--layers") layers = std::stoll(val());
     else if (k == "--trace") trace = val();
+    else if (k == "--scale-json") scale_json = val();
     else {
       std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|llama8b-e32|dsv3-count|tiny] [--format dense|fp8|w4a16] "
-                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--min-stage-steps N] [--kv-len L] [--reps N] [--layers N] [--json FILE] [--trace FILE] [--blocking-sync]\n");
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--min-stage-steps N] [--kv-len L] [--reps N] [--layers N] [--json FILE] [--scale-json FILE] [--trace FILE] [--blocking-sync] [--commit REV]\n");
       return 2;
     }
   }
@@ -534,6 +539,52 @@ int main(int argc, char** argv) {
     const std::string line = row.dump();
     std::printf("%s\n", line.c_str());
     if (!json.empty()) std::ofstream(json, std::ios::app) << line << "\n";
+
+    // Note [Scale rows]
+    // ~~~~~~~~~~~~~~~~~
+    // docs/data/reload_scale_*.json hold one row per mode with the keys
+    // issue 32 names, in its order: `streaming` (the trainer's tensors
+    // adopted; serving waits for the whole reload, so pause_ms is
+    // reload_ms), and, when staging ran, `staged` twice: with the adopted-
+    // content check on (reload_ms is stage + pause) and off (the pause
+    // alone; the stage was not timed apart). host_us_per_slot is the
+    // streaming reload's (null for the staged rows: not measured), and
+    // check_adopted_content is null for it (a staged commit's option).
+    // `tensors` counts the checkpoint's tensors, `slots` the plan's.
+    const std::string card =
+#ifdef GRAPHKEEP_WITH_CUDA
+        device.is_cuda() ? std::string(at::cuda::getDeviceProperties(device.index())->name) :
+#endif
+                         std::string("cpu");
+    auto scale_row = [&](const char* mode, double reload, double pause, double host, const nlohmann::ordered_json& checked) {
+      return nlohmann::ordered_json{
+          {"model", model},
+          {"format", format_name},
+          {"model_bytes", static_cast<std::int64_t>(weights_bytes)},
+          {"tensors", shapes.size()},
+          {"slots", plan.num_slots()},
+          {"mode", mode},
+          {"reload_ms", maybe(reload, 3)},
+          {"pause_ms", maybe(pause, 3)},
+          {"d2d_copy_ms", num(d2d, 3)},
+          {"host_us_per_slot", maybe(host, 2)},
+          {"check_adopted_content", nlohmann::ordered_json(checked)},
+          {"commit", common.commit},
+          {"date", gkbench::utc_date()},
+          {"gpu", card},
+          {"layers", cfg.num_hidden_layers},
+          {"reps", reps},
+          {"sync", sync},
+      };
+    };
+    if (!scale_json.empty()) {
+      std::ofstream out(scale_json, std::ios::app);
+      out << scale_row("streaming", reload_ms, reload_ms, host_us, nullptr).dump() << "\n";
+      if (stage_ms >= 0 && pause_ms >= 0) {
+        out << scale_row("staged", stage_ms + pause_ms, pause_ms, -1, true).dump() << "\n";
+        out << scale_row("staged", -1, pause_unhashed_ms, -1, false).dump() << "\n";
+      }
+    }
     return drift == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gk-online-bench: %s\n", e.what());

@@ -455,6 +455,8 @@ suite_pack() {
   for b in ${GK_PACK:-tests/test_delta tests/test_patch_reload tests/test_content_hash bench/bench_delta}; do
     cp "$from/$b" .gpu-bin/ || return 1
   done
+  # The rows' commit (bench_args.h reads it); -dirty: built from uncommitted changes.
+  echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' 2>/dev/null || echo -dirty)" > .gpu-bin/COMMIT
   cat > .gpu-bin/run <<'RUN'
 #!/usr/bin/env bash
 # Runs one packed binary against this machine's PyTorch (made by scripts/gpu.sh pack).
