@@ -46,8 +46,8 @@
 //
 //   gk-online-bench --model llama8b --format dense --json out.json
 //   gk-online-bench --model tiny --device cpu        (a smoke run anywhere)
-//   gk-online-bench ... --scale-json docs/data/reload_scale_h200.json   (issue 32's
-//                                         rows, Note [Scale rows]; --commit REV)
+//   gk-online-bench ... --scale-json FILE   (the reload's cost against the model's
+//                                         bytes and tensors, Note [Scale rows]; --commit REV)
 //   gk-online-bench ... --trace t.json   (a Kineto trace of one more streaming reload, trainer's
 //                                         tensors adopted; bench/trace_summary.py)
 //
@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
   int reps = 3;                   // streaming reloads measured (median)
   std::int64_t layers = 0;        // > 0: the model's layer count (the slot count of a big model, small tensors)
   std::string trace;              // a Kineto trace of one more streaming reload (adopted)
-  std::string scale_json;         // issue 32's rows (Note [Scale rows]) appended here
+  std::string scale_json;         // the scale rows (Note [Scale rows]) appended here
   for (gkbench::ArgWalker a(argc, argv); a.next();) {
     if (a.common(common)) continue;
     const std::string k = a.flag();
@@ -542,8 +542,9 @@ int main(int argc, char** argv) {
 
     // Note [Scale rows]
     // ~~~~~~~~~~~~~~~~~
-    // docs/data/reload_scale_*.json hold one row per mode with the keys
-    // issue 32 names, in its order: `streaming` (the trainer's tensors
+    // The reload's cost against the model's bytes and tensor count, one row
+    // per mode, its keys in a fixed order for the scaling plot in
+    // docs/performance.md: `streaming` (the trainer's tensors
     // adopted; serving waits for the whole reload, so pause_ms is
     // reload_ms), and, when staging ran, `staged` twice: with the adopted-
     // content check on (reload_ms is stage + pause) and off (the pause
