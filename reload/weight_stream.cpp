@@ -457,8 +457,12 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   }
 
   // Completion gate: every checkpoint tensor and every shard, exactly once.
+  // Each layer counted its complete tensors as they arrived; the walk over
+  // every expected name (18,000 at the MoE) runs only to name what is missing.
+  const bool complete = std::all_of(runs.begin(), runs.end(), [](const LayerRun& r) { return r.loaded == r.expected; });
   std::vector<std::string> missing;
   for (const auto& [name, e] : expected) {
+    if (complete) break;  // (nothing to name)
     const auto& s = runs[e.layer].shards[e.flat];
     std::vector<std::int64_t> absent;
     for (std::int64_t k = 0; k < e.num_shards; ++k)
