@@ -115,6 +115,9 @@ struct ReloadEngine::Impl {
   std::unordered_map<std::string, Expected> expected;
   std::unordered_map<std::string, ExpectedParam> expected_params;
   std::vector<std::size_t> expected_per_layer;
+  // Per layer: where each checkpoint tensor's shards start in its completion
+  // set (CompletionSet), one entry past the last.
+  std::vector<std::shared_ptr<const std::vector<std::size_t>>> shard_starts;
   struct Tracked {
     ReplayBackend* graph;  // valid only while `alive` has not expired
     std::weak_ptr<const void> alive;

@@ -20,12 +20,43 @@ namespace gk {
 // LayerRun::Pending::tensor of a whole parameter delivered under its own name.
 inline constexpr std::size_t kWholeParam = static_cast<std::size_t>(-1);
 
+// Which shards of a layer's checkpoint tensors have arrived: one byte per
+// shard, the shards of tensor `flat` at [first[flat], first[flat + 1]).
+// `first` is the layer's, made once per plan (ReloadEngine::Impl::
+// index_expected) and shared by every reload's runs: a reload allocates
+// one array per layer, not one per checkpoint tensor (18,000 at the MoE).
+class CompletionSet {
+ public:
+  CompletionSet() = default;
+  explicit CompletionSet(std::shared_ptr<const std::vector<std::size_t>> first)
+      : first_(std::move(first)), arrived_(first_->empty() ? 0 : first_->back(), 0) {}
+
+  std::int64_t shards(std::size_t flat) const { return static_cast<std::int64_t>((*first_)[flat + 1] - (*first_)[flat]); }
+  bool has(std::size_t flat, std::int64_t shard) const { return arrived_[at(flat, shard)] != 0; }
+  void mark(std::size_t flat, std::int64_t shard) { arrived_[at(flat, shard)] = 1; }
+  bool any(std::size_t flat) const { return count(flat) > 0; }
+  bool complete(std::size_t flat) const { return count(flat) == shards(flat); }
+  void mark_all(std::size_t flat) {
+    for (std::size_t i = (*first_)[flat]; i < (*first_)[flat + 1]; ++i) arrived_[i] = 1;
+  }
+
+ private:
+  std::size_t at(std::size_t flat, std::int64_t shard) const { return (*first_)[flat] + static_cast<std::size_t>(shard); }
+  std::int64_t count(std::size_t flat) const {
+    std::int64_t n = 0;
+    for (std::size_t i = (*first_)[flat]; i < (*first_)[flat + 1]; ++i) n += arrived_[i];
+    return n;
+  }
+  std::shared_ptr<const std::vector<std::size_t>> first_;
+  std::vector<char> arrived_;
+};
+
 struct LayerRun {
   enum class Phase { waiting, processed, committed };
   Phase phase = Phase::waiting;
   bool detached = false;
-  std::vector<std::vector<bool>> shards;  // completion set: [tensor][shard]
-  std::size_t loaded = 0, expected = 0;
+  CompletionSet shards;  // which shards of its checkpoint tensors arrived
+  std::size_t loaded = 0, expected = 0;  // checkpoint tensors complete, and in all
   struct Pending {
     std::size_t param, tensor;  // tensor: kWholeParam for a whole parameter
     std::int64_t shard;

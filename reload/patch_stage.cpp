@@ -493,7 +493,7 @@ void ReloadEngine::Impl::rerun_patched_layer(PatchStaging& ps, std::size_t li, c
           run.pending.push_back({pi, ti, s,
                                  ct.num_shards == 1 ? whole : whole.narrow(ct.shard_dim, s * piece, piece).contiguous(),
                                  name});
-        run.shards[expected.at(name).flat].assign(static_cast<std::size_t>(ct.num_shards), true);
+        run.shards.mark_all(expected.at(name).flat);
       }
     }
     run.loaded = run.expected;

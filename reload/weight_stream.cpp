@@ -226,8 +226,7 @@ bool any_cuda_slot(const SlotPlan& plan) {
 // has arrived: O(its shards) per arrival, not O(the layer's tensors) (a
 // MoE layer has about 390).
 void count_if_complete(LayerRun& run, std::size_t flat) {
-  const auto& s = run.shards[flat];
-  if (std::all_of(s.begin(), s.end(), [](bool b) { return b; })) run.loaded += 1;
+  if (run.shards.complete(flat)) run.loaded += 1;
 }
 // A whole parameter arrived under its name: it fills every shard of every
 // checkpoint tensor of the parameter, none of which may arrive as well.
@@ -238,8 +237,7 @@ void deliver_whole(const SlotPlan& plan, const ExpectedParam& ep, NamedTensor&& 
   GK_CHECK(WeightError, nt.shard == 0, "parameter '", nt.name, "' arrived as shard ", nt.shard,
            ": a whole parameter arrives in one piece (shard 0); deliver its checkpoint tensors to send shards");
   bool any = false;
-  for (std::size_t f : ep.flats)
-    for (bool b : run.shards[f]) any = any || b;
+  for (std::size_t f : ep.flats) any = any || run.shards.any(f);
   GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !any, "parameter '", nt.name,
            "' was delivered whole by ", source.describe(),
            ", but some of its checkpoint tensors were delivered too (or it came twice); a parameter loads "
@@ -250,7 +248,7 @@ void deliver_whole(const SlotPlan& plan, const ExpectedParam& ep, NamedTensor&& 
            " (the checkpoint-format parameter: its checkpoint tensors concatenated along dim 0)");
   GK_CHECK(WeightError, nt.value.scalar_type() == ep.dtype, "parameter '", nt.name, "' has dtype ",
            nt.value.scalar_type(), " but the model expects ", ep.dtype);
-  for (std::size_t f : ep.flats) run.shards[f].assign(run.shards[f].size(), true);
+  for (std::size_t f : ep.flats) run.shards.mark_all(f);
   run.loaded += ep.flats.size();  // none of them had a shard (checked above)
   rep.tensors_loaded += 1;
   rep.bytes_loaded += nt.value.nbytes();
@@ -261,8 +259,10 @@ void deliver_whole(const SlotPlan& plan, const ExpectedParam& ep, NamedTensor&& 
 void ReloadEngine::Impl::index_expected() {
   expected.clear();
   expected_per_layer.assign(plan.layers().size(), 0);
+  shard_starts.assign(plan.layers().size(), nullptr);
   for (std::size_t li = 0; li < plan.layers().size(); ++li) {
     const LayerPlan& lp = plan.layers()[li];
+    auto starts = std::make_shared<std::vector<std::size_t>>(1, 0);
     for (std::size_t pi = 0; pi < lp.params.size(); ++pi)
       for (std::size_t ti = 0; ti < lp.params[pi].tensors.size(); ++ti) {
         const CheckpointTensor& t = lp.params[pi].tensors[ti];
@@ -271,7 +271,9 @@ void ReloadEngine::Impl::index_expected() {
                  "' is expected by two parameters; each checkpoint tensor loads into one place");
         expected.emplace(full, Expected{li, pi, ti, expected_per_layer[li], t.shard_shape(), t.dtype, t.num_shards});
         expected_per_layer[li] += 1;
+        starts->push_back(starts->back() + static_cast<std::size_t>(t.num_shards));
       }
+    shard_starts[li] = std::move(starts);
   }
   // Whole parameters, by their full names, where no checkpoint tensor has
   // that name (a plain module's "norm.weight" is both: it stays a tensor).
@@ -292,9 +294,8 @@ std::vector<LayerRun> ReloadEngine::Impl::new_runs() const {
   std::vector<LayerRun> runs(plan.layers().size());
   for (std::size_t li = 0; li < runs.size(); ++li) {
     runs[li].expected = expected_per_layer[li];
-    runs[li].shards.resize(expected_per_layer[li]);
+    runs[li].shards = CompletionSet(shard_starts[li]);
   }
-  for (const auto& [name, e] : expected) runs[e.layer].shards[e.flat].assign(e.num_shards, false);
   return runs;
 }
 void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::RunOptions& options,
@@ -428,7 +429,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
       LayerRun& run = runs[e.layer];
       GK_CHECK(WeightError, nt->shard >= 0 && nt->shard < e.num_shards, "weight '", nt->name, "' shard ",
                nt->shard, " is out of range: the model expects ", e.num_shards, " shard(s)");
-      GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !run.shards[e.flat][nt->shard],
+      GK_CHECK(WeightError, run.phase == LayerRun::Phase::waiting && !run.shards.has(e.flat, nt->shard),
                "weight '", nt->name, "'", e.num_shards > 1 ? concat(" shard ", nt->shard) : std::string(),
                " was delivered twice by ", source.describe(), whole_note(plan, expected_params, e),
                "; each checkpoint tensor loads exactly once");
@@ -438,7 +439,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
                " but the model expects ", at::IntArrayRef(e.shard_shape));
       GK_CHECK(WeightError, nt->value.scalar_type() == e.dtype, "weight '", nt->name, "' has dtype ",
                nt->value.scalar_type(), " but the model expects ", e.dtype);
-      run.shards[e.flat][nt->shard] = true;
+      run.shards.mark(e.flat, nt->shard);
       rep.tensors_loaded += 1;
       rep.bytes_loaded += nt->value.nbytes();
       run.pending.push_back({e.param, e.tensor, nt->shard, std::move(nt->value), std::move(nt->name)});
@@ -463,10 +464,10 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   std::vector<std::string> missing;
   for (const auto& [name, e] : expected) {
     if (complete) break;  // (nothing to name)
-    const auto& s = runs[e.layer].shards[e.flat];
+    const CompletionSet& s = runs[e.layer].shards;
     std::vector<std::int64_t> absent;
     for (std::int64_t k = 0; k < e.num_shards; ++k)
-      if (!s[k]) absent.push_back(k);
+      if (!s.has(e.flat, k)) absent.push_back(k);
     if (absent.empty()) continue;
     if (e.num_shards == 1 || static_cast<std::int64_t>(absent.size()) == e.num_shards)
       missing.push_back(concat("'", name, "'"));
