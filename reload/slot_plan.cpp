@@ -96,6 +96,8 @@ void SlotPlan::index() {
       if (s.defined() && s.storage_nbytes > 0) ranges_.push_back({s.storage_begin(), s.storage_end(), li, si});
     }
   std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (std::size_t i = 0; i < ranges_.size(); ++i)
+    ranges_[i].reach = std::max(ranges_[i].end, i > 0 ? ranges_[i - 1].reach : 0);
   // Slots viewing one storage have equal storage bases: adjacent after the
   // sort, so each group is one range of the index.
   for (auto& l : layers_)
@@ -116,11 +118,13 @@ std::optional<SlotPlan::Owner> SlotPlan::find_owner(std::uintptr_t address) cons
   auto it = std::upper_bound(ranges_.begin(), ranges_.end(), address,
                              [](std::uintptr_t a, const Range& r) { return a < r.begin; });
   // Ranges may overlap (several slots viewing one storage); scan back while
-  // a range can still contain the address.
+  // a range at or before `it` still reaches past the address. An address in
+  // no slot (a trainer's tensor asked about at adoption) stops at once
+  // instead of walking every range below it.
   while (it != ranges_.begin()) {
     --it;
+    if (it->reach <= address) break;
     if (address < it->end) return Owner{&layers_[it->layer], &layers_[it->layer].slots[it->slot]};
-    if (it->end <= address && it == ranges_.begin()) break;
   }
   return std::nullopt;
 }

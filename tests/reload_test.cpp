@@ -64,6 +64,37 @@ TEST_CASE("prepare() plans parameters, buffers and declared slots, aliases merge
   CHECK(has_n);
 }
 
+TEST_CASE("find_owner: every byte of every slot's storage has an owner that holds it; a byte of no slot has none") {
+  Rig<> rig;
+  const gk::SlotPlan& plan = rig.engine->plan();
+  std::size_t asked = 0;
+  for (const gk::LayerPlan& lp : plan.layers())
+    for (const gk::PlannedSlot& s : lp.slots) {
+      if (!s.defined() || s.storage_nbytes == 0) continue;
+      for (std::uintptr_t a : {s.storage_begin(), s.storage_begin() + s.storage_nbytes / 2, s.storage_end() - 1}) {
+        const auto owner = plan.find_owner(a);
+        REQUIRE(owner.has_value());
+        CHECK(owner->slot->storage_begin() <= a);
+        CHECK(a < owner->slot->storage_end());
+        ++asked;
+      }
+    }
+  CHECK(asked >= 3 * 8);
+  // Tensors of no slot, made after the plan (above and between its storages
+  // as the allocator places them), and a byte past every storage.
+  std::uintptr_t last = 0;
+  for (const gk::LayerPlan& lp : plan.layers())
+    for (const gk::PlannedSlot& s : lp.slots)
+      if (s.defined()) last = std::max(last, s.storage_end());
+  CHECK_FALSE(plan.find_owner(last).has_value());
+  for (int i = 0; i < 16; ++i) {
+    const at::Tensor t = at::empty({16 << i}, at::kFloat);
+    const auto begin = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+    CHECK_FALSE(plan.find_owner(begin).has_value());
+    CHECK_FALSE(plan.find_owner(begin + t.nbytes() - 1).has_value());
+  }
+}
+
 TEST_CASE("the negative baseline: without copy-back a rebuilt kernel escapes and replay reads stale memory") {
   Rig<> rig({}, 1, gk::testing::unprotect({"l1.kernel_.scale_"}));
   const at::Tensor before = rig.replay();

@@ -174,6 +174,7 @@ class SlotPlan {
   struct Range {
     std::uintptr_t begin, end;
     std::uint32_t layer, slot;
+    std::uintptr_t reach = 0;  // the largest `end` of this range and every one before it
   };
   std::vector<Range> ranges_;
   std::vector<std::string> undeclared_;
