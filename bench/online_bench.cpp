@@ -543,8 +543,8 @@ int main(int argc, char** argv) {
     // Note [Scale rows]
     // ~~~~~~~~~~~~~~~~~
     // The reload's cost against the model's bytes and tensor count, one row
-    // per mode, its keys in a fixed order for the scaling plot in
-    // docs/performance.md: `streaming` (the trainer's tensors
+    // per mode, its keys in a fixed order (the rows of
+    // docs/data/reload_scale_h100.json): `streaming` (the trainer's tensors
     // adopted; serving waits for the whole reload, so pause_ms is
     // reload_ms), and, when staging ran, `staged` twice: with the adopted-
     // content check on (reload_ms is stage + pause) and off (the pause
