@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "byte_copies.h"
 #include "cuda/batched_copy.h"
 #endif
 
@@ -68,36 +69,6 @@ void launch(const cuda::CopyBatch& batch, c10::Device device, void* stream) {
            ")");
 }
 
-// gk::copy_slots' launcher: one CopyBatch at a time, launched when full, when
-// the device changes, and at the end (Note [Copy tasks travel as kernel
-// parameters] in reload/cuda/batched_copy.h).
-class StreamingLauncher {
- public:
-  void add(const at::Tensor& d, const at::Tensor& s) {
-    if (d.device() != device_) {
-      flush();
-      device_ = d.device();
-      guard_.set_device(device_);
-      stream_ = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-    }
-    add_tasks(d, s, [&]() -> cuda::CopyBatch& {
-      if (batch_.full()) flush();
-      return batch_;
-    });
-  }
-
-  void flush() {
-    if (batch_.count == 0) return;
-    launch(batch_, device_, stream_);
-    batch_.count = 0;
-  }
-
- private:
-  cuda::CopyBatch batch_;
-  c10::Device device_{c10::kCUDA, -1};
-  c10::cuda::OptionalCUDAGuard guard_;  // restores the caller's device on return
-  void* stream_ = nullptr;
-};
 #endif
 
 }  // namespace
@@ -106,10 +77,14 @@ void copy_slots(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor
   GK_CHECK(StateError, dst.size() == src.size(), "gk::copy_slots: ", dst.size(), " destinations but ", src.size(),
            " sources");
 #if defined(GRAPHKEEP_WITH_CUDA)
-  StreamingLauncher launcher;
+  // One CopyBatch at a time, launched when full, when the device changes,
+  // and at the end (Note [Copy tasks travel as kernel parameters] in
+  // reload/cuda/batched_copy.h).
+  detail::ByteCopies launcher;
   for (std::size_t i = 0; i < dst.size(); ++i) {
     if (batchable(dst[i], src[i])) {
-      launcher.add(dst[i], src[i]);
+      launcher.add(dst[i].device(), src[i].const_data_ptr(), dst[i].mutable_data_ptr(),
+                   static_cast<std::uint64_t>(dst[i].nbytes()));
     } else {
       launcher.flush();  // keep copy_'s order among pairs that overlap
       dst[i].copy_(src[i]);

@@ -4,6 +4,7 @@
 // [PWAL guards] in pwal_guard.h), check every slot's layout against the
 // captured one, copy the new values into the captured storage and point the
 // fields back at it; or roll all of that back.
+#include "batched_loads.h"
 #include "derivations.h"
 #include "engine_impl.h"
 #include "non_finite.h"
@@ -294,9 +295,15 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
       return t;
     };
     const bool adopt = guard.captured() && o.adopt_source_tensors;
+    // default_load's copies go in a few launches (Note [Default loads in one
+    // launch] in batched_loads.h); whatever else writes a parameter with
+    // copies queued for it launches them first, so each byte is written in
+    // the order of the loads.
+    detail::BatchedLoads batched;
     for (LayerRun::Pending& p : run.pending) {
       const CheckpointParam& cp = lp.params[p.param];
       if (p.tensor == kWholeParam) {  // the parameter as its loaders would fill it
+        if (batched.queued_into(handle(p.param))) batched.flush();
         if (!(adopt && try_adopt(plan, lp, run, p, handle(p.param), device_of(p.param), rep)))
           materialize(p.param).copy_(p.value);
         materialized[p.param] = 1;
@@ -304,18 +311,29 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
       }
       // The layer's own loader first (it needs its target materialized); a
       // plain module has none, so its parameter is adopted before allocating.
-      if (lp.layer != nullptr && lp.layer->load_weight({cp, p.tensor, p.shard, p.value, materialize(p.param)})) {
-        custom[p.param] = 1;
-        continue;
+      if (lp.layer != nullptr) {
+        at::Tensor& target = materialize(p.param);
+        if (batched.queued_into(target)) batched.flush();
+        if (lp.layer->load_weight({cp, p.tensor, p.shard, p.value, target})) {
+          custom[p.param] = 1;
+          continue;
+        }
       }
       const bool whole = cp.tensors.size() == 1 && cp.tensors.front().num_shards == 1;
       if (adopt && whole && try_adopt(plan, lp, run, p, handle(p.param), device_of(p.param), rep)) {
         materialized[p.param] = 1;
         continue;
       }
-      default_load({cp, p.tensor, p.shard, p.value, materialize(p.param)});
+      const LoadRequest load{cp, p.tensor, p.shard, p.value, materialize(p.param)};
+      if (batched.add(load)) {
+        ++rep.tensors_batched;
+      } else {
+        batched.flush();
+        default_load(load);
+      }
     }
     for (std::size_t pi = 0; pi < n; ++pi) materialize(pi);
+    batched.flush();
   }
   // The content hashes of what was loaded (Note [Patch landings] in layer_record.h).
   record_loaded(lp, run, targets, custom, o, rep);

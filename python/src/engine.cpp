@@ -134,6 +134,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("bytes_loaded", &ReloadReport::bytes_loaded)
       .def_readonly("bytes_copied", &ReloadReport::bytes_copied)
       .def_readonly("tensors_adopted", &ReloadReport::tensors_adopted)
+      .def_readonly("tensors_batched", &ReloadReport::tensors_batched)
       .def_readonly("bytes_adopted", &ReloadReport::bytes_adopted)
       .def_readonly("drift", &ReloadReport::drift)
       .def_readonly("addresses_verified", &ReloadReport::addresses_verified)

@@ -2,7 +2,7 @@
 //
 // Copy-back of many slots at once: dst[i].copy_(src[i]) for every i, with
 // the CUDA pairs done in one kernel launch per device (per 1,536 chunks of
-// up to 64 KiB). A reload copies hundreds to thousands of small derived
+// up to 512 KiB). A reload copies hundreds to thousands of small derived
 // tensors (stride arrays, scales, workspaces); one copy_ per slot is bound by
 // launch latency, far below the device's copy bandwidth (docs/performance.md
 // has the numbers).

@@ -1,0 +1,79 @@
+#include "batched_loads.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+
+#if defined(GRAPHKEEP_WITH_CUDA)
+#include "byte_copies.h"
+#endif
+
+namespace gk::detail {
+
+BatchedLoads::BatchedLoads()
+#if defined(GRAPHKEEP_WITH_CUDA)
+    : copies_(std::make_unique<ByteCopies>())
+#endif
+{
+}
+
+BatchedLoads::~BatchedLoads() = default;
+
+const std::vector<std::int64_t>& BatchedLoads::starts(const CheckpointParam& p) {
+  for (const auto& [param, s] : starts_)
+    if (param == &p) return s;
+  std::vector<std::int64_t> s(p.tensors.size(), 0);
+  for (std::size_t i = 1; i < p.tensors.size(); ++i) s[i] = s[i - 1] + p.tensors[i - 1].shape.at(0);
+  starts_.emplace_back(&p, std::move(s));
+  return starts_.back().second;
+}
+
+bool BatchedLoads::add(const LoadRequest& r) {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  const at::Tensor& dst = r.target;
+  const at::Tensor& src = r.value;
+  if (!dst.defined() || !src.defined() || !dst.is_cuda() || src.device() != dst.device() ||
+      src.scalar_type() != dst.scalar_type() || dst.dim() < 1 || !dst.is_contiguous() || !src.is_contiguous() ||
+      r.tensor_index >= r.param.tensors.size())
+    return false;
+  const CheckpointTensor& t = r.param.tensors[r.tensor_index];
+  if (t.shape.empty() || static_cast<std::int64_t>(t.shape.size()) != dst.dim()) return false;
+  // The slice default_load writes: rows [row, row + rows) of the parameter,
+  // which are contiguous because the parameter is.
+  std::int64_t row = starts(r.param)[r.tensor_index];
+  std::int64_t rows = t.shape[0];
+  if (t.num_shards > 1) {
+    if (t.shard_dim != 0 || t.shape[0] % t.num_shards != 0) return false;
+    rows /= t.num_shards;
+    row += r.shard * rows;
+  }
+  if (row < 0 || rows < 0 || row + rows > dst.size(0) || src.dim() != dst.dim() || src.size(0) != rows) return false;
+  for (std::int64_t d = 1; d < dst.dim(); ++d)
+    if (src.size(d) != dst.size(d) || t.shape[static_cast<std::size_t>(d)] != dst.size(d)) return false;
+  const std::uint64_t row_bytes = static_cast<std::uint64_t>(dst.stride(0)) * dst.element_size();
+  const auto n = static_cast<std::uint64_t>(src.nbytes());
+  if (n != static_cast<std::uint64_t>(rows) * row_bytes) return false;
+  if (n == 0) return true;
+  auto* to = static_cast<unsigned char*>(dst.mutable_data_ptr()) + static_cast<std::uint64_t>(row) * row_bytes;
+  copies_->add(dst.device(), src.const_data_ptr(), to, n);
+  if (std::find(queued_.begin(), queued_.end(), dst.const_data_ptr()) == queued_.end())
+    queued_.push_back(dst.const_data_ptr());
+  return true;
+#else
+  (void)r;
+  return false;
+#endif
+}
+
+void BatchedLoads::flush() {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  copies_->flush();
+#endif
+  queued_.clear();
+}
+
+bool BatchedLoads::queued_into(const at::Tensor& target) const noexcept {
+  return target.defined() && std::find(queued_.begin(), queued_.end(), target.const_data_ptr()) != queued_.end();
+}
+
+}  // namespace gk::detail
