@@ -552,12 +552,17 @@ int main(int argc, char** argv) {
     // streaming reload's (null for the staged rows: not measured), and
     // check_adopted_content is null for it (a staged commit's option).
     // `tensors` counts the checkpoint's tensors, `slots` the plan's.
+    // `source` says what the reload read: `adopted` (the trainer's whole
+    // parameters, adopted), or, for one more streaming row, `copied` (the
+    // checkpoint's tensors, loaded into fresh parameters: per expert at a
+    // MoE).
     const std::string card =
 #ifdef GRAPHKEEP_WITH_CUDA
         device.is_cuda() ? std::string(at::cuda::getDeviceProperties(device.index())->name) :
 #endif
                          std::string("cpu");
-    auto scale_row = [&](const char* mode, double reload, double pause, double host, const nlohmann::ordered_json& checked) {
+    auto scale_row = [&](const char* mode, double reload, double pause, double host, const nlohmann::ordered_json& checked,
+                         const char* source = "adopted") {
       return nlohmann::ordered_json{
           {"model", model},
           {"format", format_name},
@@ -576,11 +581,13 @@ int main(int argc, char** argv) {
           {"layers", cfg.num_hidden_layers},
           {"reps", reps},
           {"sync", sync},
+          {"source", source},
       };
     };
     if (!scale_json.empty()) {
       std::ofstream out(scale_json, std::ios::app);
       out << scale_row("streaming", reload_ms, reload_ms, host_us, nullptr).dump() << "\n";
+      out << scale_row("streaming", gpu_copy.ms, gpu_copy.ms, gpu_copy.host_us, nullptr, "copied").dump() << "\n";
       if (stage_ms >= 0 && pause_ms >= 0) {
         out << scale_row("staged", stage_ms + pause_ms, pause_ms, -1, true).dump() << "\n";
         out << scale_row("staged", -1, pause_unhashed_ms, -1, false).dump() << "\n";

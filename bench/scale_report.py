@@ -39,6 +39,8 @@ def verdict(v, limit):
 
 def mode_label(r):
     m = r["mode"]
+    if r.get("source", "adopted") == "copied":
+        m += ", copied"
     if m == "staged":
         m += ", check on" if r.get("check_adopted_content") else ", check off"
     if r.get("sync") == "blocking":
@@ -65,7 +67,8 @@ def load(paths):
 def same_bytes_pairs(rows):
     """(8B row, e32 row) pairs: one file, card, commit and mode; the e32 row the next one after its 8B row."""
     pairs = []
-    streaming = [r for r in rows if r["mode"] == "streaming" and r.get("sync", "spin") == "spin"]
+    streaming = [r for r in rows if r["mode"] == "streaming" and r.get("sync", "spin") == "spin"
+                 and r.get("source", "adopted") == "adopted"]
     for e in (r for r in streaming if r["model"] == "llama8b-e32"):
         base = [b for b in streaming if b["model"] == "llama8b" and b["_file"] == e["_file"]
                 and card(b) == card(e) and b["commit"] == e["commit"]]
@@ -98,13 +101,13 @@ def main():
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
         if r["mode"] == "streaming" and r.get("sync", "spin") == "spin":
-            print(f"| streaming reload / copy | 2.5 | {card(r)} | {r['model']} | {verdict(ratio(r['reload_ms'], r['d2d_copy_ms']), 2.5)} |")
+            print(f"| {mode_label(r)} reload / copy | 2.5 | {card(r)} | {r['model']} | {verdict(ratio(r['reload_ms'], r['d2d_copy_ms']), 2.5)} |")
     for r in rows:
         if r["mode"] == "staged" and r.get("check_adopted_content"):
             print(f"| staged pause / copy, check on | 1.3 | {card(r)} | {r['model']} | {verdict(ratio(r['pause_ms'], r['d2d_copy_ms']), 1.3)} |")
     for r in rows:
         if r["mode"] == "streaming" and r.get("host_us_per_slot") is not None:
-            print(f"| host us per slot ({r.get('sync', 'spin')} waits) | 2 | {card(r)} | {r['model']} | {verdict(r.get('host_us_per_slot'), 2.0)} |")
+            print(f"| host us per slot ({mode_label(r)}, {r.get('sync', 'spin')} waits) | 2 | {card(r)} | {r['model']} | {verdict(r.get('host_us_per_slot'), 2.0)} |")
     for b, e in same_bytes_pairs(rows):
         print(f"| e32 / 8B reload, same bytes, {e['tensors'] / b['tensors']:.1f}x the tensors | 1.25 | {card(e)} | "
               f"llama8b-e32 ({e['commit']}) | {verdict(ratio(e['reload_ms'], b['reload_ms']), 1.25)} |")
