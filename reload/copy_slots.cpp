@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #if defined(GRAPHKEEP_WITH_CUDA)
@@ -76,6 +77,20 @@ void launch(const cuda::CopyBatch& batch, c10::Device device, void* stream) {
 void copy_slots(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) {
   GK_CHECK(StateError, dst.size() == src.size(), "gk::copy_slots: ", dst.size(), " destinations but ", src.size(),
            " sources");
+  // Small CPU pairs that are one byte range each: memcpy, without copy_'s
+  // dispatch and TensorIterator (most of a reload's slots on a CPU are a
+  // few hundred bytes: the setup cost more than the copy). Larger ones keep
+  // copy_, which copies in parallel.
+  const auto host_bytes = [](const at::Tensor& d, const at::Tensor& s) {
+    constexpr std::size_t kSmall = std::size_t{1} << 20;
+    if (!d.defined() || !s.defined() || !d.is_cpu() || !s.is_cpu() || d.scalar_type() != s.scalar_type() ||
+        d.numel() != s.numel() || !d.is_contiguous() || !s.is_contiguous() || d.is_same(s))
+      return false;
+    const auto* a = static_cast<const unsigned char*>(d.const_data_ptr());
+    const auto* b = static_cast<const unsigned char*>(s.const_data_ptr());
+    const auto n = static_cast<std::size_t>(d.nbytes());
+    return n <= kSmall && (n == 0 || a + n <= b || b + n <= a);  // copy_ refuses a partial overlap
+  };
 #if defined(GRAPHKEEP_WITH_CUDA)
   // One CopyBatch at a time, launched when full, when the device changes,
   // and at the end (Note [Copy tasks travel as kernel parameters] in
@@ -85,6 +100,8 @@ void copy_slots(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor
     if (batchable(dst[i], src[i])) {
       launcher.add(dst[i].device(), src[i].const_data_ptr(), dst[i].mutable_data_ptr(),
                    static_cast<std::uint64_t>(dst[i].nbytes()));
+    } else if (host_bytes(dst[i], src[i])) {
+      std::memcpy(dst[i].mutable_data_ptr(), src[i].const_data_ptr(), dst[i].nbytes());
     } else {
       launcher.flush();  // keep copy_'s order among pairs that overlap
       dst[i].copy_(src[i]);
@@ -92,7 +109,12 @@ void copy_slots(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor
   }
   launcher.flush();
 #else
-  for (std::size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    if (host_bytes(dst[i], src[i]))
+      std::memcpy(dst[i].mutable_data_ptr(), src[i].const_data_ptr(), dst[i].nbytes());
+    else
+      dst[i].copy_(src[i]);
+  }
 #endif
 }
 
