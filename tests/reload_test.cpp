@@ -496,12 +496,30 @@ TEST_CASE("reload() before prepare() and prepare() on bad declarations are clear
 }
 
 TEST_CASE("gk::copy_slots on CPU tensors has copy_'s semantics and rejects lists of different lengths") {
-  std::vector<at::Tensor> dst{at::zeros({5}), at::zeros({3, 2}).t(), at::zeros({4}, at::kDouble)};
-  std::vector<at::Tensor> src{at::randn({5}), at::randn({2, 3}), at::randn({4})};
+  // Small contiguous pairs (memcpy), one over 1 MiB and a strided one
+  // (copy_), a dtype cast, a view into a larger buffer, and a pair that is
+  // one tensor.
+  at::Tensor buffer = at::zeros({64});
+  at::Tensor same = at::randn({3});
+  std::vector<at::Tensor> dst{at::zeros({5}), at::zeros({3, 2}).t(), at::zeros({4}, at::kDouble),
+                              at::zeros({300000}), buffer.narrow(0, 7, 9), same, at::zeros({0})};
+  std::vector<at::Tensor> src{at::randn({5}), at::randn({2, 3}), at::randn({4}), at::randn({300000}),
+                              at::randn({9}), same, at::zeros({0})};
+  const at::Tensor same_before = same.clone();
   gk::copy_slots(dst, src);
-  for (std::size_t i = 0; i < dst.size(); ++i) CHECK(at::equal(dst[i], src[i].to(dst[i].scalar_type())));
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    CAPTURE(i);
+    CHECK(at::equal(dst[i], src[i].to(dst[i].scalar_type())));
+  }
+  CHECK(at::equal(same, same_before));
+  CHECK(at::equal(buffer.narrow(0, 0, 7), at::zeros({7})));  // nothing written outside the view
+  CHECK(at::equal(buffer.narrow(0, 16, 48), at::zeros({48})));
+  // Two views that share bytes: refused as copy_ refuses them, not copied
+  // over themselves.
+  at::Tensor shared = at::arange(10, at::kFloat);
+  CHECK_THROWS(gk::copy_slots({shared.narrow(0, 1, 5)}, {shared.narrow(0, 0, 5)}));
   GK_CHECK_THROWS_WITH_SUBSTR(gk::copy_slots(dst, std::vector<at::Tensor>{}), gk::StateError,
-                              "3 destinations but 0 sources");
+                              "7 destinations but 0 sources");
 }
 
 TEST_CASE("gk::SlotCopyPlan on CPU tensors copies the current values at every run") {
