@@ -32,9 +32,13 @@ bool BatchedLoads::add(const LoadRequest& r) {
 #if defined(GRAPHKEEP_WITH_CUDA)
   const at::Tensor& dst = r.target;
   const at::Tensor& src = r.value;
-  if (!dst.defined() || !src.defined() || !dst.is_cuda() || src.device() != dst.device() ||
-      src.scalar_type() != dst.scalar_type() || dst.dim() < 1 || !dst.is_contiguous() || !src.is_contiguous() ||
-      r.tensor_index >= r.param.tensors.size())
+  // Plain strided bytes on one CUDA device: copy_ would do more than move
+  // bytes for anything else (a cast, a conjugate or negative view, a
+  // quantized or sparse tensor).
+  if (!dst.defined() || !src.defined() || dst.layout() != at::kStrided || src.layout() != at::kStrided ||
+      !dst.is_cuda() || src.device() != dst.device() || src.scalar_type() != dst.scalar_type() ||
+      src.is_quantized() || src.is_conj() || src.is_neg() || dst.dim() < 1 || !dst.is_contiguous() ||
+      !src.is_contiguous() || r.tensor_index >= r.param.tensors.size())
     return false;
   const CheckpointTensor& t = r.param.tensors[r.tensor_index];
   if (t.shape.empty() || static_cast<std::int64_t>(t.shape.size()) != dst.dim()) return false;
@@ -50,7 +54,10 @@ bool BatchedLoads::add(const LoadRequest& r) {
   if (row < 0 || rows < 0 || row + rows > dst.size(0) || src.dim() != dst.dim() || src.size(0) != rows) return false;
   for (std::int64_t d = 1; d < dst.dim(); ++d)
     if (src.size(d) != dst.size(d) || t.shape[static_cast<std::size_t>(d)] != dst.size(d)) return false;
-  const std::uint64_t row_bytes = static_cast<std::uint64_t>(dst.stride(0)) * dst.element_size();
+  // A row's bytes from the sizes: a contiguous tensor's stride along a dim
+  // of size 1 may be anything.
+  std::uint64_t row_bytes = dst.element_size();
+  for (std::int64_t d = 1; d < dst.dim(); ++d) row_bytes *= static_cast<std::uint64_t>(dst.size(d));
   const auto n = static_cast<std::uint64_t>(src.nbytes());
   if (n != static_cast<std::uint64_t>(rows) * row_bytes) return false;
   if (n == 0) return true;
