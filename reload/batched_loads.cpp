@@ -1,8 +1,10 @@
 #include "batched_loads.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
+#include <cstring>
 
 #if defined(GRAPHKEEP_WITH_CUDA)
 #include "byte_copies.h"
@@ -29,17 +31,19 @@ const std::vector<std::int64_t>& BatchedLoads::starts(const CheckpointParam& p) 
 }
 
 bool BatchedLoads::add(const LoadRequest& r) {
-#if defined(GRAPHKEEP_WITH_CUDA)
   const at::Tensor& dst = r.target;
   const at::Tensor& src = r.value;
-  // Plain strided bytes on one CUDA device: copy_ would do more than move
-  // bytes for anything else (a cast, a conjugate or negative view, a
-  // quantized or sparse tensor).
+  // Plain strided bytes on one device: copy_ would do more than move bytes
+  // for anything else (a cast, a conjugate or negative view, a quantized or
+  // sparse tensor).
   if (!dst.defined() || !src.defined() || dst.layout() != at::kStrided || src.layout() != at::kStrided ||
-      !dst.is_cuda() || src.device() != dst.device() || src.scalar_type() != dst.scalar_type() ||
+      !(dst.is_cuda() || dst.is_cpu()) || src.device() != dst.device() || src.scalar_type() != dst.scalar_type() ||
       src.is_quantized() || src.is_conj() || src.is_neg() || dst.dim() < 1 || !dst.is_contiguous() ||
       !src.is_contiguous() || r.tensor_index >= r.param.tensors.size())
     return false;
+#if !defined(GRAPHKEEP_WITH_CUDA)
+  if (dst.is_cuda()) return false;
+#endif
   const CheckpointTensor& t = r.param.tensors[r.tensor_index];
   if (t.shape.empty() || static_cast<std::int64_t>(t.shape.size()) != dst.dim()) return false;
   // The slice default_load writes: rows [row, row + rows) of the parameter,
@@ -62,12 +66,22 @@ bool BatchedLoads::add(const LoadRequest& r) {
   if (n != static_cast<std::uint64_t>(rows) * row_bytes) return false;
   if (n == 0) return true;
   auto* to = static_cast<unsigned char*>(dst.mutable_data_ptr()) + static_cast<std::uint64_t>(row) * row_bytes;
-  copies_->add(dst.device(), src.const_data_ptr(), to, n);
+  const auto* from = static_cast<const unsigned char*>(src.const_data_ptr());
+  if (dst.is_cpu()) {
+    // On the host the copy is made now, in the order of the loads; large
+    // ones in parallel chunks, as copy_ would.
+    constexpr std::int64_t kChunk = std::int64_t{1} << 20;
+    at::parallel_for(0, static_cast<std::int64_t>(n), kChunk, [&](std::int64_t begin, std::int64_t end) {
+      std::memcpy(to + begin, from + begin, static_cast<std::size_t>(end - begin));
+    });
+    return true;
+  }
+#if defined(GRAPHKEEP_WITH_CUDA)
+  copies_->add(dst.device(), from, to, n);
   if (std::find(queued_.begin(), queued_.end(), dst.const_data_ptr()) == queued_.end())
     queued_.push_back(dst.const_data_ptr());
   return true;
 #else
-  (void)r;
   return false;
 #endif
 }

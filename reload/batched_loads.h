@@ -12,11 +12,14 @@
 // parameter (tensor i starts at the dim-0 sizes of tensors 0..i-1, shard s
 // of a dim-0 split at s rows of its shard further) and queues the copy in a
 // ByteCopies (reload/byte_copies.h): a layer's loads become one launch per
-// 1,536 chunks of 512 KiB.
+// 1,536 chunks of 512 KiB. On a CPU the same range is copied at once with
+// memcpy (no dispatch, no TensorIterator), so the CPU suites check the
+// offsets against default_load's layout: every oracle test that loads a
+// fused or stacked parameter on a CPU goes through them.
 //
 // add() refuses, queuing nothing, what is not one contiguous range on one
-// CUDA device with the parameter's dtype and the slice's exact shape: a CPU
-// tensor, a shard along a later dimension, a strided source. The caller
+// device with the parameter's dtype and the slice's exact shape: a shard
+// along a later dimension, a strided source, a dtype to cast. The caller
 // then flushes and runs default_load, so every byte is written in the
 // order of the loads, as before; a refused load keeps default_load's own
 // behaviour and errors.
@@ -44,9 +47,10 @@ class BatchedLoads {
   BatchedLoads(const BatchedLoads&) = delete;
   BatchedLoads& operator=(const BatchedLoads&) = delete;
 
-  // Queues r's copy if it is one contiguous byte range of r.target on a
-  // CUDA device (true; nothing is launched yet), else false, nothing
-  // queued. r.value must stay alive until flush() has launched its copy.
+  // Copies r.value into its place if that is one contiguous byte range of
+  // r.target: on a CPU at once, on a CUDA device queued (nothing launched
+  // yet; r.value must stay alive until flush() has launched the copy).
+  // Returns false, nothing done, otherwise.
   bool add(const LoadRequest& r);
   // Launches what is queued, on the current stream of its device.
   void flush();

@@ -15,6 +15,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "concat_layer.h"
+
 #include <alloca.h>
 
 GK_TEST_REQUIRES_GPU()
@@ -59,57 +61,6 @@ std::size_t words_equal(const std::vector<gk::CapturedAddress>& a, std::uintptr_
   return n;
 }
 
-
-// A layer whose parameters concatenate many checkpoint tensors, as stacked
-// experts do: `w` 37 bf16 tensors of 1 to 7 rows of 9 (18-byte rows: copies
-// at unaligned addresses), `s` two tensors each in 3 shards along dim 0, `t`
-// one tensor in 2 shards along dim 1 (not one byte range: default_load), and
-// `c` three tensors whose second the layer loads itself, also writing row 0,
-// which the first tensor's load wrote before it: the order of the writes
-// decides row 0.
-class ConcatLayer : public torch::nn::Module, public gk::DescribedLayer<ConcatLayer> {
- public:
-  explicit ConcatLayer(c10::Device d) {
-    std::vector<gk::CheckpointTensor> w;
-    for (int i = 0; i < 37; ++i) w.push_back({"w" + std::to_string(i), {1 + i % 7, 9}, at::kBFloat16});
-    w_ = checkpoint_param("w", w, d);
-    s_ = checkpoint_param("s", {{"s0", {6, 4}, at::kFloat, 3, 0}, {"s1", {6, 4}, at::kFloat, 3, 0}}, d);
-    t_ = checkpoint_param("t", {{"t", {4, 6}, at::kFloat, 2, 1}}, d);
-    c_ = checkpoint_param("c", {{"c0", {2, 5}, at::kFloat}, {"c1", {3, 5}, at::kFloat}, {"c2", {1, 5}, at::kFloat}}, d);
-  }
-  bool load_weight(const gk::LoadRequest& r) override {
-    if (r.param.param != "c" || r.tensor_index != 1) return false;
-    gk::default_load(r);
-    r.target[0].fill_(-1.0f);
-    return true;
-  }
-  // Every checkpoint tensor, in the order a source delivers it.
-  static std::vector<gk::NamedTensor> checkpoint(int step) {
-    auto wave = [&](std::vector<int64_t> shape, double phase) {
-      int64_t n = 1;
-      for (int64_t x : shape) n *= x;
-      return at::sin(at::arange(n, at::kFloat).reshape(shape) * 0.37 + phase + 0.11 * step);
-    };
-    std::vector<gk::NamedTensor> out;
-    for (int i = 0; i < 37; ++i) out.push_back({"w" + std::to_string(i), wave({1 + i % 7, 9}, i).to(at::kBFloat16), 0});
-    for (int k = 0; k < 2; ++k) {
-      const at::Tensor whole = wave({6, 4}, 40 + k);
-      for (int64_t sh = 0; sh < 3; ++sh) out.push_back({"s" + std::to_string(k), whole.chunk(3, 0)[sh].contiguous(), sh});
-    }
-    const at::Tensor t = wave({4, 6}, 50);
-    for (int64_t sh = 0; sh < 2; ++sh) out.push_back({"t", t.chunk(2, 1)[sh].contiguous(), sh});
-    out.push_back({"c0", wave({2, 5}, 60), 0});
-    out.push_back({"c1", wave({3, 5}, 61), 0});
-    out.push_back({"c2", wave({1, 5}, 62), 0});
-    return out;
-  }
-  std::vector<at::Tensor> params() const { return {w_, s_, t_, c_}; }
-
- private:
-  at::Tensor w_, s_, t_, c_;
-  GRAPHKEEP_DESCRIBE_DERIVED(ConcatLayer, (torch::nn::Module, gk::DescribedLayer<ConcatLayer>), (w_, gk::parameter),
-                             (s_, gk::parameter), (t_, gk::parameter), (c_, gk::parameter))
-};
 
 }  // namespace
 
@@ -240,46 +191,33 @@ TEST_CASE("the manifest classifies cuBLAS and ATen kernel pointers as parameters
 }
 
 TEST_CASE("batched default loads: a CUDA layer's concatenated tensors and dim-0 shards in one launch, bit for bit "
-          "the CPU's per-tensor loads, the layer's own loader in order") {
-  const auto on = [](c10::Device d, int step, gk::ReloadReport* rep) {
-    auto m = std::make_shared<torch::nn::Module>();
-    auto layer = m->register_module("layer", std::make_shared<ConcatLayer>(d));
+          "their concatenation, the layer's own loader in order") {
+  using gktest::ConcatLayer;
+  auto m = std::make_shared<torch::nn::Module>();
+  auto layer = m->register_module("layer", std::make_shared<ConcatLayer>(at::kCUDA));
+  auto source = [](int step) {
     std::vector<gk::NamedTensor> ts = ConcatLayer::checkpoint(step);
-    for (gk::NamedTensor& t : ts) t = {"layer." + t.name, t.value.to(d), t.shard};
-    gk::InMemorySource src(std::move(ts));
-    *rep = gk::load_weights(*m, src);
-    return std::make_pair(m, layer);
+    for (gk::NamedTensor& t : ts) t = {"layer." + t.name, t.value.to(at::kCUDA), t.shard};
+    return ts;
   };
-  gk::ReloadReport cpu_rep, gpu_rep;
-  const auto [cpu_model, cpu] = on(at::kCPU, 0, &cpu_rep);
-  const auto [gpu_model, gpu] = on(at::kCUDA, 0, &gpu_rep);
+  auto check_step = [&](int step) {
+    const std::vector<at::Tensor> want = ConcatLayer::expected(step), got = layer->params();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(i);
+      CHECK(at::equal(got[i].cpu(), want[i]));
+    }
+  };
+  gk::InMemorySource first(source(0));
   // Batched: w's 37 tensors, s's 6 shards, c0 and c2. Not: t's dim-1
   // shards (default_load) and c1 (the layer's loader).
-  CHECK(cpu_rep.tensors_batched == 0);
-  CHECK(gpu_rep.tensors_batched == 37 + 6 + 2);
-  const std::vector<at::Tensor> want = cpu->params(), got = gpu->params();
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    CAPTURE(i);
-    CHECK(at::equal(got[i].cpu(), want[i]));
-  }
-  CHECK(got[3][0].cpu().eq(-1.0f).all().item<bool>());  // c1's loader wrote row 0 after c0's load
-  CHECK_FALSE(got[3][1].cpu().eq(-1.0f).all().item<bool>());
-
+  CHECK(gk::load_weights(*m, first).tensors_batched == 37 + 6 + 2);
+  check_step(0);
   // A reload through a ReloadEngine batches the same loads.
-  gk::ReloadEngine engine(*gpu_model);
+  gk::ReloadEngine engine(*m);
   engine.prepare();
-  std::vector<gk::NamedTensor> next = ConcatLayer::checkpoint(1);
-  for (gk::NamedTensor& t : next) t = {"layer." + t.name, t.value.to(at::kCUDA), t.shard};
-  gk::InMemorySource src(std::move(next));
-  const gk::ReloadReport r = engine.reload(src);
-  CHECK(r.tensors_batched == 37 + 6 + 2);
-  gk::ReloadReport ref_rep;
-  const auto [ref_model, ref] = on(at::kCPU, 1, &ref_rep);
-  const std::vector<at::Tensor> want1 = ref->params(), got1 = gpu->params();
-  for (std::size_t i = 0; i < want1.size(); ++i) {
-    CAPTURE(i);
-    CHECK(at::equal(got1[i].cpu(), want1[i]));
-  }
+  gk::InMemorySource next(source(1));
+  CHECK(engine.reload(next).tensors_batched == 37 + 6 + 2);
+  check_step(1);
 }
 
 TEST_CASE("gk::copy_slots: one launch for contiguous CUDA pairs, copy_ semantics for every other pair") {

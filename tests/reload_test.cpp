@@ -8,6 +8,7 @@
 #include <graphkeep/reload/manifest.h>
 #include <graphkeep/capture/replay.h>
 
+#include "concat_layer.h"
 #include "rig.h"
 #include "toy_model.h"
 
@@ -520,6 +521,44 @@ TEST_CASE("gk::copy_slots on CPU tensors has copy_'s semantics and rejects lists
   CHECK_THROWS(gk::copy_slots({shared.narrow(0, 1, 5)}, {shared.narrow(0, 0, 5)}));
   GK_CHECK_THROWS_WITH_SUBSTR(gk::copy_slots(dst, std::vector<at::Tensor>{}), gk::StateError,
                               "7 destinations but 0 sources");
+}
+
+TEST_CASE("loads into a parameter that concatenates checkpoint tensors: one byte range each, bit for bit their "
+          "concatenation; a layer's own loader, a dim-1 shard and a dtype cast keep default_load") {
+  using gktest::ConcatLayer;
+  auto m = std::make_shared<torch::nn::Module>();
+  auto layer = m->register_module("layer", std::make_shared<ConcatLayer>(at::kCPU));
+  auto source = [](int step, bool cast_c2) {
+    std::vector<gk::NamedTensor> ts = ConcatLayer::checkpoint(step);
+    for (gk::NamedTensor& t : ts) t = {"layer." + t.name, t.value, t.shard};
+    if (cast_c2) ts.back().value = ts.back().value.to(at::kDouble);  // c2: refused by the model, named
+    return ts;
+  };
+  gk::InMemorySource first(source(0, false));
+  const gk::ReloadReport r = gk::load_weights(*m, first);
+  CHECK(r.tensors_batched == 37 + 6 + 2);  // w's 37, s's 6 shards, c0 and c2
+  CHECK(r.tensors_loaded == 37 + 6 + 2 + 3);
+  const std::vector<at::Tensor> want = ConcatLayer::expected(0), got = layer->params();
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    CHECK(at::equal(got[i], want[i]));
+  }
+  CHECK(got[3][0].eq(-1.0f).all().item<bool>());  // c1's loader wrote row 0 after c0's load
+  // The oracle tells neighbours apart: w0 has one row, so row 1 of w is
+  // w1's first row, and a load one tensor off would differ from it.
+  CHECK_FALSE(at::equal(got[0].narrow(0, 1, 1), ConcatLayer::checkpoint(0)[0].value));
+  // A source whose dtype differs is refused before any load, naming it.
+  gk::ReloadEngine engine(*m);
+  engine.prepare();
+  gk::InMemorySource bad(source(1, true));
+  GK_CHECK_THROWS_WITH_SUBSTR(engine.reload(bad), gk::WeightError, "layer.c2");
+  gk::InMemorySource next(source(1, false));
+  CHECK(engine.reload(next).tensors_batched == 37 + 6 + 2);
+  const std::vector<at::Tensor> want1 = ConcatLayer::expected(1), got1 = layer->params();
+  for (std::size_t i = 0; i < want1.size(); ++i) {
+    CAPTURE(i);
+    CHECK(at::equal(got1[i], want1[i]));
+  }
 }
 
 TEST_CASE("gk::SlotCopyPlan on CPU tensors copies the current values at every run") {

@@ -58,9 +58,10 @@ struct ReloadReport {
   std::size_t bytes_copied = 0;      // copied into captured storage
   // Of those received, adopted without a load copy (ReloadOptions::adopt_source_tensors).
   std::size_t tensors_adopted = 0, bytes_adopted = 0;
-  // Of those copied, loaded by one batched copy per layer instead of one
-  // copy_ each (slices of a CUDA parameter that concatenates checkpoint
-  // tensors, such as stacked experts: gk::default_load's layout).
+  // Of those copied, loaded as one byte range each instead of a copy_ each
+  // (slices of a parameter that concatenates checkpoint tensors, such as
+  // stacked experts, in gk::default_load's layout): one batched copy per
+  // layer on a CUDA device, memcpy on a CPU.
   std::size_t tensors_batched = 0;
   std::size_t slots_zeroed = 0;      // init policy zero
   std::size_t drift = 0;             // captured addresses not covered after the reload (must be 0)
