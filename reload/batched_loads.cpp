@@ -30,6 +30,26 @@ const std::vector<std::int64_t>& BatchedLoads::starts(const CheckpointParam& p) 
   return starts_.back().second;
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpmf-conversions"
+bool overrides_load_weight(ReloadableLayer& layer) {
+  // A layer that inherits the base's load_weight(): its vtable entry is the
+  // base's function (GCC: "extracting the function pointer from a bound
+  // pointer to member function").
+  struct Base final : ReloadableLayer {
+    std::vector<CheckpointParam> checkpoint_params() const override { return {}; }
+  };
+  using Fn = bool (*)(ReloadableLayer*, const LoadRequest&);
+  static Base base;
+  static const Fn inherited = reinterpret_cast<Fn>(base.*(&ReloadableLayer::load_weight));
+  return reinterpret_cast<Fn>(layer.*(&ReloadableLayer::load_weight)) != inherited;
+}
+#pragma GCC diagnostic pop
+#else
+bool overrides_load_weight(ReloadableLayer&) { return true; }
+#endif
+
 bool BatchedLoads::add(const LoadRequest& r) {
   const at::Tensor& dst = r.target;
   const at::Tensor& src = r.value;

@@ -22,7 +22,10 @@
 // along a later dimension, a strided source, a dtype to cast. The caller
 // then flushes and runs default_load, so every byte is written in the
 // order of the loads, as before; a refused load keeps default_load's own
-// behaviour and errors.
+// behaviour and errors. A layer's own load_weight() may write anywhere in
+// its parameter, so before calling one the caller launches the copies
+// queued for that parameter; a layer that does not override it (a stacked
+// experts layer, say) keeps its whole batch (overrides_load_weight below).
 //
 //   gk::detail::BatchedLoads loads;
 //   for (...) if (!loads.add(request)) { loads.flush(); gk::default_load(request); }
@@ -39,6 +42,14 @@
 namespace gk::detail {
 
 class ByteCopies;
+
+// Whether `layer` overrides ReloadableLayer::load_weight(): only then can
+// a call write a parameter that has copies queued, and only then does
+// process() launch them before the call. Told apart through GCC's bound
+// member function pointers; true (flush before every call, exact either
+// way) with another compiler, or where the layer's code carries its own
+// copy of the base class's function (a library built with hidden symbols).
+bool overrides_load_weight(ReloadableLayer& layer);
 
 class BatchedLoads {
  public:

@@ -300,6 +300,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
     // copies queued for it launches them first, so each byte is written in
     // the order of the loads.
     detail::BatchedLoads batched;
+    const bool own_loader = lp.layer != nullptr && detail::overrides_load_weight(*lp.layer);
     for (LayerRun::Pending& p : run.pending) {
       const CheckpointParam& cp = lp.params[p.param];
       if (p.tensor == kWholeParam) {  // the parameter as its loaders would fill it
@@ -313,7 +314,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
       // plain module has none, so its parameter is adopted before allocating.
       if (lp.layer != nullptr) {
         at::Tensor& target = materialize(p.param);
-        if (batched.queued_into(target)) batched.flush();
+        if (own_loader && batched.queued_into(target)) batched.flush();
         if (lp.layer->load_weight({cp, p.tensor, p.shard, p.value, target})) {
           custom[p.param] = 1;
           continue;
