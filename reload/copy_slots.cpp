@@ -89,7 +89,7 @@ void copy_slots(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor
     const auto* a = static_cast<const unsigned char*>(d.const_data_ptr());
     const auto* b = static_cast<const unsigned char*>(s.const_data_ptr());
     const auto n = static_cast<std::size_t>(d.nbytes());
-    return n <= kSmall && (n == 0 || a + n <= b || b + n <= a);  // copy_ refuses a partial overlap
+    return n > 0 && n <= kSmall && (a + n <= b || b + n <= a);  // copy_ refuses a partial overlap; an empty tensor has no pointer
   };
 #if defined(GRAPHKEEP_WITH_CUDA)
   // One CopyBatch at a time, launched when full, when the device changes,
