@@ -14,8 +14,6 @@ namespace gk::detail {
 ByteCopies::ByteCopies() : batch_(std::make_unique<cuda::CopyBatch>()) {}
 ByteCopies::~ByteCopies() = default;
 
-bool ByteCopies::empty() const noexcept { return batch_->count == 0; }
-
 void ByteCopies::add(c10::Device device, const void* src, void* dst, std::uint64_t n) {
   if (device != device_) {
     flush();

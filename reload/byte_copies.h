@@ -43,8 +43,6 @@ class ByteCopies {
   void add(c10::Device device, const void* src, void* dst, std::uint64_t n);
   // Launches what is queued, on the current stream of its device.
   void flush();
-  // Whether anything is queued.
-  bool empty() const noexcept;
 
  private:
   std::unique_ptr<cuda::CopyBatch> batch_;  // 30 KiB: kept off the caller's stack

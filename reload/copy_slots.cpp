@@ -20,10 +20,10 @@ namespace gk {
 
 namespace {
 
-#if defined(GRAPHKEEP_WITH_CUDA)
-// Why a pair cannot go through the batched kernel (none: it can, if on CUDA).
-// One check for both callers: copy_slots' hot path asks only whether a pair
-// batches, SlotCopyPlan names the reason.
+// Why a pair is not one byte range copied to another (none: it is; a CUDA
+// pair then goes through the batched kernel, a small CPU pair through
+// memcpy). One check for every caller: copy_slots' hot path asks only
+// whether a pair batches, SlotCopyPlan names the reason.
 enum class Unbatchable { none, undefined, device, dtype, size, layout, same_tensor };
 
 Unbatchable why_unbatchable(const at::Tensor& d, const at::Tensor& s) {
@@ -35,6 +35,21 @@ Unbatchable why_unbatchable(const at::Tensor& d, const at::Tensor& s) {
   if (d.is_same(s)) return Unbatchable::same_tensor;
   return Unbatchable::none;
 }
+
+// Small CPU pairs that are one byte range each: memcpy, without copy_'s
+// dispatch and TensorIterator (most of a reload's slots on a CPU are a few
+// hundred bytes: the setup cost more than the copy). Larger ones keep
+// copy_, which copies in parallel.
+bool host_bytes(const at::Tensor& d, const at::Tensor& s) {
+  constexpr std::size_t kSmall = std::size_t{1} << 20;
+  if (!d.is_cpu() || why_unbatchable(d, s) != Unbatchable::none) return false;
+  const auto* a = static_cast<const unsigned char*>(d.const_data_ptr());
+  const auto* b = static_cast<const unsigned char*>(s.const_data_ptr());
+  const auto n = static_cast<std::size_t>(d.nbytes());
+  return n > 0 && n <= kSmall && (a + n <= b || b + n <= a);  // copy_ refuses a partial overlap; an empty tensor has no pointer
+}
+
+#if defined(GRAPHKEEP_WITH_CUDA)
 
 std::string describe(Unbatchable why, const at::Tensor& d, const at::Tensor& s) {
   switch (why) {
@@ -77,44 +92,31 @@ void launch(const cuda::CopyBatch& batch, c10::Device device, void* stream) {
 void copy_slots(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) {
   GK_CHECK(StateError, dst.size() == src.size(), "gk::copy_slots: ", dst.size(), " destinations but ", src.size(),
            " sources");
-  // Small CPU pairs that are one byte range each: memcpy, without copy_'s
-  // dispatch and TensorIterator (most of a reload's slots on a CPU are a
-  // few hundred bytes: the setup cost more than the copy). Larger ones keep
-  // copy_, which copies in parallel.
-  const auto host_bytes = [](const at::Tensor& d, const at::Tensor& s) {
-    constexpr std::size_t kSmall = std::size_t{1} << 20;
-    if (!d.defined() || !s.defined() || !d.is_cpu() || !s.is_cpu() || d.scalar_type() != s.scalar_type() ||
-        d.numel() != s.numel() || !d.is_contiguous() || !s.is_contiguous() || d.is_same(s))
-      return false;
-    const auto* a = static_cast<const unsigned char*>(d.const_data_ptr());
-    const auto* b = static_cast<const unsigned char*>(s.const_data_ptr());
-    const auto n = static_cast<std::size_t>(d.nbytes());
-    return n > 0 && n <= kSmall && (a + n <= b || b + n <= a);  // copy_ refuses a partial overlap; an empty tensor has no pointer
-  };
 #if defined(GRAPHKEEP_WITH_CUDA)
   // One CopyBatch at a time, launched when full, when the device changes,
   // and at the end (Note [Copy tasks travel as kernel parameters] in
   // reload/cuda/batched_copy.h).
   detail::ByteCopies launcher;
+#endif
   for (std::size_t i = 0; i < dst.size(); ++i) {
+#if defined(GRAPHKEEP_WITH_CUDA)
     if (batchable(dst[i], src[i])) {
       launcher.add(dst[i].device(), src[i].const_data_ptr(), dst[i].mutable_data_ptr(),
                    static_cast<std::uint64_t>(dst[i].nbytes()));
-    } else if (host_bytes(dst[i], src[i])) {
-      std::memcpy(dst[i].mutable_data_ptr(), src[i].const_data_ptr(), dst[i].nbytes());
-    } else {
-      launcher.flush();  // keep copy_'s order among pairs that overlap
-      dst[i].copy_(src[i]);
+      continue;
     }
-  }
-  launcher.flush();
-#else
-  for (std::size_t i = 0; i < dst.size(); ++i) {
-    if (host_bytes(dst[i], src[i]))
+#endif
+    if (host_bytes(dst[i], src[i])) {
       std::memcpy(dst[i].mutable_data_ptr(), src[i].const_data_ptr(), dst[i].nbytes());
-    else
-      dst[i].copy_(src[i]);
+      continue;
+    }
+#if defined(GRAPHKEEP_WITH_CUDA)
+    launcher.flush();  // keep copy_'s order among pairs that overlap
+#endif
+    dst[i].copy_(src[i]);
   }
+#if defined(GRAPHKEEP_WITH_CUDA)
+  launcher.flush();
 #endif
 }
 
