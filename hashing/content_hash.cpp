@@ -320,6 +320,14 @@ PendingContentHashes::~PendingContentHashes() {
 PendingContentHashes::PendingContentHashes(PendingContentHashes&&) noexcept = default;
 PendingContentHashes& PendingContentHashes::operator=(PendingContentHashes&&) noexcept = default;
 
+bool PendingContentHashes::ready() const {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  for (const Launch& l : launches_)
+    if (!l.l.read.query()) return false;
+#endif
+  return true;
+}
+
 std::vector<std::uint64_t> PendingContentHashes::get() {
 #if defined(GRAPHKEEP_WITH_CUDA)
   for (Launch& l : launches_) read_device_hashes(l.l, out_);

@@ -134,6 +134,14 @@ CopiedHashes::~CopiedHashes() {
 CopiedHashes::CopiedHashes(CopiedHashes&&) noexcept = default;
 CopiedHashes& CopiedHashes::operator=(CopiedHashes&&) noexcept = default;
 
+bool CopiedHashes::ready() const {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  for (const DeviceLaunch& l : s_->launches)
+    if (!l.read.query()) return false;
+#endif
+  return true;
+}
+
 std::vector<std::uint64_t> CopiedHashes::get() {
 #if defined(GRAPHKEEP_WITH_CUDA)
   for (DeviceLaunch& l : s_->launches) read_device_hashes(l, s_->out);

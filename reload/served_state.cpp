@@ -398,6 +398,14 @@ void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOpti
   if (!defer) finish_record_after_pwal(lp, run, o, rep);
 }
 
+bool record_ready(const LayerRun& run) {
+  const LayerRecord& r = run.record;
+  if (r.recorded && r.loaded_hashes == nullptr && !r.loaded_ranges.empty()) return false;  // not even launched
+  return (r.loaded_hashes == nullptr || r.loaded_hashes->ready()) &&
+         (r.after_hashes == nullptr || r.after_hashes->ready()) &&
+         (r.copied_hashes == nullptr || r.copied_hashes->ready());
+}
+
 void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep) {
   LayerRecord& r = run.record;
   record_loaded_hashes(run, rep);

@@ -62,6 +62,9 @@ void record_loaded_hashes(LayerRun& run, ReloadReport& rep);
 void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep,
                        bool defer = false);
 void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep);
+// Whether finish_record_after_pwal would not wait for the device: every
+// hash it collects is in (asked of their events; never blocks).
+bool record_ready(const LayerRun& run);
 // For the copy-back of dst[k] <- src[k]: the ranges of the parameters whose
 // hashes after PWAL it takes as it copies (run.record.by_copy), with their
 // destinations `to` in dst, and `taken[k]` for the pairs they cover. Empty

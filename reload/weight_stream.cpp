@@ -83,6 +83,9 @@ std::string whole_note(const SlotPlan& plan, const std::unordered_map<std::strin
 // took (KnownHashes) are filled in when the records are finished, after
 // the verdict.
 constexpr std::size_t kAheadOfScan = 4;
+// The most committed layers whose records hold no copy of their own may
+// wait unfinished for their hashes (Note [Commit one layer late]).
+constexpr std::size_t kRecordsBehind = 16;
 
 // The scan of a resident source: launched by the constructor, answered by
 // verdict() (waits; throws gk::WeightError naming the first non-finite
@@ -366,16 +369,22 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     // how each parameter lands, Note [Patch landings]): launched at the end of
     // layer L-1, collected after L-1's copy-back is enqueued, so neither waits
     // for that copy. Where every tensor of L-1 was adopted (the record holds
-    // no copy of its own), they are collected two layers later still: the
-    // hashes after PWAL come from the copy itself (Note [Hashing while
-    // copying]), and collecting L-1's at L would drain the device's queue at
-    // every layer; two layers late, two copies stay queued while the host
-    // prepares the next layer. (A layer with copies of its own is finished
-    // at once: deferring it would hold more layers of copies.)
+    // no copy of its own), they are collected later still: the hashes after
+    // PWAL come from the copy itself (Note [Hashing while copying]), and
+    // collecting L-1's at L would drain the device's queue at every layer.
+    // Such a record is finished once its hashes are in (asked of their
+    // events, never waited for), or when kRecordsBehind records wait. A
+    // fixed lag of two layers, as before, counted the plan's layers, not
+    // the device's work: in a MoE decoder layer the norms and the attention
+    // come between two expert stacks, so the host waited for each stack's
+    // copy as soon as it was queued and the device idled while the host
+    // prepared the next (docs/performance.md, "Figures behind the code").
+    // (A layer with copies of its own is finished at once: deferring it
+    // would hold more layers of copies.)
     std::deque<std::size_t> late;  // processed, their commits not yet enqueued
     std::deque<std::size_t> unrecorded;  // committed, their records not yet finished
     auto finish_records = [&](std::size_t keep) {
-      while (unrecorded.size() > keep) {
+      while (!unrecorded.empty() && (unrecorded.size() > keep || record_ready(runs[unrecorded.front()]))) {
         const std::size_t li = unrecorded.front();
         unrecorded.pop_front();
         finish_record_after_pwal(plan.layers()[li], runs[li], o, rep);
@@ -390,7 +399,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
         copy_back(plan.layers()[li], runs[li], o, rep, guard);
         any_committed = true;
         unrecorded.push_back(li);
-        finish_records(holds_no_copy(li) ? 2 : 0);  // (a record of no parameters waits for nothing either way)
+        finish_records(holds_no_copy(li) ? kRecordsBehind : 0);  // (a record of no parameters waits for nothing either way)
       }
     };
     auto finish_layer = [&](std::size_t li) {

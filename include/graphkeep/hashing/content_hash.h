@@ -135,6 +135,8 @@ class PendingContentHashes {
   ~PendingContentHashes();
   PendingContentHashes(PendingContentHashes&&) noexcept;
   PendingContentHashes& operator=(PendingContentHashes&&) noexcept;
+  // Whether get() would not wait (asks each launch's event; never blocks).
+  bool ready() const;
   std::vector<std::uint64_t> get();
 
  private:

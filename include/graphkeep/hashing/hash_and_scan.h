@@ -88,6 +88,8 @@ class CopiedHashes {
   ~CopiedHashes();  // waits for the launches if get() was not called
   CopiedHashes(CopiedHashes&&) noexcept;
   CopiedHashes& operator=(CopiedHashes&&) noexcept;
+  // Whether get() would not wait (asks each launch's event; never blocks).
+  bool ready() const;
   std::vector<std::uint64_t> get();
 
  private:
