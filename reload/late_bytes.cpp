@@ -81,6 +81,15 @@ LateBytes& LateBytes::operator=(LateBytes&& other) noexcept {
   return *this;
 }
 
+bool LateBytes::ready() const {
+#if defined(GRAPHKEEP_WITH_CUDA)
+  if (ready_ == nullptr || ready_->waited) return true;
+  for (const at::cuda::CUDAEvent& e : ready_->copied)
+    if (!e.query()) return false;
+#endif
+  return true;
+}
+
 void LateBytes::wait() {
 #if defined(GRAPHKEEP_WITH_CUDA)
   if (ready_ != nullptr && !ready_->waited) {

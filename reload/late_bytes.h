@@ -55,6 +55,8 @@ class LateBytes {
   LateBytes& operator=(LateBytes&&) noexcept;
   // Whether tensors were given and the bytes not yet released.
   bool pending() const noexcept { return host_.defined(); }
+  // Whether wait() would not wait (asks the copies' events; never blocks).
+  bool ready() const;
   // Waits for the copies (their events alone). Idempotent.
   void wait();
   // Tensor i's bytes; after wait().

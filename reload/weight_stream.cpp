@@ -338,6 +338,15 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     }
     return !scan->ready();
   };
+  // Whether, the scan judged, the oldest layer processed and not yet
+  // committed may wait while one more is processed: its copy-back would
+  // wait for its checks' verdicts, which are still on their way behind the
+  // copies already queued (Note [Commit one layer late]).
+  auto verdicts_pending = [&](const std::deque<std::size_t>& late) {
+    if (late.empty() || late.size() >= kAheadOfScan) return false;
+    if (!std::all_of(late.begin(), late.end(), holds_no_copy)) return false;
+    return !runs[late.front()].from_shapes.bytes.ready();
+  };
   auto scan_verdict = [&] {
     if (!scan || scan->judged()) return;
     ScopedMsTimer t(rep.times.finite_ms);
@@ -364,7 +373,12 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     // overlap: L-1's copy-back is enqueued after L's PWAL and checks instead,
     // so that the verdicts of L-1's checks, which the copy-back reads first,
     // were launched before L-2's copy and reading them leaves that copy
-    // queued, not drained.
+    // queued, not drained. They were launched after the copies queued
+    // before L's PWAL, though, and where the host runs ahead of the device
+    // those are still running: while the oldest uncommitted layer's verdicts
+    // are not in (asked of their events, never waited for), a layer whose
+    // tensors were all adopted stays uncommitted while the next is
+    // processed, at most kAheadOfScan of them (verdicts_pending).
     // The same holds for the layer's content hashes after PWAL (which decide
     // how each parameter lands, Note [Patch landings]): launched at the end of
     // layer L-1, collected after L-1's copy-back is enqueued, so neither waits
@@ -394,6 +408,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
       if (late.empty() || (!last && go_ahead(late))) return;
       scan_verdict();  // before anything is copied
       while (!late.empty()) {
+        if (!last && verdicts_pending(late)) break;
         const std::size_t li = late.front();
         late.pop_front();
         copy_back(plan.layers()[li], runs[li], o, rep, guard);
@@ -407,7 +422,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
               o.mode == ReloadMode::streaming ? std::function<void()>([&] { commit_late(false); })
                                               : std::function<void()>());
       if (o.mode == ReloadMode::streaming) {
-        GK_INTERNAL_ASSERT(late.size() < kAheadOfScan + 1 && (late.empty() || scan),
+        GK_INTERNAL_ASSERT(late.size() < kAheadOfScan + 1,
                            "process() returned without running its `meanwhile`: layer '",
                            plan.layers()[late.front()].prefix, "' would never be committed");
         late.push_back(li);
