@@ -3,6 +3,7 @@
 // hash: gk-sum64 v1] in content_hash.h.
 #include <graphkeep/core/check.h>
 #include <graphkeep/hashing/content_hash.h>
+#include <graphkeep/runtime/device.h>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -189,7 +190,8 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
   const std::int64_t back = tests != nullptr ? 2 * n : n;
   at::Tensor result = at::empty({back}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   result.copy_(dev.narrow(0, 3 * n + 1, back), /*non_blocking=*/true);
-  DeviceLaunch l{std::move(which), std::move(add), std::move(host), std::move(dev), stream, std::move(result), {},
+  DeviceLaunch l{std::move(which), std::move(add), std::move(host), std::move(dev), stream, std::move(result),
+                 at::cuda::CUDAEvent(runtime::wait_event_flags()),
                  tests != nullptr};
   l.read.record(stream);
   return l;

@@ -1,6 +1,7 @@
 #include "late_bytes.h"
 
 #include <graphkeep/core/check.h>
+#include <graphkeep/runtime/device.h>
 
 #include <ATen/ATen.h>
 
@@ -62,7 +63,7 @@ LateBytes::LateBytes(const std::vector<at::Tensor>& tensors) {
   }
 #if defined(GRAPHKEEP_WITH_CUDA)
   for (const c10::DeviceIndex d : devices) {
-    ready_->copied.emplace_back();
+    ready_->copied.emplace_back(runtime::wait_event_flags());
     ready_->copied.back().record(c10::cuda::getCurrentCUDAStream(d));
   }
 #endif

@@ -6,6 +6,7 @@
 
 #ifdef GRAPHKEEP_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -28,6 +29,23 @@ bool cuda_device_available() noexcept {
   }
 #else
   return false;
+#endif
+}
+
+unsigned int wait_event_flags() noexcept {
+#ifdef GRAPHKEEP_WITH_CUDA
+  static const unsigned int flags = [] {
+    unsigned int device_flags = 0;
+    if (cudaGetDeviceFlags(&device_flags) != cudaSuccess) {
+      (void)cudaGetLastError();
+      device_flags = 0;
+    }
+    const bool blocking = (device_flags & cudaDeviceScheduleMask) == cudaDeviceScheduleBlockingSync;
+    return static_cast<unsigned int>(cudaEventDisableTiming) | (blocking ? cudaEventBlockingSync : 0u);
+  }();
+  return flags;
+#else
+  return 0;
 #endif
 }
 

@@ -32,6 +32,15 @@ bool cuda_device_available() noexcept;
 // eagerly or are recorded.
 void synchronize(c10::Device device);
 
+// The flags for a CUDA event that graphkeep waits on (cudaEventFlags; 0 in
+// builds without CUDA): timing off, and cudaEventBlockingSync where the
+// process asked its devices to block waiting threads
+// (cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync)). cudaEventSynchronize
+// spins on an event without that flag whatever the device's flags say, so
+// without it such a process would still spin in every wait of a reload.
+// Read once, when first asked (the flags cannot change once a context exists).
+unsigned int wait_event_flags() noexcept;
+
 // The current CUDA stream of t's device, as an opaque cudaStream_t. Raises
 // gk::StateError naming `kernel` in builds without CUDA support.
 void* cuda_stream(const at::Tensor& t, std::string_view kernel = {});
