@@ -107,7 +107,8 @@ def main():
             print(f"| staged pause / copy, check on | 1.3 | {card(r)} | {r['model']} | {verdict(ratio(r['pause_ms'], r['d2d_copy_ms']), 1.3)} |")
     for r in rows:
         if r["mode"] == "streaming" and r.get("host_us_per_slot") is not None:
-            print(f"| host us per slot ({mode_label(r)}, {r.get('sync', 'spin')} waits) | 2 | {card(r)} | {r['model']} | {verdict(r.get('host_us_per_slot'), 2.0)} |")
+            waits = "" if r.get("sync") == "blocking" else ", spin waits"  # (mode_label names blocking ones)
+            print(f"| host us per slot ({mode_label(r)}{waits}) | 2 | {card(r)} | {r['model']} | {verdict(r.get('host_us_per_slot'), 2.0)} |")
     for b, e in same_bytes_pairs(rows):
         print(f"| e32 / 8B reload, same bytes, {e['tensors'] / b['tensors']:.1f}x the tensors | 1.25 | {card(e)} | "
               f"llama8b-e32 ({e['commit']}) | {verdict(ratio(e['reload_ms'], b['reload_ms']), 1.25)} |")
