@@ -105,6 +105,11 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
                                   const std::vector<std::vector<sum64::OverlaySource>>* exclusive = nullptr,
                                   const std::vector<std::byte*>* copy_to = nullptr);
 
+// Whether every launch's hashes are back (asks their events; never blocks).
+inline bool all_read(const std::vector<DeviceLaunch>& launches) {
+  return std::all_of(launches.begin(), launches.end(), [](const DeviceLaunch& l) { return l.read.query(); });
+}
+
 // Waits for the launch's hashes and writes them into out[which[i]]; for a
 // launch with tests, the byte offset of each input's first bad element (-1:
 // none) into (*first_bad)[which[i]].

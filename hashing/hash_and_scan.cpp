@@ -65,10 +65,10 @@ PendingHashScan& PendingHashScan::operator=(PendingHashScan&&) noexcept = defaul
 
 bool PendingHashScan::ready() const {
 #if defined(GRAPHKEEP_WITH_CUDA)
-  for (const DeviceLaunch& l : s_->launches)
-    if (!l.read.query()) return false;
-#endif
+  return all_read(s_->launches);
+#else
   return true;
+#endif
 }
 
 HashScan PendingHashScan::get() {
@@ -136,10 +136,10 @@ CopiedHashes& CopiedHashes::operator=(CopiedHashes&&) noexcept = default;
 
 bool CopiedHashes::ready() const {
 #if defined(GRAPHKEEP_WITH_CUDA)
-  for (const DeviceLaunch& l : s_->launches)
-    if (!l.read.query()) return false;
-#endif
+  return all_read(s_->launches);
+#else
   return true;
+#endif
 }
 
 std::vector<std::uint64_t> CopiedHashes::get() {
