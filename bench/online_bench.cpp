@@ -50,6 +50,8 @@
 //                                         bytes and tensors, Note [Scale rows]; --commit REV)
 //   gk-online-bench ... --trace t.json   (a Kineto trace of one more streaming reload, trainer's
 //                                         tensors adopted; bench/trace_summary.py)
+//   gk-online-bench ... --trace-copied t.json   (the same of a reload with the checkpoint's
+//                                         tensors copied: the per-expert path of a MoE)
 //
 // Models: bench/bench_models.h (llama8b, qwen3moe30b, tiny; llama8b-e32
 // and dsv3-count: the same bytes, or DeepSeek-V3's tensor count, in many
@@ -235,6 +237,7 @@ int main(int argc, char** argv) {
   int reps = 3;                   // streaming reloads measured (median)
   std::int64_t layers = 0;        // > 0: the model's layer count (the slot count of a big model, small tensors)
   std::string trace;              // a Kineto trace of one more streaming reload (adopted)
+  std::string trace_copied;       // the same, the checkpoint's tensors copied
   std::string scale_json;         // the scale rows (Note [Scale rows]) appended here
   for (gkbench::ArgWalker a(argc, argv); a.next();) {
     if (a.common(common)) continue;
@@ -252,10 +255,11 @@ int main(int argc, char** argv) {
     else if (k == "--reps") reps = std::max(1, std::stoi(val()));
     else if (k == "--layers") layers = std::stoll(val());
     else if (k == "--trace") trace = val();
+    else if (k == "--trace-copied") trace_copied = val();
     else if (k == "--scale-json") scale_json = val();
     else {
       std::fprintf(stderr, "usage: gk-online-bench [--model llama8b|qwen3moe30b|llama8b-e32|dsv3-count|tiny] [--format dense|fp8|w4a16] "
-                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--min-stage-steps N] [--kv-len L] [--reps N] [--layers N] [--json FILE] [--scale-json FILE] [--trace FILE] [--blocking-sync] [--commit REV]\n");
+                           "[--device auto|cpu|cuda] [--batch B] [--streaming-only] [--no-plain] [--copy-stage] [--same-priority] [--stage-share S] [--safetensors-dir DIR] [--stage-window-ms MS] [--min-stage-steps N] [--kv-len L] [--reps N] [--layers N] [--json FILE] [--scale-json FILE] [--trace FILE] [--trace-copied FILE] [--blocking-sync] [--commit REV]\n");
       return 2;
     }
   }
@@ -363,6 +367,11 @@ int main(int argc, char** argv) {
         gk::InMemorySource src(w);
         return eng.reload(src, copy);
       });
+      if (!trace_copied.empty()) {  // after the measured ones, as --trace
+        gk::InMemorySource src(w);
+        const gkbench::KinetoTrace tracing(trace_copied);
+        eng.reload(src, copy);
+      }
     }
     release_cache(device);
     if (device.is_cuda()) {
