@@ -327,11 +327,15 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     const std::vector<char>& adopted = runs[li].record.adopted;
     return !adopted.empty() && std::all_of(adopted.begin(), adopted.end(), [](char a) { return a != 0; });
   };
-  // Whether the layers processed and not yet committed may wait for the
-  // scan's verdict while one more is processed.
+  // Whether the layers processed and not yet committed may stay so while
+  // one more is processed, for whatever reason they wait: fewer than
+  // kAheadOfScan of them, every tensor adopted (they hold no loads).
+  auto may_hold = [&](const std::deque<std::size_t>& late) {
+    return late.size() < kAheadOfScan && std::all_of(late.begin(), late.end(), holds_no_copy);
+  };
+  // Whether they may wait for the scan's verdict.
   auto go_ahead = [&](const std::deque<std::size_t>& late) {
-    if (!scan || scan->judged() || late.size() >= kAheadOfScan) return false;
-    if (!std::all_of(late.begin(), late.end(), holds_no_copy)) return false;
+    if (!scan || scan->judged() || !may_hold(late)) return false;
     if (pretend_pending > 0) {
       --pretend_pending;
       return true;
@@ -343,9 +347,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   // wait for its checks' verdicts, which are still on their way behind the
   // copies already queued (Note [Commit one layer late]).
   auto verdicts_pending = [&](const std::deque<std::size_t>& late) {
-    if (late.empty() || late.size() >= kAheadOfScan) return false;
-    if (!std::all_of(late.begin(), late.end(), holds_no_copy)) return false;
-    return !runs[late.front()].from_shapes.bytes.ready();
+    return !late.empty() && may_hold(late) && !runs[late.front()].from_shapes.bytes.ready();
   };
   auto scan_verdict = [&] {
     if (!scan || scan->judged()) return;
