@@ -115,6 +115,9 @@ struct ReloadEngine::Impl {
   std::unordered_map<std::string, Expected> expected;
   std::unordered_map<std::string, ExpectedParam> expected_params;
   std::vector<std::size_t> expected_per_layer;
+  // Every checkpoint tensor's full name, sorted (what a load serves: Note
+  // [Served names are the plan's] in served_names.h).
+  std::shared_ptr<const detail::ServedNames> served_names;
   // Per layer: where each checkpoint tensor's shards start in its completion
   // set (CompletionSet), one entry past the last.
   std::vector<std::shared_ptr<const std::vector<std::size_t>>> shard_starts;

@@ -63,7 +63,7 @@ struct ServedParam {
 // layer's checkpoint tensors (filled by record_loaded / record_after_pwal).
 struct LayerRecord {
   bool recorded = false;
-  std::vector<std::pair<std::string, std::uint64_t>> hashes;  // full names
+  std::vector<std::uint64_t> hashes;  // per checkpoint tensor: by parameter, then the parameter's tensors
   std::vector<std::pair<std::string, ServedParam>> params;    // full parameter names
   // Between the loads and PWAL: per parameter, the loaded tensor (a storage
   // view), whether a load_weight() took any of its tensors, and for those,

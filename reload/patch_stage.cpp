@@ -215,7 +215,8 @@ void ReloadEngine::Impl::stage_patch(const Patch& patch, const detail::RunOption
   check_patch_against_served(ps);  // 1. every check before anything is staged
   choose_patch_landings(ps);       // 2. scatter or re-run, per touched layer
   ps.next = std::make_unique<ServedWeights::State>();
-  ps.next->hashes = ps.S->hashes;
+  ps.next->names = ps.S->names;
+  ps.next->values = ps.S->values;
   ps.next->params = ps.S->params;
   ps.next->label = patch.target_version;
   stage_scatter_layers(ps);        // 3. map the entries into captured storage ...
@@ -505,7 +506,14 @@ void ReloadEngine::Impl::rerun_patched_layer(PatchStaging& ps, std::size_t li, c
   process(lp, run, ro, ps.rep, described, guard);
   // Every loaded tensor is the target (touched) or what is served.
   GK_INTERNAL_ASSERT(run.record.recorded, "a re-run layer was not recorded");
-  for (const auto& [name, h] : run.record.hashes) {
+  std::vector<std::string> names;  // the layer's checkpoint tensors, as record.hashes lists them
+  for (const CheckpointParam& cp : lp.params)
+    for (const CheckpointTensor& ct : cp.tensors) names.push_back(lp.full_name(ct.name));
+  GK_INTERNAL_ASSERT(names.size() == run.record.hashes.size(), "a re-run layer recorded ", run.record.hashes.size(),
+                     " hashes for ", names.size(), " checkpoint tensors");
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const std::string& name = names[k];
+    const std::uint64_t h = run.record.hashes[k];
     const auto hit = touched.find(name);
     const std::uint64_t want = hit != touched.end() ? hit->second->target_hash : *ps.S->find(name);
     GK_CHECK(WeightError, h == want, ps.label, ": tensor '", name, "': ",

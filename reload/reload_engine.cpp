@@ -117,7 +117,7 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const detail::
     throw;
   }
   fields_unrestored = false;
-  rep.served = make_served(served_from_runs(runs, o.version_label));
+  rep.served = make_served(served_from_runs(runs, served_names, o.version_label));
   if (guard.captured()) {
     publish_served(rep.served);
     if (o.verify_served) verify_served_content(rep);

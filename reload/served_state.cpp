@@ -13,7 +13,8 @@
 // whichever way they arrived (a full reload, a patch, a chain of patches),
 // so reloading weights A after B is recognised as A, and its label (a
 // patch's target id, ReloadOptions::version_label) is recalled from the
-// engine's record of the versions it served.
+// engine's record of the versions it served. (The names are sorted once per
+// plan, not per load: Note [Served names are the plan's] in served_names.h.)
 #include "served_state.h"
 
 #include "engine_impl.h"
@@ -69,8 +70,13 @@ std::optional<std::uint64_t> ServedWeights::hash(std::string_view name) const {
   const std::uint64_t* h = state_->find(name);
   return h != nullptr ? std::optional<std::uint64_t>(*h) : std::nullopt;
 }
-const std::vector<std::pair<std::string, std::uint64_t>>& ServedWeights::hashes() const noexcept {
-  return state_->hashes;
+const std::vector<std::pair<std::string, std::uint64_t>>& ServedWeights::hashes() const {
+  const State& s = *state_;
+  std::call_once(s.listed, [&s] {
+    s.list.reserve(s.values.size());
+    for (std::size_t i = 0; i < s.values.size(); ++i) s.list.emplace_back(s.names->name(i), s.values[i]);
+  });
+  return s.list;
 }
 std::uint64_t ServedWeights::content_version() const noexcept { return state_->content_version; }
 const std::string& ServedWeights::label() const noexcept { return state_->label; }
@@ -82,14 +88,7 @@ std::string ServedWeights::describe() const {
 }
 
 void ServedWeights::State::finish() {
-  std::sort(hashes.begin(), hashes.end());
-  std::string bytes;
-  for (const auto& [name, h] : hashes) {
-    bytes += name;
-    bytes.push_back('\0');
-    for (int b = 0; b < 8; ++b) bytes.push_back(static_cast<char>((h >> (8 * b)) & 0xff));
-  }
-  content_version = content_hash_bytes({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+  content_version = names->content_version(values);
   kept_tensors = kept_bytes = 0;
   for (const auto& [name, p] : params) {
     kept_tensors += p.base.size();
@@ -98,9 +97,8 @@ void ServedWeights::State::finish() {
 }
 
 const std::uint64_t* ServedWeights::State::find(std::string_view name) const {
-  const auto it = std::lower_bound(hashes.begin(), hashes.end(), name,
-                                   [](const auto& e, std::string_view n) { return e.first < n; });
-  return it != hashes.end() && it->first == name ? &it->second : nullptr;
+  const std::optional<std::size_t> i = names->find(name);
+  return i ? &values[*i] : nullptr;
 }
 std::uint64_t* ServedWeights::State::find(std::string_view name) {
   return const_cast<std::uint64_t*>(std::as_const(*this).find(name));
@@ -215,7 +213,7 @@ void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Ten
         to_hash.push_back({d, 0, d.defined() ? d.nbytes() : 0});
       }
     }
-    for (const CheckpointTensor& ct : cp.tensors) r.hashes.emplace_back(lp.full_name(ct.name), 0);
+    r.hashes.resize(r.hashes.size() + cp.tensors.size(), 0);
   }
   // Bytes a streaming reload's scan already hashed (an adopted tensor is
   // the source's own: Note [Scanning a resident source first]) are not
@@ -256,7 +254,7 @@ void record_loaded_hashes(LayerRun& run, ReloadReport& rep) {
   LayerRecord& r = run.record;
   launch_loaded_hashes(run, rep);
   if (r.known != nullptr) {
-    for (const auto& [i, k] : r.known_at) r.hashes[i].second = r.known->hash(k);
+    for (const auto& [i, k] : r.known_at) r.hashes[i] = r.known->hash(k);
     r.known.reset();
     r.known_at.clear();
   }
@@ -264,7 +262,7 @@ void record_loaded_hashes(LayerRun& run, ReloadReport& rep) {
   ScopedMsTimer t(rep.times.hash_ms);
   const std::vector<std::uint64_t> h = r.loaded_hashes->get();
   r.loaded_hashes.reset();
-  for (std::size_t i = 0; i < h.size(); ++i) r.hashes[r.loaded_at[i]].second = h[i];
+  for (std::size_t i = 0; i < h.size(); ++i) r.hashes[r.loaded_at[i]] = h[i];
 }
 
 namespace {
@@ -424,7 +422,7 @@ void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::
     const std::string full = lp.full_name(cp.param);
     bool intact = !r.custom[pi];
     for (std::size_t ti = 0; intact && rehash[pi] && ti < cp.tensors.size(); ++ti)
-      intact = after[first[pi] + ti] == r.hashes[offset[pi] + ti].second;
+      intact = after[first[pi] + ti] == r.hashes[offset[pi] + ti];
     ServedParam sp;
     const c10::Device device = r.loaded[pi].device();
     if (candidate[pi] && intact) {
@@ -515,14 +513,22 @@ void ReloadEngine::Impl::verify_served_content(ReloadReport& rep) {
   }
 }
 
-std::unique_ptr<ServedWeights::State> served_from_runs(std::vector<LayerRun>& runs, std::string label) {
+std::unique_ptr<ServedWeights::State> served_from_runs(std::vector<LayerRun>& runs,
+                                                       std::shared_ptr<const detail::ServedNames> names,
+                                                       std::string label) {
+  GK_INTERNAL_ASSERT(names != nullptr, "served_from_runs without the plan's names");
   auto st = std::make_unique<ServedWeights::State>();
-  for (LayerRun& run : runs) {
+  st->values.assign(names->size(), 0);
+  for (std::size_t li = 0; li < runs.size(); ++li) {
+    LayerRun& run = runs[li];
     if (!run.record.recorded) return nullptr;
-    for (auto& h : run.record.hashes) st->hashes.push_back(std::move(h));
+    GK_INTERNAL_ASSERT(run.record.hashes.size() == names->layer_size(li), "layer ", li, " recorded ",
+                       run.record.hashes.size(), " hashes for ", names->layer_size(li), " checkpoint tensors");
+    for (std::size_t k = 0; k < run.record.hashes.size(); ++k) st->values[names->position(li, k)] = run.record.hashes[k];
     for (auto& [name, p] : run.record.params) st->params.insert_or_assign(name, std::move(p));
     run.record = LayerRecord{};
   }
+  st->names = std::move(names);
   st->label = std::move(label);
   st->finish();
   return st;

@@ -4,8 +4,8 @@
 #pragma once
 
 #include "layer_run.h"
-
 #include "run_options.h"
+#include "served_names.h"
 
 #include <graphkeep/reload/reload_options.h>
 #include <graphkeep/reload/served_weights.h>
@@ -16,19 +16,26 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace gk {
 
 struct ServedWeights::State {
-  std::vector<std::pair<std::string, std::uint64_t>> hashes;  // every checkpoint tensor, sorted by name
-  std::map<std::string, ServedParam, std::less<>> params;     // by the parameter's full name
+  // Every checkpoint tensor's hash, by its place in names' sorted order
+  // (Note [Served names are the plan's] in served_names.h).
+  std::shared_ptr<const detail::ServedNames> names;
+  std::vector<std::uint64_t> values;
+  std::map<std::string, ServedParam, std::less<>> params;  // by the parameter's full name
   std::string label;
   std::uint64_t content_version = 0;
   std::size_t kept_tensors = 0, kept_bytes = 0;
+  // ServedWeights::hashes(), made on its first call.
+  mutable std::once_flag listed;
+  mutable std::vector<std::pair<std::string, std::uint64_t>> list;
 
-  // Sorts the hashes; computes the content version and the kept-base totals.
+  // Computes the content version and the kept-base totals.
   void finish();
   // The hash of `name`, or nullptr.
   const std::uint64_t* find(std::string_view name) const;
@@ -76,7 +83,10 @@ std::vector<ContentRange> copy_hash_ranges(const LayerPlan& lp, LayerRun& run, c
 
 // What the engine serves after a load that ran every layer (the runs'
 // records are moved out), or nullptr when a layer was not recorded (hashing
-// off). `label`: ReloadOptions::version_label.
-std::unique_ptr<ServedWeights::State> served_from_runs(std::vector<LayerRun>& runs, std::string label);
+// off). `names`: the plan's (the runs' layers, in order). `label`:
+// ReloadOptions::version_label.
+std::unique_ptr<ServedWeights::State> served_from_runs(std::vector<LayerRun>& runs,
+                                                       std::shared_ptr<const detail::ServedNames> names,
+                                                       std::string label);
 
 }  // namespace gk

@@ -213,7 +213,7 @@ StagedReload ReloadEngine::stage(WeightSource& source, const StageOptions& optio
       throw;
     }
   }  // the copies no staged tensor views are freed here
-  st->served_after = I.make_served(served_from_runs(runs, st->options.version_label));
+  st->served_after = I.make_served(served_from_runs(runs, I.served_names, st->options.version_label));
   rep.served = st->served_after;
   sync_staged_streams(runs);
   rep.times.stage_ms = rep.times.total_ms = total.elapsed_ms();

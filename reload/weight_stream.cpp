@@ -291,6 +291,7 @@ void ReloadEngine::Impl::index_expected() {
       expected_params.emplace(std::move(full), std::move(ep));
     }
   }
+  served_names = std::make_shared<const detail::ServedNames>(plan);
 }
 
 std::vector<LayerRun> ReloadEngine::Impl::new_runs() const {

@@ -257,12 +257,29 @@ TEST_CASE("the served content: hashes of every checkpoint tensor from the first 
   CHECK(rig.engine->served()->label() == "step-0");
   CHECK(rig.first.served->kept_base_tensors() == 2);  // trans.w and custom.w; the others land unchanged
   const std::uint64_t v0 = rig.engine->served()->content_version();
+  // The content version as Note [Content versions] defines it, from the
+  // names and hashes alone (the engine lays its input out once per plan:
+  // Note [Served names are the plan's]).
+  auto version_of = [](const gk::ServedWeights& s) {
+    std::vector<std::pair<std::string, std::uint64_t>> all = s.hashes();
+    CHECK(std::is_sorted(all.begin(), all.end()));
+    std::string bytes;
+    for (const auto& [name, h] : all) {
+      CHECK(s.hash(name) == h);
+      bytes += name;
+      bytes.push_back('\0');
+      for (int b = 0; b < 8; ++b) bytes.push_back(static_cast<char>((h >> (8 * b)) & 0xff));
+    }
+    return gk::content_hash_bytes({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+  };
+  CHECK(version_of(*rig.engine->served()) == v0);
 
   const gk::ReloadReport r1 = rig.reload(w1, "step-1");
   REQUIRE(r1.served != nullptr);
   CHECK(r1.served == rig.engine->served());
   for (const auto& [name, t] : w1) CHECK(pt::served_hash(*rig.engine, name) == gk::content_hash(t));
   CHECK(rig.engine->served()->content_version() != v0);
+  CHECK(version_of(*rig.engine->served()) == rig.engine->served()->content_version());
   CHECK(rig.engine->served()->label() == "step-1");
   // Reloading step 0 after step 1 is recognised as step 0: the same content
   // version, and its label recalled.

@@ -45,8 +45,9 @@ class ServedWeights {
   // as a source delivers it), or std::nullopt for a name the model does not
   // expect.
   std::optional<std::uint64_t> hash(std::string_view name) const;
-  // Every checkpoint tensor with its hash, sorted by name.
-  const std::vector<std::pair<std::string, std::uint64_t>>& hashes() const noexcept;
+  // Every checkpoint tensor with its hash, sorted by name (the list is made
+  // on the first call: a reload keeps a hash per tensor, not a name).
+  const std::vector<std::pair<std::string, std::uint64_t>>& hashes() const;
   // The content version: the content hash of the sorted (name, hash) pairs (Note
   // [Content versions] in reload/served_state.cpp). Equal content gives an
   // equal version, so weights A reloaded after B are recognised as A.
