@@ -91,7 +91,10 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
   const std::int64_t pair_words = pairs > 0 ? 7 * static_cast<std::int64_t>(pairs) + 1 : 0;
   const std::int64_t words = base_words + (sources != nullptr ? row_words + (n + 2) / 2 + pair_words : 0) +
                              (tests != nullptr ? 3 * n : 0) + (copy_to != nullptr ? n : 0);
-  at::Tensor host = at::empty({words}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  // The back words (the sums, then first_bad) come back behind the upload,
+  // in the same pinned block (Note [One pinned block per hash launch]).
+  const std::int64_t back = tests != nullptr ? 2 * n : n;
+  at::Tensor host = at::empty({words + back}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   auto* h = reinterpret_cast<std::uint64_t*>(host.mutable_data_ptr<std::int64_t>());
   std::vector<std::uint64_t> add(static_cast<std::size_t>(n));
   std::uint64_t blocks = 0;
@@ -153,9 +156,11 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
     task_begin[pairs] = pair_tasks;
   }
   at::Tensor dev = at::empty({words}, at::TensorOptions().dtype(at::kLong).device(device));
-  dev.copy_(host, /*non_blocking=*/true);
-
   auto* d = reinterpret_cast<std::uint64_t*>(dev.mutable_data_ptr<std::int64_t>());
+  const auto words_bytes = static_cast<std::size_t>(words) * sizeof(std::uint64_t);
+  cudaError_t e = cudaMemcpyAsync(d, h, words_bytes, cudaMemcpyHostToDevice, stream.stream());
+  GK_CHECK(StateError, e == cudaSuccess, "gk::content_hashes: the upload of the hash job failed on ", device, ": ",
+           cudaGetErrorString(e));
   cuda::ContentHashJob job;
   job.data = d;
   job.nbytes = d + n;
@@ -187,11 +192,12 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
   // The sums come back through pinned memory behind an event, so that
   // reading them waits for this launch only, not for what the stream runs next.
   // The sums (base_words - n ..), then first_bad (base_words ..): adjacent.
-  const std::int64_t back = tests != nullptr ? 2 * n : n;
-  at::Tensor result = at::empty({back}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-  result.copy_(dev.narrow(0, 3 * n + 1, back), /*non_blocking=*/true);
-  DeviceLaunch l{std::move(which), std::move(add), std::move(host), std::move(dev), stream, std::move(result),
-                 at::cuda::CUDAEvent(runtime::wait_event_flags()),
+  e = cudaMemcpyAsync(h + words, d + 3 * n + 1, static_cast<std::size_t>(back) * sizeof(std::uint64_t),
+                      cudaMemcpyDeviceToHost, stream.stream());
+  GK_CHECK(StateError, e == cudaSuccess, "gk::content_hashes: reading the hashes back failed on ", device, ": ",
+           cudaGetErrorString(e));
+  DeviceLaunch l{std::move(which), std::move(add), std::move(host), std::move(dev), stream,
+                 reinterpret_cast<const std::uint64_t*>(h + words), ReadEvent(runtime::wait_event_flags()),
                  tests != nullptr};
   l.read.record(stream);
   return l;
@@ -200,7 +206,7 @@ DeviceLaunch launch_device_hashes(const std::vector<HashBytes>& inputs, std::vec
 void read_device_hashes(DeviceLaunch& l, std::vector<std::uint64_t>& out, std::vector<std::int64_t>* first_bad) {
   l.read.synchronize();
   const auto n = static_cast<std::int64_t>(l.which.size());
-  const auto* r = reinterpret_cast<const std::uint64_t*>(l.result.const_data_ptr<std::int64_t>());
+  const std::uint64_t* r = l.result;
   for (std::int64_t i = 0; i < n; ++i)
     out[l.which[static_cast<std::size_t>(i)]] = l.add[static_cast<std::size_t>(i)] + r[i];
   if (first_bad == nullptr) return;

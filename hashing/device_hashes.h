@@ -72,17 +72,39 @@ std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_ranges(const std:
                                                                       std::vector<std::uint64_t>& out);
 
 #if defined(GRAPHKEEP_WITH_CUDA)
-// One device's launch: the upload buffer (pinned, read by an asynchronous
-// copy), the device words whose tail receives the kernel's sums, the stream,
-// and what each sum is added to.
+// Note [One pinned block per hash launch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A hash launch uploads its job (pointers, lengths, block starts) and reads
+// its sums back. Each used to take a pinned tensor of its own and a
+// Tensor::copy_ (a dispatch, a narrow, the host allocator's event): about
+// 40 us of host time per launch in a trace of the MoE's streaming reload
+// (H100, 2026-12-07), two launches per decoder layer. Now one pinned block
+// holds the job and, behind it, the words that come back, each moved by a
+// plain cudaMemcpyAsync on the launch's stream. The host allocator records
+// no event for such copies, so the block must not be freed while the
+// stream may still write it: the launch's event (ReadEvent, recorded after
+// the read-back) is waited for when the launch is destroyed, before its
+// buffers are, on every path, an exception's included.
+struct ReadEvent : at::cuda::CUDAEvent {
+  using at::cuda::CUDAEvent::CUDAEvent;
+  ReadEvent(ReadEvent&&) noexcept = default;
+  ReadEvent& operator=(ReadEvent&&) noexcept = default;
+  ~ReadEvent() {
+    if (isCreated()) (void)cudaEventSynchronize(event());  // (no throw from a destructor)
+  }
+};
+
+// One device's launch: the pinned block (the job, then what comes back),
+// the device words whose tail receives the kernel's sums, the stream, and
+// what each sum is added to.
 struct DeviceLaunch {
   std::vector<std::size_t> which;
   std::vector<std::uint64_t> add;
   at::Tensor host, dev;
   c10::cuda::CUDAStream stream;
-  at::Tensor result;          // pinned: the sums (then the first bad bytes), copied after the kernel
-  at::cuda::CUDAEvent read;   // recorded after that copy
-  bool scanned = false;       // launched with `tests`
+  const std::uint64_t* result = nullptr;  // in `host`: the sums (then the first bad bytes), copied after the kernel
+  ReadEvent read;                         // recorded after that copy; destroyed first (declared last but one)
+  bool scanned = false;                   // launched with `tests`
 };
 
 // Hashes the inputs `which` (all on `device`, all non-empty) in one launch

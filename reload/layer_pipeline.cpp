@@ -410,8 +410,9 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
   for (const at::Tensor& C : dst) rep.bytes_copied += C.nbytes();
   rep.slots_zeroed += zero.size();
   if (undoable) {
-    for (const at::Tensor& C : dst) run.backups.take(C);
-    for (const at::Tensor& C : zero) run.backups.take(C);
+    std::vector<at::Tensor> written = dst;
+    written.insert(written.end(), zero.begin(), zero.end());
+    run.backups.take_all(written);
   }
   // Zero first, then copy: where a zeroed slot overlaps a copied one, the
   // copied value wins, as it did when each slot was written on its own.

@@ -24,8 +24,10 @@ bool pwal_can_write(const LayerPlan& lp, const PlannedSlot& s) {
 
 void ReloadGuard::before_pwal(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o) {
   if (o.restore_in_place_writes) {
+    std::vector<at::Tensor> writable;
     for (const PlannedSlot& sl : lp.slots)
-      if (pwal_can_write(lp, sl)) run.backups.take(sl.captured);
+      if (pwal_can_write(lp, sl)) writable.push_back(sl.captured);
+    run.backups.take_all(writable);
   } else {
     for (const PlannedSlot& sl : lp.slots) run.pwal_unguarded = run.pwal_unguarded || pwal_can_write(lp, sl);
   }

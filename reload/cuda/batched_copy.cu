@@ -13,7 +13,16 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
 
-__global__ void __launch_bounds__(kThreads) batched_copy_kernel(const __grid_constant__ CopyBatch batch) {
+// The first tasks of a CopyBatch, for a launch of few: the launch's cost grows
+// with its parameter's bytes (Note [Small batches travel small]).
+struct SmallCopyBatch {
+  const unsigned char* src[kSmallTasks];
+  unsigned char* dst[kSmallTasks];
+  std::uint32_t bytes[kSmallTasks];
+};
+
+template <class Batch>
+__global__ void __launch_bounds__(kThreads) batched_copy_kernel(const __grid_constant__ Batch batch) {
   const unsigned char* src = batch.src[blockIdx.x];
   unsigned char* dst = batch.dst[blockIdx.x];
   const std::uint32_t bytes = batch.bytes[blockIdx.x];
@@ -40,7 +49,19 @@ __global__ void __launch_bounds__(kThreads) batched_copy_kernel(const __grid_con
 
 int launch_batched_copy(const CopyBatch& batch, void* stream) {
   if (batch.count <= 0) return 0;
-  batched_copy_kernel<<<static_cast<unsigned>(batch.count), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(batch);
+  const auto blocks = static_cast<unsigned>(batch.count);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (batch.count <= kSmallTasks) {
+    SmallCopyBatch small;
+    for (int i = 0; i < batch.count; ++i) {
+      small.src[i] = batch.src[i];
+      small.dst[i] = batch.dst[i];
+      small.bytes[i] = batch.bytes[i];
+    }
+    batched_copy_kernel<SmallCopyBatch><<<blocks, kThreads, 0, s>>>(small);
+  } else {
+    batched_copy_kernel<CopyBatch><<<blocks, kThreads, 0, s>>>(batch);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 
