@@ -506,13 +506,13 @@ void ReloadEngine::Impl::rerun_patched_layer(PatchStaging& ps, std::size_t li, c
   process(lp, run, ro, ps.rep, described, guard);
   // Every loaded tensor is the target (touched) or what is served.
   GK_INTERNAL_ASSERT(run.record.recorded, "a re-run layer was not recorded");
-  std::vector<std::string> names;  // the layer's checkpoint tensors, as record.hashes lists them
-  for (const CheckpointParam& cp : lp.params)
-    for (const CheckpointTensor& ct : cp.tensors) names.push_back(lp.full_name(ct.name));
-  GK_INTERNAL_ASSERT(names.size() == run.record.hashes.size(), "a re-run layer recorded ", run.record.hashes.size(),
-                     " hashes for ", names.size(), " checkpoint tensors");
-  for (std::size_t k = 0; k < names.size(); ++k) {
-    const std::string& name = names[k];
+  // (The layer's names from the plan's: what is served may carry another
+  // plan's, from prepare(first_load), so it is looked up by name.)
+  const detail::ServedNames& names = *served_names;
+  GK_INTERNAL_ASSERT(names.layer_size(li) == run.record.hashes.size(), "a re-run layer recorded ",
+                     run.record.hashes.size(), " hashes for ", names.layer_size(li), " checkpoint tensors");
+  for (std::size_t k = 0; k < run.record.hashes.size(); ++k) {
+    const std::string& name = names.name(names.position(li, k));
     const std::uint64_t h = run.record.hashes[k];
     const auto hit = touched.find(name);
     const std::uint64_t want = hit != touched.end() ? hit->second->target_hash : *ps.S->find(name);

@@ -6,7 +6,6 @@
 #include <graphkeep/hashing/content_hash.h>
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
 namespace gk::detail {

@@ -25,16 +25,6 @@ bool savable(const at::Tensor& t) { return t.defined() && t.has_storage() && t.s
 
 }  // namespace
 
-void StorageBackups::take(const at::Tensor& t) {
-  if (!savable(t)) return;
-  const void* key = t.storage().unsafeGetStorageImpl();
-  for (const Entry& e : entries_)
-    if (e.key == key) return;
-  at::Tensor bytes = at::empty({0}, t.options().dtype(at::kByte).requires_grad(false));
-  bytes.set_(t.storage(), 0, {static_cast<std::int64_t>(t.storage().nbytes())}, {1});
-  entries_.push_back({key, bytes, bytes.clone()});
-}
-
 void StorageBackups::take_all(const std::vector<at::Tensor>& ts) {
   std::vector<const at::Tensor*> fresh;  // each storage once, none held already
   auto held = [&](const void* key) {
@@ -44,10 +34,7 @@ void StorageBackups::take_all(const std::vector<at::Tensor>& ts) {
   };
   for (const at::Tensor& t : ts)
     if (savable(t) && !held(t.storage().unsafeGetStorageImpl())) fresh.push_back(&t);
-  if (fresh.size() < 2) {
-    for (const at::Tensor* t : fresh) take(*t);
-    return;
-  }
+  if (fresh.empty()) return;
   // Per device, one buffer: each storage at a 16-byte boundary (the batched
   // copy's vector loads).
   struct Buffer {

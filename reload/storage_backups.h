@@ -23,14 +23,12 @@ namespace gk {
 // cannot matter, and neither can the order in which slots are restored.
 class StorageBackups {
  public:
-  // Copies t's whole storage unless this log holds it already. No-op for an
-  // undefined or empty tensor.
-  void take(const at::Tensor& t);
-  // The same for each of `ts`, the copies of a device's storages in one
-  // buffer and one launch (gk::copy_slots), their byte views made without
-  // dispatch: a MoE layer's PWAL guard saves several small storages (its
-  // kernels' stride arrays), and a clone each cost about 15 us of host time
-  // (docs/performance.md, "Figures behind the code").
+  // Copies the whole storage of each of `ts` unless this log holds it
+  // already (undefined and empty tensors are skipped): a device's storages
+  // into one buffer by one launch (gk::copy_slots), their byte views made
+  // without dispatch. A MoE layer's PWAL guard saves several small storages
+  // (its kernels' stride arrays), and a clone each cost about 15 us of host
+  // time (docs/performance.md, "Figures behind the code").
   void take_all(const std::vector<at::Tensor>& ts);
   // Writes every saved storage back (newest first) and forgets them.
   void restore();
