@@ -16,6 +16,9 @@
 //                width: hidden 1024, experts of 256, top 8, 22 GiB
 //   moe-narrow   the 30B-A3B's tensor count per layer at 1/16 of its width,
 //                4 layers: host costs on a CPU
+//   moe-count    the same count at 1/64 of the width (hidden 32, experts of
+//                8): next to no bytes, so a CPU run times graphkeep's own host
+//                work per tensor and per slot (perf it there)
 //   llama1b      a Llama of 1.1B parameters: whole-model memory on a CPU
 //
 //   demo::HfConfig cfg = gkbench::model_config("llama8b");
@@ -93,6 +96,11 @@ inline demo::HfConfig model_config(const std::string& name) {
     c.vocab_size = 1024, c.hidden_size = 128, c.intermediate_size = 384;
     c.num_attention_heads = 4, c.num_hidden_layers = 4, c.num_key_value_heads = 2, c.head_dim = 128;
     c.num_experts = 128, c.num_experts_per_tok = 8, c.moe_intermediate_size = 48;
+  } else if (name == "moe-count") {
+    c = model_config("moe-narrow");
+    c.vocab_size = 256, c.hidden_size = 32, c.intermediate_size = 64;
+    c.num_attention_heads = 2, c.num_key_value_heads = 1, c.head_dim = 32;
+    c.moe_intermediate_size = 8;
   } else if (name == "llama1b") {
     c.model_type = "llama";
     c.vocab_size = 32000, c.hidden_size = 2048, c.intermediate_size = 8192;
@@ -101,7 +109,7 @@ inline demo::HfConfig model_config(const std::string& name) {
     c = demo::builtin_tiny_config();
   } else {
     throw std::invalid_argument("unknown --model " + name +
-                                " (llama8b, qwen3moe30b, llama8b-e32, dsv3-count, moe-narrow, llama1b, tiny)");
+                                " (llama8b, qwen3moe30b, llama8b-e32, dsv3-count, moe-narrow, moe-count, llama1b, tiny)");
   }
   return c;
 }

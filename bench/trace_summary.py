@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Summarizes a Chrome trace saved by gkbench::KinetoTrace (bench/bench_trace.h):
 the region's wall time, the device's busy time, and the top kernels, copies,
-CUDA runtime calls (synchronizations and launches by count and time) and CPU ops.
+CUDA runtime calls (synchronizations and launches by count and time), CPU ops,
+and graphkeep's ranges (Note [Ranges for the host's work] in
+reload/trace_range.h): each range's total time and its own, the part no op,
+CUDA call or inner range on its thread covers -- graphkeep's C++.
 
     python3 bench/trace_summary.py trace.json [--top 25]
 """
@@ -52,6 +55,49 @@ def main() -> None:
         print(f"\n== {cat}: {n} events, {total / 1e3:.1f} ms")
         for name, dur in by_cat[cat].most_common(a.top):
             print(f"  {dur / 1e3:9.2f} ms {counts[cat][name]:7d}x  {name}")
+    print_ranges(events)
+
+
+def own_times(events: list) -> tuple[collections.Counter, collections.Counter, collections.Counter]:
+    """Per graphkeep range name: total time, own time (not covered by the
+    events nested directly in it on its thread), and count."""
+    host_cats = ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation")
+    by_tid: dict = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") in host_cats:
+            by_tid[(e.get("pid"), e.get("tid"))].append(e)
+    total, own, count = collections.Counter(), collections.Counter(), collections.Counter()
+    for evs in by_tid.values():
+        # Outer events first where two begin together.
+        evs.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
+        stack: list = []  # [event, time covered by its direct children]
+        def close(item) -> None:
+            e, covered = item
+            name = e.get("name", "")
+            if e.get("cat") == "user_annotation" and name.startswith("gk."):
+                total[name] += e.get("dur", 0)
+                own[name] += max(0.0, e.get("dur", 0) - covered)
+                count[name] += 1
+        for e in evs:
+            while stack and e["ts"] >= stack[-1][0]["ts"] + stack[-1][0].get("dur", 0):
+                close(stack.pop())
+            if stack:
+                stack[-1][1] += e.get("dur", 0)
+            stack.append([e, 0.0])
+        while stack:
+            close(stack.pop())
+    return total, own, count
+
+
+def print_ranges(events: list) -> None:
+    total, own, count = own_times(events)
+    if not total:
+        return
+    print(f"\n== graphkeep ranges: {sum(own.values()) / 1e3:.1f} ms of their own (not in an op, a CUDA call "
+          f"or an inner range)")
+    print(f"  {'own ms':>9} {'total ms':>9} {'count':>7}  range")
+    for name, t in own.most_common():
+        print(f"  {t / 1e3:9.2f} {total[name] / 1e3:9.2f} {count[name]:7d}  {name}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ namespace gk {
 struct Expected {
   std::size_t layer, param, tensor;
   std::size_t flat;  // index of this tensor within its layer's completion set
+  std::size_t order;  // its place in the plan's order (ExpectedCursor)
   std::vector<std::int64_t> shard_shape;
   at::ScalarType dtype;
   std::int64_t num_shards;
@@ -113,6 +114,8 @@ struct ReloadEngine::Impl {
   // but the next reload() must run as a recovery.
   bool fields_unrestored = false;
   std::unordered_map<std::string, Expected> expected;
+  // The same entries in the plan's order (Note [Names arrive in plan order]).
+  std::vector<const std::pair<const std::string, Expected>*> expected_order;
   std::unordered_map<std::string, ExpectedParam> expected_params;
   std::vector<std::size_t> expected_per_layer;
   // Every checkpoint tensor's full name, sorted (what a load serves: Note
@@ -170,6 +173,9 @@ struct ReloadEngine::Impl {
 
   // --- weight_stream.cpp ------------------------------------------------------
   void index_expected();
+  // The expected checkpoint tensor named `name`, or nullptr; `cursor` is
+  // where the previous one was found (Note [Names arrive in plan order]).
+  const std::pair<const std::string, Expected>* find_expected(const std::string& name, std::size_t& cursor) const;
   std::vector<LayerRun> new_runs() const;
   // Everything before the commit: detach, then per layer load, PWAL, check
   // (and in streaming mode its commit), the completion gate, and in

@@ -10,6 +10,7 @@
 #include "non_finite.h"
 #include "reload_internal.h"
 #include "served_state.h"
+#include "trace_range.h"
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
@@ -217,6 +218,7 @@ void repoint(LayerPlan& lp, const PlannedSlot& s) {
 }  // namespace detail
 
 void ReloadEngine::Impl::snapshot_and_detach(LayerPlan& lp, LayerRun& run, const PwalGuard& guard) {
+  detail::TraceRange r("gk.detach");
   fault(testing::FaultPoint::detach, lp.prefix);
   // The slots must still point at their captured storage: anything else is
   // drift that happened outside a reload.
@@ -271,7 +273,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
   std::vector<at::Tensor> targets(n);
   std::vector<char> custom(n, 0);  // a load_weight() took some tensor of the parameter
   {
-    ScopedMsTimer t(rep.times.load_ms);
+    detail::PhaseScope t(rep.times.load_ms, "gk.load");
     fault(testing::FaultPoint::load, lp.prefix);
     // Materialize fresh checkpoint-format parameters (each right before
     // its first load, so an adopted one holds no new storage) and replay
@@ -337,7 +339,10 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
     batched.flush();
   }
   // The content hashes of what was loaded (Note [Patch landings] in layer_record.h).
-  record_loaded(lp, run, targets, custom, o, rep);
+  {
+    detail::TraceRange r("gk.record_loaded");
+    record_loaded(lp, run, targets, custom, o, rep);
+  }
   run.pending.clear();
   guard.after_load(run, o, rep);
   // The loaded bytes' hashes go on the current stream after the scan's
@@ -353,7 +358,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
     if (scan_here && meanwhile) meanwhile();
   };
   if (scan_here) {
-    ScopedMsTimer t(rep.times.finite_ms);
+    detail::PhaseScope t(rep.times.finite_ms, "gk.finite");
     refuse_non_finite(lp, source, then);
   } else {
     then();
@@ -361,9 +366,12 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
   // PWAL may write into the captured tensors it can reach (declared
   // members, buffers it does not load, views of a parameter's storage):
   // Note [Undo by storage], Note [PWAL guards].
-  guard.before_pwal(lp, run, o);
   {
-    ScopedMsTimer t(rep.times.pwal_ms);
+    detail::TraceRange r("gk.before_pwal");
+    guard.before_pwal(lp, run, o);
+  }
+  {
+    detail::PhaseScope t(rep.times.pwal_ms, "gk.pwal");
     fault(testing::FaultPoint::pwal, lp.prefix);
     if (lp.layer != nullptr) lp.layer->process_weights_after_loading();
     for (const LayerRun::Adopted& a : run.adopted)
@@ -375,14 +383,17 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
                "from a source that still holds the checkpoint's values");
   }
   if (guard.captured()) {
-    ScopedMsTimer t(rep.times.check_ms);
+    detail::PhaseScope t(rep.times.check_ms, "gk.check");
     fault(testing::FaultPoint::check, lp.prefix);
     check(lp, run, o, rep, state == EngineState::inconsistent || fields_unrestored);
     guard.after_check(lp, run);
   }
   // With `meanwhile` (a streaming reload) the caller finishes the record a
   // layer late (Note [Commit one layer late]).
-  record_after_pwal(lp, run, o, rep, /*defer=*/static_cast<bool>(meanwhile));
+  {
+    detail::TraceRange r("gk.record_after_pwal");
+    record_after_pwal(lp, run, o, rep, /*defer=*/static_cast<bool>(meanwhile));
+  }
   if (!scan_here && meanwhile) meanwhile();
   // A streaming reload reads the check's verdicts at the copy-back, a layer
   // later; the others before they return (a stage() refuses at stage time).
@@ -397,7 +408,7 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
     run.phase = LayerRun::Phase::committed;
     return;
   }
-  ScopedMsTimer t(rep.times.copy_ms);
+  detail::PhaseScope t(rep.times.copy_ms, "gk.copy_back");
   detail::finish_from_shapes_check(lp, run.from_shapes);  // nothing written yet
   if (!staged) fault(testing::FaultPoint::copy, lp.prefix);
   // Transactional: every captured storage this commit writes is saved

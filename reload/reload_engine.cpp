@@ -4,6 +4,7 @@
 #include "derivations.h"
 #include "engine_impl.h"
 #include "reload_internal.h"
+#include "trace_range.h"
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
@@ -117,10 +118,13 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const detail::
     throw;
   }
   fields_unrestored = false;
-  rep.served = make_served(served_from_runs(runs, served_names, o.version_label));
-  if (guard.captured()) {
-    publish_served(rep.served);
-    if (o.verify_served) verify_served_content(rep);
+  {
+    detail::TraceRange r("gk.serve");
+    rep.served = make_served(served_from_runs(runs, served_names, o.version_label));
+    if (guard.captured()) {
+      publish_served(rep.served);
+      if (o.verify_served) verify_served_content(rep);
+    }
   }
   return finish(rep, o, total, guard);
 }
@@ -138,7 +142,7 @@ ReloadReport ReloadEngine::Impl::finish(ReloadReport& rep, const detail::RunOpti
   }
   rep.graphs_destroyed = drop_destroyed();
   if (o.verify && guard.captured() && !graphs.empty() && !rep.needs_recapture) {
-    ScopedMsTimer t(rep.times.verify_ms);
+    detail::PhaseScope t(rep.times.verify_ms, "gk.verify");
     VerifyResult r = verify_all();
     rep.addresses_verified = r.checked;
     rep.drift = r.issues.size();

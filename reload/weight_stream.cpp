@@ -17,6 +17,7 @@
 #include "non_finite.h"
 #include "reload_internal.h"
 #include "served_state.h"
+#include "trace_range.h"
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
@@ -272,12 +273,16 @@ void ReloadEngine::Impl::index_expected() {
         std::string full = lp.full_name(t.name);
         GK_CHECK(DeclarationError, !expected.count(full), "checkpoint tensor '", full,
                  "' is expected by two parameters; each checkpoint tensor loads into one place");
-        expected.emplace(full, Expected{li, pi, ti, expected_per_layer[li], t.shard_shape(), t.dtype, t.num_shards});
+        const std::size_t order = expected.size();
+        expected.emplace(full, Expected{li, pi, ti, expected_per_layer[li], order, t.shard_shape(), t.dtype,
+                                        t.num_shards});
         expected_per_layer[li] += 1;
         starts->push_back(starts->back() + static_cast<std::size_t>(t.num_shards));
       }
     shard_starts[li] = std::move(starts);
   }
+  expected_order.assign(expected.size(), nullptr);
+  for (const auto& entry : expected) expected_order[entry.second.order] = &entry;
   // Whole parameters, by their full names, where no checkpoint tensor has
   // that name (a plain module's "norm.weight" is both: it stays a tensor).
   expected_params.clear();
@@ -292,6 +297,34 @@ void ReloadEngine::Impl::index_expected() {
     }
   }
   served_names = std::make_shared<const detail::ServedNames>(plan);
+}
+
+// Note [Names arrive in plan order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each tensor a source yields is looked up by its full name: 18,000 times a
+// reload of the 30B-A3B MoE. In a hash map of that many entries a lookup
+// hashes a name of some 50 bytes and misses the cache two or three times
+// (the bucket, the node, its key); perf on the build machine found it the
+// largest cost of graphkeep's own in a reload that copies the checkpoint's
+// tensors (docs/performance.md, "Figures behind the code"). Sources yield
+// in the checkpoint's order almost always (a safetensors index, a trainer's
+// state dict), and the plan lists the tensors in that order too. So the
+// lookup first compares the name with the entry found last (the next shard
+// of the same tensor) and the one after it, which lie side by side in
+// expected_order, and only then asks the map: the same answer in any order
+// (the reload tests deliver last to first, the structure fuzzer shuffles),
+// one string comparison in the usual one.
+const std::pair<const std::string, Expected>* ReloadEngine::Impl::find_expected(const std::string& name,
+                                                                                std::size_t& cursor) const {
+  for (std::size_t k = cursor; k < cursor + 2 && k < expected_order.size(); ++k)
+    if (expected_order[k]->first == name) {
+      cursor = k;
+      return expected_order[k];
+    }
+  const auto it = expected.find(name);
+  if (it == expected.end()) return nullptr;
+  cursor = it->second.order;
+  return &*it;
 }
 
 std::vector<LayerRun> ReloadEngine::Impl::new_runs() const {
@@ -311,7 +344,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   std::optional<detail::RunOptions> scanned;
   std::optional<SourceScan> scan;
   if (options.mode == ReloadMode::streaming && !options.allow_non_finite) {
-    ScopedMsTimer t(rep.times.finite_ms);
+    detail::PhaseScope t(rep.times.finite_ms, "gk.source_scan");
     scan.emplace(source, any_cuda_slot(plan), plan, expected_params);
     if (scan->scanned()) {
       scanned = options;
@@ -352,12 +385,12 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   };
   auto scan_verdict = [&] {
     if (!scan || scan->judged()) return;
-    ScopedMsTimer t(rep.times.finite_ms);
+    detail::PhaseScope t(rep.times.finite_ms, "gk.source_scan_verdict");
     scan->verdict();
   };
   try {
     {
-      ScopedMsTimer t(rep.times.detach_ms);
+      detail::PhaseScope t(rep.times.detach_ms, "gk.detach_all");
       for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], guard);
     }
     // Note [Commit one layer late]
@@ -404,6 +437,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
       while (!unrecorded.empty() && (unrecorded.size() > keep || record_ready(runs[unrecorded.front()]))) {
         const std::size_t li = unrecorded.front();
         unrecorded.pop_front();
+        detail::TraceRange r("gk.finish_record");
         finish_record_after_pwal(plan.layers()[li], runs[li], o, rep);
       }
     };
@@ -435,6 +469,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     for (std::size_t li = 0; li < runs.size(); ++li)
       if (runs[li].expected == 0) finish_layer(li);
 
+    std::size_t cursor = 0;  // where the last tensor was expected (Note [Names arrive in plan order])
     while (true) {
       std::optional<NamedTensor> nt;
       {
@@ -442,8 +477,8 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
         nt = source.next();
       }
       if (!nt) break;
-      auto it = expected.find(nt->name);
-      if (it == expected.end()) {
+      const auto* it = find_expected(nt->name, cursor);
+      if (it == nullptr) {
         auto wp = expected_params.find(nt->name);
         GK_CHECK(WeightError, wp != expected_params.end(), source.describe(), " has weight '", nt->name,
                  "', which the model does not expect (no layer lists it among its checkpoint tensors, and no "
