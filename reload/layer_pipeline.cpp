@@ -460,7 +460,11 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
     dst = std::move(d);
     src = std::move(s);
   }
-  if (!dst.empty()) copy_slots(dst, src);  // one launch for the CUDA slots
+  if (!dst.empty()) {
+    detail::TraceRange r("gk.copy_slots");
+    copy_slots(dst, src);  // one launch for the CUDA slots
+  }
+  detail::TraceRange repointing("gk.repoint");
   for (const PlannedSlot& s : lp.slots) {
     const std::size_t i = static_cast<std::size_t>(&s - lp.slots.data());
     if (run.mismatched[i] || unprotected(s)) continue;
