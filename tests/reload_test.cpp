@@ -12,7 +12,10 @@
 #include "rig.h"
 #include "toy_model.h"
 
+#include <ATen/record_function.h>
+
 #include <cmath>
+#include <map>
 #include <memory>
 
 namespace {
@@ -133,6 +136,40 @@ TEST_CASE("a full reload keeps every captured address and replays bitwise equal 
   const gk::PlannedSlot& scale = rig.engine->plan().layers()[0].slots[2];
   CHECK(scale.name == "l1.kernel_.scale_");
   CHECK(rig.model->l1->kernel().scale().data_ptr() == scale.captured.data_ptr());
+}
+
+// Note [Ranges for the host's work] (reload/trace_range.h): a profiler
+// listening to user scopes sees every step of every layer as a gk.* range.
+std::map<std::string, int>& seen_ranges() {
+  static std::map<std::string, int> seen;
+  return seen;
+}
+TEST_CASE("a profiler sees each step of each layer of a reload as a gk.* range, and nothing when none listens") {
+  Rig<> rig;
+  seen_ranges().clear();
+  const at::CallbackHandle handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        const std::string name = fn.name();
+        if (name.starts_with("gk.")) seen_ranges()[name] += 1;
+        return nullptr;
+      }).scopes({at::RecordScope::USER_SCOPE}));
+  const gk::ReloadReport r = rig.reload(1);
+  at::removeCallback(handle);
+  REQUIRE(r.layers == 3);
+  for (const char* step : {"gk.detach", "gk.load", "gk.record_loaded", "gk.before_pwal", "gk.pwal", "gk.check",
+                           "gk.record_after_pwal", "gk.copy_back", "gk.repoint", "gk.finish_record"}) {
+    INFO(step);
+    CHECK(seen_ranges()[step] == 3);
+  }
+  for (const char* once : {"gk.detach_all", "gk.serve", "gk.verify"}) {
+    INFO(once);
+    CHECK(seen_ranges()[once] == 1);
+  }
+  // Removed, the callback sees nothing more.
+  seen_ranges().clear();
+  rig.reload(2);
+  CHECK(seen_ranges().empty());
+  CHECK(equal_bits(rig.replay(), fresh_output(2, rig.input)));
 }
 
 TEST_CASE("100 consecutive reloads keep addresses and values") {
