@@ -116,6 +116,9 @@ struct ReloadEngine::Impl {
   std::unordered_map<std::string, Expected> expected;
   // The same entries in the plan's order (Note [Names arrive in plan order]).
   std::vector<const std::pair<const std::string, Expected>*> expected_order;
+  // The same entries by their place in served_names' sorted order: a
+  // patch's entries come in name order (ServedNames::find's cursor).
+  std::vector<const Expected*> expected_sorted;
   std::unordered_map<std::string, ExpectedParam> expected_params;
   std::vector<std::size_t> expected_per_layer;
   // Every checkpoint tensor's full name, sorted (what a load serves: Note

@@ -249,17 +249,20 @@ void ReloadEngine::Impl::check_patch_against_served(PatchStaging& ps) {
   ps.by_layer.assign(plan.layers().size(), {});
   ps.where.assign(patch.entries.size(), nullptr);
   ps.dst.assign(patch.entries.size(), at::Tensor());
+  // Entries come in name order (validate_patch): each is looked up next to
+  // the one before (ServedNames::find's cursor).
+  std::size_t at_name = 0, at_served = 0;
   for (std::size_t k = 0; k < patch.entries.size(); ++k) {
     const PatchEntry& pe = patch.entries[k];
-    const auto it = expected.find(pe.name);
-    GK_CHECK(WeightError, it != expected.end(), label, ": tensor '", pe.name, "' is not a checkpoint tensor of the "
+    const std::optional<std::size_t> pos = served_names->find(pe.name, &at_name);
+    GK_CHECK(WeightError, pos.has_value(), label, ": tensor '", pe.name, "' is not a checkpoint tensor of the "
              "model (an unknown name; the model expects ", expected.size(), " tensors); nothing was changed");
-    const Expected& e = it->second;
+    const Expected& e = *expected_sorted[*pos];
     const CheckpointTensor& ct = plan.layers()[e.layer].params[e.param].tensors[e.tensor];
     GK_CHECK(WeightError, pe.shape == ct.shape && pe.dtype == ct.dtype, label, ": tensor '", pe.name, "' is ",
              pe.dtype, " ", at::IntArrayRef(pe.shape), " in the patch but ", ct.dtype, " ", at::IntArrayRef(ct.shape),
              " in the model; nothing was changed");
-    const std::uint64_t* h = ps.S->find(pe.name);
+    const std::uint64_t* h = ps.S->find(pe.name, &at_served);
     GK_INTERNAL_ASSERT(h != nullptr, "no served hash for '", pe.name, "'");
     GK_CHECK(WeightError, *h == pe.base_hash, label, ": tensor '", pe.name, "': the patch's base hash is ",
              format_content_hash(pe.base_hash), " but the engine serves ", format_content_hash(*h), " (version ",
@@ -444,13 +447,14 @@ void ReloadEngine::Impl::check_scatter_targets(PatchStaging& ps) {
   const std::vector<std::uint64_t> of_whole = pending.get();
   for (std::size_t i = 0; i < sparse_of.size(); ++i) got[sparse_of[i]] = through[i];
   for (std::size_t i = 0; i < whole_of.size(); ++i) got[whole_of[i]] = of_whole[i];
+  std::size_t at_next = 0;
   for (std::size_t j = 0; j < got.size(); ++j) {
     const PatchEntry& pe = *ps.target_entries[j];
     GK_CHECK(WeightError, got[j] == pe.target_hash, ps.label, ": tensor '", pe.name, "': after the patch its "
              "content hash is ", format_content_hash(got[j]), " but the patch's target hash is ",
              format_content_hash(pe.target_hash), " (the patch's values do not produce its target version '",
              ps.patch.target_version, "'); nothing was changed");
-    *ps.next->find(pe.name) = pe.target_hash;
+    *ps.next->find(pe.name, &at_next) = pe.target_hash;
   }
 }
 

@@ -41,11 +41,22 @@ ServedNames::ServedNames(const SlotPlan& plan) {
   }
 }
 
-std::optional<std::size_t> ServedNames::find(std::string_view name) const {
-  const auto it = std::lower_bound(sorted_.begin(), sorted_.end(), name,
-                                   [](const std::string& e, std::string_view n) { return e < n; });
-  if (it == sorted_.end() || *it != name) return std::nullopt;
-  return static_cast<std::size_t>(it - sorted_.begin());
+std::optional<std::size_t> ServedNames::find(std::string_view name, std::size_t* cursor) const {
+  auto first = sorted_.begin(), last = sorted_.end();
+  if (cursor != nullptr && *cursor < sorted_.size()) {
+    const std::size_t c = *cursor;
+    if (sorted_[c] == name) return c;
+    if (c + 1 < sorted_.size() && sorted_[c + 1] == name) return *cursor = c + 1;
+    if (sorted_[c] < name)
+      first += static_cast<std::ptrdiff_t>(c + 1);
+    else
+      last = first + static_cast<std::ptrdiff_t>(c);
+  }
+  const auto it = std::lower_bound(first, last, name, [](const std::string& e, std::string_view n) { return e < n; });
+  if (it == last || *it != name) return std::nullopt;
+  const auto at = static_cast<std::size_t>(it - sorted_.begin());
+  if (cursor != nullptr) *cursor = at;
+  return at;
 }
 
 std::uint64_t ServedNames::content_version(const std::vector<std::uint64_t>& values) const {

@@ -46,8 +46,12 @@ class ServedNames {
   std::size_t position(std::size_t li, std::size_t k) const { return position_[layer_first_[li] + k]; }
   // The tensors of layer li.
   std::size_t layer_size(std::size_t li) const { return layer_first_[li + 1] - layer_first_[li]; }
-  // The sorted position of `name`, if it is one of the plan's.
-  std::optional<std::size_t> find(std::string_view name) const;
+  // The sorted position of `name`, if it is one of the plan's. With a
+  // `cursor` (the position found last, 0 at first) the names at and after it
+  // are compared first, and the search covers only the side of it where
+  // `name` lies: a patch's entries come in name order, so each is found
+  // next to the one before. *cursor becomes the position found.
+  std::optional<std::size_t> find(std::string_view name, std::size_t* cursor = nullptr) const;
   // The content version of `values` (per sorted name): the hash of every
   // name in sorted order, each followed by a NUL byte and its value's 8
   // little-endian bytes.

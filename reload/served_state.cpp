@@ -96,12 +96,12 @@ void ServedWeights::State::finish() {
   }
 }
 
-const std::uint64_t* ServedWeights::State::find(std::string_view name) const {
-  const std::optional<std::size_t> i = names->find(name);
+const std::uint64_t* ServedWeights::State::find(std::string_view name, std::size_t* cursor) const {
+  const std::optional<std::size_t> i = names->find(name, cursor);
   return i ? &values[*i] : nullptr;
 }
-std::uint64_t* ServedWeights::State::find(std::string_view name) {
-  return const_cast<std::uint64_t*>(std::as_const(*this).find(name));
+std::uint64_t* ServedWeights::State::find(std::string_view name, std::size_t* cursor) {
+  return const_cast<std::uint64_t*>(std::as_const(*this).find(name, cursor));
 }
 
 // ---------------------------------------------------------------------------

@@ -37,9 +37,9 @@ struct ServedWeights::State {
 
   // Computes the content version and the kept-base totals.
   void finish();
-  // The hash of `name`, or nullptr.
-  const std::uint64_t* find(std::string_view name) const;
-  std::uint64_t* find(std::string_view name);
+  // The hash of `name`, or nullptr; `cursor` as in ServedNames::find.
+  const std::uint64_t* find(std::string_view name, std::size_t* cursor = nullptr) const;
+  std::uint64_t* find(std::string_view name, std::size_t* cursor = nullptr);
 };
 
 // The checkpoint tensors of `param` (in checkpoint format, cp's tensors

@@ -297,6 +297,11 @@ void ReloadEngine::Impl::index_expected() {
     }
   }
   served_names = std::make_shared<const detail::ServedNames>(plan);
+  GK_INTERNAL_ASSERT(served_names->size() == expected.size(), "the plan serves ", served_names->size(),
+                     " names for ", expected.size(), " expected checkpoint tensors");
+  expected_sorted.assign(expected.size(), nullptr);
+  for (const auto* entry : expected_order)
+    expected_sorted[served_names->position(entry->second.layer, entry->second.flat)] = &entry->second;
 }
 
 // Note [Names arrive in plan order]

@@ -644,7 +644,16 @@ TEST_CASE("stress: one thread replays, another stages; the serving thread commit
         const bool patch = i % 3 != 0;
         staging = true;
         // Without the serving lock: replays go on meanwhile.
-        staged = patch ? rig.engine->stage(target == A ? to_a : to_b) : rig.engine->stage(src);
+        // A stage from a source waits after a layer, while none has yet,
+        // until a replay overlapped it (at most 2 s): on a loaded machine the
+        // scheduler may otherwise run every stage between two replays.
+        gk::StageOptions so = rig.engine->options().defaults.stage();
+        so.after_layer = [&](const std::string&) {
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+          while (during_stage.load() == 0 && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+        };
+        staged = patch ? rig.engine->stage(target == A ? to_a : to_b) : rig.engine->stage(src, so);
         staging = false;
         patches += patch ? 1 : 0;
         stage_ms += staged.report().times.stage_ms;
