@@ -143,13 +143,11 @@ std::vector<at::Tensor> tensor_views(const CheckpointParam& cp, const at::Tensor
   return out;
 }
 
-// Checkpoint tensor ti alone of tensor_views(cp, param): one view, not all
-// of them (a MoE parameter has hundreds of tensors, and a patch asks for
-// each of them).
-at::Tensor tensor_view(const CheckpointParam& cp, const at::Tensor& param, std::size_t ti) {
+// Checkpoint tensor ti alone of tensor_views(cp, param), whose rows begin
+// at `row`: one view, not all of them (a MoE parameter has hundreds of
+// tensors, and a patch asks for each of them).
+at::Tensor tensor_view(const CheckpointParam& cp, const at::Tensor& param, std::size_t ti, std::int64_t row) {
   if (cp.tensors.size() == 1) return param;
-  std::int64_t row = 0;
-  for (std::size_t i = 0; i < ti; ++i) row += cp.tensors[i].shape.empty() ? 1 : cp.tensors[i].shape.front();
   const CheckpointTensor& t = cp.tensors[ti];
   const std::int64_t rows = t.shape.empty() ? 1 : t.shape.front();
   // (Contiguous: the rows are one range, made without dispatch: Note [Views
@@ -472,16 +470,34 @@ std::shared_ptr<const ServedWeights> ReloadEngine::Impl::served_now() const {
   return served;
 }
 
-at::Tensor ReloadEngine::Impl::captured_tensor(const Expected& e) const {
-  const LayerPlan& lp = plan.layers()[e.layer];
-  const CheckpointParam& cp = lp.params[e.param];
-  for (const PlannedSlot& s : lp.slots) {
-    if (s.kind == PlannedSlot::Kind::declared || s.local != cp.param || !s.defined()) continue;
-    if (!s.captured.is_contiguous() || !s.captured.sizes().equals(cp.shape()) || s.captured.scalar_type() != cp.dtype())
-      return {};
-    return tensor_view(cp, s.captured, e.tensor);
+void ReloadEngine::Impl::index_captured_params() {
+  captured_params.assign(plan.layers().size(), {});
+  for (std::size_t li = 0; li < plan.layers().size(); ++li) {
+    const LayerPlan& lp = plan.layers()[li];
+    captured_params[li].resize(lp.params.size());
+    for (std::size_t pi = 0; pi < lp.params.size(); ++pi) {
+      const CheckpointParam& cp = lp.params[pi];
+      CapturedParam& c = captured_params[li][pi];
+      for (const PlannedSlot& s : lp.slots) {
+        if (s.kind == PlannedSlot::Kind::declared || s.local != cp.param || !s.defined()) continue;
+        if (s.captured.is_contiguous() && s.captured.sizes().equals(cp.shape()) && s.captured.scalar_type() == cp.dtype())
+          c.whole = s.captured;
+        break;
+      }
+      std::int64_t row = 0;
+      c.first_row.reserve(cp.tensors.size());
+      for (const CheckpointTensor& t : cp.tensors) {
+        c.first_row.push_back(row);
+        row += t.shape.empty() ? 1 : t.shape.front();
+      }
+    }
   }
-  return {};
+}
+
+at::Tensor ReloadEngine::Impl::captured_tensor(const Expected& e) const {
+  const CapturedParam& c = captured_params[e.layer][e.param];
+  if (!c.whole.defined()) return {};
+  return tensor_view(plan.layers()[e.layer].params[e.param], c.whole, e.tensor, c.first_row[e.tensor]);
 }
 
 void ReloadEngine::Impl::verify_served_content(ReloadReport& rep) {

@@ -302,6 +302,7 @@ void ReloadEngine::Impl::index_expected() {
   expected_sorted.assign(expected.size(), nullptr);
   for (const auto* entry : expected_order)
     expected_sorted[served_names->position(entry->second.layer, entry->second.flat)] = &entry->second;
+  index_captured_params();
 }
 
 // Note [Names arrive in plan order]
