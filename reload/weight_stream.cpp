@@ -149,6 +149,10 @@ SourceScan::SourceScan(const WeightSource& source, bool model_on_cuda, const Slo
   first_.assign(values_.size(), -1);
   std::vector<ContentRange> ranges;
   std::vector<detail::ExponentTest> tests;
+  ranges.reserve(values_.size());
+  tests.reserve(values_.size());
+  range_of_.reserve(values_.size());
+  range_first_.reserve(values_.size());
   std::vector<at::Tensor> other;
   std::vector<std::size_t> other_at;
   for (std::size_t i = 0; i < values_.size(); ++i) {
@@ -175,6 +179,7 @@ SourceScan::SourceScan(const WeightSource& source, bool model_on_cuda, const Slo
   if (!ranges.empty()) {
     known = std::make_shared<detail::KnownHashes>(
         [this]() -> const std::vector<std::uint64_t>& { return hashes(); });
+    known->reserve(ranges.size());
     for (std::size_t k = 0; k < ranges.size(); ++k) known->add(ranges[k].tensor, ranges[k].offset, ranges[k].nbytes, k);
     pending_.emplace(std::move(ranges), std::move(tests));
   }
