@@ -36,7 +36,7 @@ namespace gk {
 struct Expected {
   std::size_t layer, param, tensor;
   std::size_t flat;  // index of this tensor within its layer's completion set
-  std::size_t order;  // its place in the plan's order (ExpectedCursor)
+  std::size_t order;  // its place in the plan's order (Impl::find_expected)
   std::vector<std::int64_t> shard_shape;
   at::ScalarType dtype;
   std::int64_t num_shards;
