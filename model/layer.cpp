@@ -29,6 +29,17 @@ std::vector<std::int64_t> CheckpointParam::shape() const {
   return s;
 }
 
+std::vector<std::int64_t> CheckpointParam::first_rows() const {
+  std::vector<std::int64_t> rows;
+  rows.reserve(tensors.size());
+  std::int64_t row = 0;
+  for (const CheckpointTensor& t : tensors) {
+    rows.push_back(row);
+    row += t.shape.empty() ? 1 : t.shape.front();
+  }
+  return rows;
+}
+
 at::ScalarType CheckpointParam::dtype() const {
   GK_CHECK(DeclarationError, !tensors.empty(), "checkpoint param '", param, "' lists no tensors");
   for (const auto& t : tensors)

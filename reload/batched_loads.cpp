@@ -24,9 +24,7 @@ BatchedLoads::~BatchedLoads() = default;
 const std::vector<std::int64_t>& BatchedLoads::starts(const CheckpointParam& p) {
   for (const auto& [param, s] : starts_)
     if (param == &p) return s;
-  std::vector<std::int64_t> s(p.tensors.size(), 0);
-  for (std::size_t i = 1; i < p.tensors.size(); ++i) s[i] = s[i - 1] + p.tensors[i - 1].shape.at(0);
-  starts_.emplace_back(&p, std::move(s));
+  starts_.emplace_back(&p, p.first_rows());
   return starts_.back().second;
 }
 

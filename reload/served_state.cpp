@@ -484,12 +484,7 @@ void ReloadEngine::Impl::index_captured_params() {
           c.whole = s.captured;
         break;
       }
-      std::int64_t row = 0;
-      c.first_row.reserve(cp.tensors.size());
-      for (const CheckpointTensor& t : cp.tensors) {
-        c.first_row.push_back(row);
-        row += t.shape.empty() ? 1 : t.shape.front();
-      }
+      c.first_row = cp.first_rows();
     }
   }
 }

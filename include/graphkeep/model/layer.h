@@ -83,6 +83,8 @@ struct CheckpointParam {
 
   std::vector<std::int64_t> shape() const;  // checkpoint-format shape of the parameter
   at::ScalarType dtype() const;
+  // Per tensor, the row of the parameter (dim 0) where it begins.
+  std::vector<std::int64_t> first_rows() const;
 };
 
 // One load: a checkpoint tensor (or shard) and the freshly materialized
