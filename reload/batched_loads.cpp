@@ -1,5 +1,7 @@
 #include "batched_loads.h"
 
+#include "copied_from.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 
@@ -48,7 +50,7 @@ bool overrides_load_weight(ReloadableLayer& layer) {
 bool overrides_load_weight(ReloadableLayer&) { return true; }
 #endif
 
-bool BatchedLoads::add(const LoadRequest& r) {
+bool BatchedLoads::add(const LoadRequest& r, CopiedFrom* copied) {
   const at::Tensor& dst = r.target;
   const at::Tensor& src = r.value;
   // Plain strided bytes on one device: copy_ would do more than move bytes
@@ -85,6 +87,7 @@ bool BatchedLoads::add(const LoadRequest& r) {
   if (n == 0) return true;
   auto* to = static_cast<unsigned char*>(dst.mutable_data_ptr()) + static_cast<std::uint64_t>(row) * row_bytes;
   const auto* from = static_cast<const unsigned char*>(src.const_data_ptr());
+  if (copied != nullptr) copied->add(to, from, n);
   if (dst.is_cpu()) {
     // On the host the copy is made now, in the order of the loads; large
     // ones in parallel chunks, as copy_ would.

@@ -42,6 +42,7 @@
 namespace gk::detail {
 
 class ByteCopies;
+class CopiedFrom;
 
 // Whether `layer` overrides ReloadableLayer::load_weight(): only then can
 // a call write a parameter that has copies queued, and only then does
@@ -61,8 +62,9 @@ class BatchedLoads {
   // Copies r.value into its place if that is one contiguous byte range of
   // r.target: on a CPU at once, on a CUDA device queued (nothing launched
   // yet; r.value must stay alive until flush() has launched the copy).
-  // Returns false, nothing done, otherwise.
-  bool add(const LoadRequest& r);
+  // Returns false, nothing done, otherwise. `copied`, if given, records the
+  // copy (Note [Hashes of verbatim copies] in copied_from.h).
+  bool add(const LoadRequest& r, CopiedFrom* copied = nullptr);
   // Launches what is queued, on the current stream of its device.
   void flush();
   // Whether a copy into `target` is queued and not launched.

@@ -5,6 +5,7 @@
 // captured one, copy the new values into the captured storage and point the
 // fields back at it; or roll all of that back.
 #include "batched_loads.h"
+#include "copied_from.h"
 #include "derivations.h"
 #include "engine_impl.h"
 #include "non_finite.h"
@@ -272,6 +273,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
   const std::size_t n = lp.params.size();
   std::vector<at::Tensor> targets(n);
   std::vector<char> custom(n, 0);  // a load_weight() took some tensor of the parameter
+  detail::CopiedFrom copied;       // the loads' verbatim copies of the source's bytes
   {
     detail::PhaseScope t(rep.times.load_ms, "gk.load");
     fault(testing::FaultPoint::load, lp.prefix);
@@ -302,13 +304,21 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
     // copies queued for it launches them first, so each byte is written in
     // the order of the loads.
     detail::BatchedLoads batched;
+    // Verbatim copies of scanned source bytes, whose hashes the scan took
+    // (Note [Hashes of verbatim copies] in copied_from.h).
+    detail::CopiedFrom* const note_copies = o.known_hashes != nullptr ? &copied : nullptr;
     const bool own_loader = lp.layer != nullptr && detail::overrides_load_weight(*lp.layer);
     for (LayerRun::Pending& p : run.pending) {
       const CheckpointParam& cp = lp.params[p.param];
       if (p.tensor == kWholeParam) {  // the parameter as its loaders would fill it
         if (batched.queued_into(handle(p.param))) batched.flush();
-        if (!(adopt && try_adopt(plan, lp, run, p, handle(p.param), device_of(p.param), rep)))
-          materialize(p.param).copy_(p.value);
+        if (!(adopt && try_adopt(plan, lp, run, p, handle(p.param), device_of(p.param), rep))) {
+          at::Tensor& target = materialize(p.param);
+          target.copy_(p.value);
+          if (note_copies != nullptr && p.value.scalar_type() == target.scalar_type() && p.value.is_contiguous() &&
+              target.is_contiguous() && p.value.device() == target.device())
+            note_copies->add(target.const_data_ptr(), p.value.const_data_ptr(), target.nbytes());
+        }
         materialized[p.param] = 1;
         continue;
       }
@@ -328,7 +338,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
         continue;
       }
       const LoadRequest load{cp, p.tensor, p.shard, p.value, materialize(p.param)};
-      if (batched.add(load)) {
+      if (batched.add(load, note_copies)) {
         ++rep.tensors_batched;
       } else {
         batched.flush();
@@ -341,7 +351,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
   // The content hashes of what was loaded (Note [Patch landings] in layer_record.h).
   {
     detail::TraceRange r("gk.record_loaded");
-    record_loaded(lp, run, targets, custom, o, rep);
+    record_loaded(lp, run, targets, custom, o, rep, copied);
   }
   run.pending.clear();
   guard.after_load(run, o, rep);

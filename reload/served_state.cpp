@@ -18,6 +18,7 @@
 #include "served_state.h"
 
 #include "engine_impl.h"
+#include "copied_from.h"
 #include "known_hashes.h"
 #include "reload_internal.h"
 
@@ -187,7 +188,8 @@ at::Tensor keep(const at::Tensor& t, c10::Device device, PatchBase where, bool o
 }  // namespace
 
 void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Tensor>& targets,
-                   const std::vector<char>& custom, const detail::RunOptions& o, ReloadReport& rep) {
+                   const std::vector<char>& custom, const detail::RunOptions& o, ReloadReport& rep,
+                   const detail::CopiedFrom& copied) {
   LayerRecord& r = run.record;
   r = LayerRecord{};
   if (!o.hash_served) return;
@@ -223,7 +225,12 @@ void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Ten
       const ContentRange& c = to_hash[i];
       if (c.tensor.defined() && c.nbytes > 0) {
         const auto* p = static_cast<const std::byte*>(c.tensor.const_data_ptr()) + c.offset;
-        if (const std::optional<std::size_t> k = o.known_hashes->find(p, c.nbytes)) {
+        std::optional<std::size_t> k = o.known_hashes->find(p, c.nbytes);
+        // A verbatim copy of scanned bytes: the scan's hash of its source
+        // (Note [Hashes of verbatim copies] in copied_from.h).
+        if (!k && !copied.empty())
+          if (const void* from = copied.source_of(p, c.nbytes)) k = o.known_hashes->find(from, c.nbytes);
+        if (k) {
           r.known_at.emplace_back(i, *k);
           continue;
         }
@@ -232,6 +239,7 @@ void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Ten
       rest.push_back(std::move(to_hash[i]));
     }
     to_hash = std::move(rest);
+    rep.hashes_from_scan += r.known_at.size();
     if (!r.known_at.empty()) r.known = o.known_hashes;
   } else {
     for (std::size_t i = 0; i < to_hash.size(); ++i) r.loaded_at.push_back(i);

@@ -21,6 +21,9 @@
 #include <vector>
 
 namespace gk {
+namespace detail {
+class CopiedFrom;  // copied_from.h
+}
 
 struct ServedWeights::State {
   // Every checkpoint tensor's hash, by its place in names' sorted order
@@ -53,8 +56,11 @@ void append_tensor_ranges(const CheckpointParam& cp, const at::Tensor& param, st
 // run.record. `targets`: the materialized checkpoint-format parameters;
 // `custom[pi]`: a load_weight() took some tensor of parameter pi. Reads
 // run.pending (the delivered tensors), so call it before they are dropped.
+// `copied`: the loads' verbatim copies, whose hashes the source's scan took
+// (Note [Hashes of verbatim copies] in copied_from.h).
 void record_loaded(const LayerPlan& lp, LayerRun& run, const std::vector<at::Tensor>& targets,
-                   const std::vector<char>& custom, const detail::RunOptions& o, ReloadReport& rep);
+                   const std::vector<char>& custom, const detail::RunOptions& o, ReloadReport& rep,
+                   const detail::CopiedFrom& copied);
 // Launches their hashes (one batched launch on the current stream,
 // gk::PendingContentHashes), before PWAL, which may write the loaded
 // tensors in place and runs after them in stream order.

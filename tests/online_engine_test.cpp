@@ -338,6 +338,9 @@ void streaming_hashes_are_the_loaded_bytes(const c10::Device device) {
   demo::LlmEngine eng(c, device, demo::WeightFormat::dense, first);
   const at::Tensor tokens = at::arange(8, at::kLong).mul(5).remainder(c.vocab_size);
   const at::Tensor pos = at::full({8}, 2, at::kLong);
+  // Hashes the source's scan took: on a GPU every tensor the scan could
+  // read as one range (only a source on the model's GPU is scanned first).
+  const auto from_scan = [&](std::size_t n) { return device.is_cuda() ? n : std::size_t{0}; };
   for (bool adopt : {true, false}) {
     for (int which : {1, 0}) {
       CAPTURE(adopt);
@@ -350,12 +353,36 @@ void streaming_hashes_are_the_loaded_bytes(const c10::Device device) {
       o.adopt_source_tensors = adopt;
       const gk::ReloadReport r = eng.reload(src, o);
       CHECK((r.tensors_adopted > 0) == adopt);
+      // Adopted or copied byte for byte, every tensor's hash is the scan's
+      // (Note [Hashes of verbatim copies] in reload/copied_from.h).
+      CHECK(r.hashes_from_scan == from_scan(weights[which].size()));
       const auto served = eng.reload_engine().served();
       REQUIRE(served != nullptr);
       for (const gk::NamedTensor& t : weights[which]) {
         CAPTURE(t.name);
         CHECK(served->hash(t.name) == gk::content_hash(t.value));
       }
+    }
+  }
+  {
+    // One tensor not contiguous (the same values, column-major): the scan
+    // cannot read it as one range and the load copies it element by
+    // element, so it alone is hashed again after the load, and still right.
+    std::vector<gk::NamedTensor> own;
+    for (const gk::NamedTensor& t : weights[1]) own.push_back({t.name, t.value.clone(), t.shard});
+    const auto it = std::find_if(own.begin(), own.end(), [](const gk::NamedTensor& t) { return t.value.dim() == 2; });
+    REQUIRE(it != own.end());
+    it->value = it->value.t().contiguous().t();
+    REQUIRE(!it->value.is_contiguous());
+    gk::InMemorySource src(std::move(own));
+    gk::ReloadOptions o = eng.reload_engine().options().defaults;
+    o.mode = gk::ReloadMode::streaming;
+    o.adopt_source_tensors = false;
+    const gk::ReloadReport r = eng.reload(src, o);
+    CHECK(r.hashes_from_scan == from_scan(weights[1].size() - 1));
+    for (const gk::NamedTensor& t : weights[1]) {
+      CAPTURE(t.name);
+      CHECK(eng.reload_engine().served()->hash(t.name) == gk::content_hash(t.value));
     }
   }
   // Whole parameters by their names (several checkpoint tensors each): the
@@ -370,7 +397,9 @@ void streaming_hashes_are_the_loaded_bytes(const c10::Device device) {
     gk::ReloadOptions o = eng.reload_engine().options().defaults;
     o.mode = gk::ReloadMode::streaming;
     o.adopt_source_tensors = true;
-    CHECK(eng.reload(src, o).tensors_adopted > 0);
+    const gk::ReloadReport r = eng.reload(src, o);
+    CHECK(r.tensors_adopted > 0);
+    CHECK(r.hashes_from_scan == from_scan(weights[1].size()));  // by checkpoint tensor, whole parameters' too
     for (const gk::NamedTensor& t : weights[1]) {
       CAPTURE(t.name);
       CHECK(eng.reload_engine().served()->hash(t.name) == gk::content_hash(t.value));

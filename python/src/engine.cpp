@@ -135,6 +135,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("bytes_copied", &ReloadReport::bytes_copied)
       .def_readonly("tensors_adopted", &ReloadReport::tensors_adopted)
       .def_readonly("tensors_batched", &ReloadReport::tensors_batched)
+      .def_readonly("hashes_from_scan", &ReloadReport::hashes_from_scan)
       .def_readonly("bytes_adopted", &ReloadReport::bytes_adopted)
       .def_readonly("drift", &ReloadReport::drift)
       .def_readonly("addresses_verified", &ReloadReport::addresses_verified)

@@ -63,6 +63,9 @@ struct ReloadReport {
   // stacked experts, in gk::default_load's layout): one batched copy per
   // layer on a CUDA device, memcpy on a CPU.
   std::size_t tensors_batched = 0;
+  // Of those received, the ones whose content hash the resident source's
+  // scan took (adopted, or copied byte for byte): their bytes were read once.
+  std::size_t hashes_from_scan = 0;
   std::size_t slots_zeroed = 0;      // init policy zero
   std::size_t drift = 0;             // captured addresses not covered after the reload (must be 0)
   std::size_t addresses_verified = 0;
