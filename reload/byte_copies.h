@@ -45,7 +45,7 @@ class ByteCopies {
   void flush();
 
  private:
-  std::unique_ptr<cuda::CopyBatch> batch_;  // 30 KiB: kept off the caller's stack
+  std::unique_ptr<cuda::CopyBatch> batch_;  // 30 KiB, off the caller's stack; made by the first add()
   c10::Device device_{c10::kCUDA, -1};
   c10::cuda::OptionalCUDAGuard guard_;  // restores the caller's device on destruction
 };
