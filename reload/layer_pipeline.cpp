@@ -419,7 +419,10 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
     return;
   }
   detail::PhaseScope t(rep.times.copy_ms, "gk.copy_back");
-  detail::finish_from_shapes_check(lp, run.from_shapes);  // nothing written yet
+  {
+    detail::TraceRange v("gk.verdicts");
+    detail::finish_from_shapes_check(lp, run.from_shapes);  // nothing written yet
+  }
   if (!staged) fault(testing::FaultPoint::copy, lp.prefix);
   // Transactional: every captured storage this commit writes is saved
   // first, so a later failure can undo it (Note [Undo by storage]).

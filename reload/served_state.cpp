@@ -21,6 +21,7 @@
 #include "copied_from.h"
 #include "known_hashes.h"
 #include "reload_internal.h"
+#include "trace_range.h"
 
 #include <graphkeep/core/check.h>
 #include <graphkeep/core/stopwatch.h>
@@ -412,11 +413,18 @@ bool record_ready(const LayerRun& run) {
 
 void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep) {
   LayerRecord& r = run.record;
-  record_loaded_hashes(run, rep);
+  {
+    detail::TraceRange t("gk.loaded_hashes");  // (each wait inside its own range: the trace tells them apart)
+    record_loaded_hashes(run, rep);
+  }
   if (r.after_hashes == nullptr) return;
   ScopedMsTimer timer(rep.times.hash_ms);
   const std::size_t n = lp.params.size();
-  const std::vector<std::uint64_t> after = after_pwal_hashes(lp, r);
+  std::vector<std::uint64_t> after;
+  {
+    detail::TraceRange t("gk.after_pwal_hashes");
+    after = after_pwal_hashes(lp, r);
+  }
   r.after_hashes.reset();
   r.copied_hashes.reset();
   const std::vector<char>& candidate = r.candidate;

@@ -157,7 +157,8 @@ TEST_CASE("a profiler sees each step of each layer of a reload as a gk.* range, 
   at::removeCallback(handle);
   REQUIRE(r.layers == 3);
   for (const char* step : {"gk.detach", "gk.load", "gk.record_loaded", "gk.before_pwal", "gk.pwal", "gk.check",
-                           "gk.record_after_pwal", "gk.copy_back", "gk.repoint", "gk.finish_record"}) {
+                           "gk.record_after_pwal", "gk.copy_back", "gk.verdicts", "gk.repoint", "gk.finish_record",
+                           "gk.loaded_hashes"}) {
     INFO(step);
     CHECK(seen_ranges()[step] == 3);
   }
