@@ -89,7 +89,7 @@ HashScan hash_and_scan(const std::vector<ContentRange>& ranges, const std::vecto
 }
 
 struct CopiedHashes::State {
-  std::vector<ContentRange> ranges;  // alive until the launches ran
+  std::vector<ContentRange> ranges;  // until launched (see the constructor)
   std::vector<std::uint64_t> out;
 #if defined(GRAPHKEEP_WITH_CUDA)
   std::vector<DeviceLaunch> launches;
@@ -123,6 +123,12 @@ CopiedHashes::CopiedHashes(std::vector<ContentRange> ranges, const std::vector<s
 #else
   GK_INTERNAL_ASSERT(by_device.empty(), "CUDA ranges in a build without CUDA");
 #endif
+  // The launches are on the current streams: what is enqueued there later,
+  // the caching allocator's reuse of these tensors' memory included, runs
+  // after them, so the ranges need not outlive this call (a streaming
+  // reload drops the copied layer's loads here, not when it reads the
+  // hashes: Note [Commit one layer late]). The CPU ones were hashed above.
+  st.ranges.clear();
 }
 
 CopiedHashes::~CopiedHashes() {

@@ -403,6 +403,14 @@ void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOpti
   if (!defer) finish_record_after_pwal(lp, run, o, rep);
 }
 
+void release_copied_loads(LayerRun& run) {
+  LayerRecord& r = run.record;
+  if (r.copied_hashes == nullptr) return;
+  for (std::size_t pi = 0; pi < r.by_copy.size() && pi < r.loaded.size(); ++pi)
+    if (r.by_copy[pi] && r.loaded[pi].defined() && r.loaded[pi].numel() > 0)
+      r.loaded[pi] = at::empty({0}, r.loaded[pi].options());  // (finish reads its device alone)
+}
+
 bool record_ready(const LayerRun& run) {
   const LayerRecord& r = run.record;
   if (r.recorded && r.loaded_hashes == nullptr && !r.loaded_ranges.empty()) return false;  // not even launched

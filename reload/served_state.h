@@ -75,6 +75,13 @@ void record_loaded_hashes(LayerRun& run, ReloadReport& rep);
 void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep,
                        bool defer = false);
 void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep);
+// After the copy-back that hashed the by-copy parameters as it copied them
+// (run.record.copied_hashes) was enqueued on the current stream: drops the
+// record's references to those parameters' loaded storage, which
+// finish_record_after_pwal will not read (their hashes come from the copy;
+// a passthrough keeps no base), so that finishing the record later does
+// not hold the layer's loads. Nothing when the copy-back took none.
+void release_copied_loads(LayerRun& run);
 // Whether finish_record_after_pwal would not wait for the device: every
 // hash it collects is in (asked of their events; never blocks).
 bool record_ready(const LayerRun& run);

@@ -87,6 +87,9 @@ constexpr std::size_t kAheadOfScan = 4;
 // The most committed layers whose records hold no copy of their own may
 // wait unfinished for their hashes (Note [Commit one layer late]).
 constexpr std::size_t kRecordsBehind = 16;
+// The same for a layer that loaded copies of its own: at most one waits
+// (it then holds what its copy-back could not hash as it copied).
+constexpr std::size_t kCopiesBehind = 1;
 
 // The scan of a resident source: launched by the constructor, answered by
 // verdict() (waits; throws gk::WeightError naming the first non-finite
@@ -440,8 +443,15 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     // come between two expert stacks, so the host waited for each stack's
     // copy as soon as it was queued and the device idled while the host
     // prepared the next (docs/performance.md, "Figures behind the code").
-    // (A layer with copies of its own is finished at once: deferring it
-    // would hold more layers of copies.)
+    // A layer with copies of its own (checkpoint tensors loaded into fresh
+    // parameters) was finished at once, since deferring it held its loads:
+    // the host waited for each layer's copy-back as soon as it had queued
+    // it, and the device idled while the host loaded the next layer. Its
+    // record now drops the loads whose hashes the copy-back takes
+    // (release_copied_loads: the copy was enqueued on the current stream,
+    // where the allocator reuses that memory after it) and is finished once
+    // its hashes are in, or when a second such record waits
+    // (kCopiesBehind), so the reload still holds about one layer of loads.
     std::deque<std::size_t> late;  // processed, their commits not yet enqueued
     std::deque<std::size_t> unrecorded;  // committed, their records not yet finished
     auto finish_records = [&](std::size_t keep) {
@@ -462,7 +472,9 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
         copy_back(plan.layers()[li], runs[li], o, rep, guard);
         any_committed = true;
         unrecorded.push_back(li);
-        finish_records(holds_no_copy(li) ? kRecordsBehind : 0);  // (a record of no parameters waits for nothing either way)
+        const bool own_copies = !holds_no_copy(li);
+        if (own_copies) release_copied_loads(runs[li]);
+        finish_records(own_copies ? kCopiesBehind : kRecordsBehind);  // (a record of no parameters waits for nothing either way)
       }
     };
     auto finish_layer = [&](std::size_t li) {
