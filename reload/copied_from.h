@@ -21,9 +21,8 @@ namespace gk::detail {
 // (Note [Patch landings] in layer_record.h). An adopted tensor is the
 // source's own, so its hash is found by address (KnownHashes). A tensor
 // the load copied -- a MoE's experts into their stacked parameter, or any
-// tensor with adopt_source_tensors off -- used to be read a second time:
-// 10 ms of device time and 147 launches in a reload of half the 30B-A3B
-// MoE (docs/gpu-runs.md, 2026-12-07). Where the copy moves bytes and
+// tensor with adopt_source_tensors off -- used to be read a second time
+// (docs/performance.md, "The copied path"). Where the copy moves bytes and
 // nothing else (BatchedLoads, or a whole parameter's copy_ between two
 // contiguous tensors of one dtype), the loaded bytes are the source's bytes,
 // so the layer records each such copy here, and the loaded range's hash is
