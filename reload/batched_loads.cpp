@@ -50,16 +50,19 @@ bool overrides_load_weight(ReloadableLayer& layer) {
 bool overrides_load_weight(ReloadableLayer&) { return true; }
 #endif
 
+bool copy_moves_bytes(const at::Tensor& dst, const at::Tensor& src) {
+  // copy_ would do more than move bytes for anything else (a cast, a
+  // conjugate or negative view, a quantized or sparse tensor).
+  return dst.defined() && src.defined() && dst.layout() == at::kStrided && src.layout() == at::kStrided &&
+         (dst.is_cuda() || dst.is_cpu()) && src.device() == dst.device() && src.scalar_type() == dst.scalar_type() &&
+         !src.is_quantized() && !src.is_conj() && !src.is_neg();
+}
+
 bool BatchedLoads::add(const LoadRequest& r, CopiedFrom* copied) {
   const at::Tensor& dst = r.target;
   const at::Tensor& src = r.value;
-  // Plain strided bytes on one device: copy_ would do more than move bytes
-  // for anything else (a cast, a conjugate or negative view, a quantized or
-  // sparse tensor).
-  if (!dst.defined() || !src.defined() || dst.layout() != at::kStrided || src.layout() != at::kStrided ||
-      !(dst.is_cuda() || dst.is_cpu()) || src.device() != dst.device() || src.scalar_type() != dst.scalar_type() ||
-      src.is_quantized() || src.is_conj() || src.is_neg() || dst.dim() < 1 || !dst.is_contiguous() ||
-      !src.is_contiguous() || r.tensor_index >= r.param.tensors.size())
+  if (!copy_moves_bytes(dst, src) || dst.dim() < 1 || !dst.is_contiguous() || !src.is_contiguous() ||
+      r.tensor_index >= r.param.tensors.size())
     return false;
 #if !defined(GRAPHKEEP_WITH_CUDA)
   if (dst.is_cuda()) return false;

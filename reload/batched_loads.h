@@ -52,6 +52,12 @@ class CopiedFrom;
 // copy of the base class's function (a library built with hidden symbols).
 bool overrides_load_weight(ReloadableLayer& layer);
 
+// Whether dst.copy_(src) moves bytes and nothing else: two plain strided
+// tensors on one device (CUDA or CPU) of one dtype, the source neither
+// quantized nor a conjugate or negative view. Contiguity and shapes are the
+// caller's to check.
+bool copy_moves_bytes(const at::Tensor& dst, const at::Tensor& src);
+
 class BatchedLoads {
  public:
   BatchedLoads();

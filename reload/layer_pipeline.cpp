@@ -315,8 +315,8 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
         if (!(adopt && try_adopt(plan, lp, run, p, handle(p.param), device_of(p.param), rep))) {
           at::Tensor& target = materialize(p.param);
           target.copy_(p.value);
-          if (note_copies != nullptr && p.value.scalar_type() == target.scalar_type() && p.value.is_contiguous() &&
-              target.is_contiguous() && p.value.device() == target.device())
+          if (note_copies != nullptr && detail::copy_moves_bytes(target, p.value) && p.value.is_contiguous() &&
+              target.is_contiguous())
             note_copies->add(target.const_data_ptr(), p.value.const_data_ptr(), target.nbytes());
         }
         materialized[p.param] = 1;
