@@ -35,6 +35,38 @@ std::map<std::string, const at::Tensor*> by_name(const std::vector<NamedTensor>&
   return out;
 }
 
+// How make_patch makes one entry.
+struct EntryPlan {
+  bool keep = false, dense = false;
+  at::ScalarType index_dtype = at::kLong;
+  std::int64_t indices_at = 0, values_at = 0;  // byte offsets in the chunk's allocation (sparse, on a device)
+};
+
+// Note [One allocation per chunk]: pieces of one byte buffer on a device.
+class ArenaCut {
+ public:
+  // Reserves `bytes`; returns their offset.
+  std::int64_t take(std::int64_t bytes) {
+    taken_ = true;
+    const std::int64_t at = bytes_;
+    bytes_ += (bytes + kAlign - 1) / kAlign * kAlign;
+    return at;
+  }
+  void allocate(c10::Device device) {
+    if (taken_) buffer_ = at::empty({std::max<std::int64_t>(bytes_, 1)}, at::TensorOptions(at::kByte).device(device));
+  }
+  // `n` elements of `dtype` from byte `at`.
+  at::Tensor piece(std::int64_t at, std::int64_t n, at::ScalarType dtype) const {
+    return buffer_.narrow(0, at, n * static_cast<std::int64_t>(c10::elementSize(dtype))).view(dtype);
+  }
+
+ private:
+  static constexpr std::int64_t kAlign = 512;  // the CUDA caching allocator's block alignment
+  bool taken_ = false;
+  std::int64_t bytes_ = 0;
+  at::Tensor buffer_;
+};
+
 }  // namespace
 
 Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTensor>& target,
@@ -101,10 +133,10 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
     std::vector<at::Tensor> masks(i - first), host_counts;
     std::vector<std::size_t> on_host;
 #if defined(GRAPHKEEP_WITH_CUDA)
+    std::vector<c10::Device> devices;
     std::vector<detail::ChangedElements> on_devices;
     std::vector<std::pair<int, std::size_t>> device_of(i - first, {-1, 0});  // (which diff, its pair number)
     {
-      std::vector<c10::Device> devices;
       std::vector<std::vector<std::pair<at::Tensor, at::Tensor>>> groups;
       std::vector<std::vector<std::size_t>> members;
       for (std::size_t k = first; k < i; ++k) {
@@ -134,20 +166,48 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
       const at::Tensor c = at::cat(host_counts).cpu();  // the host tensors' one synchronization
       for (std::size_t m = 0; m < on_host.size(); ++m) counts[on_host[m] - first] = c.const_data_ptr<std::int64_t>()[m];
     }
+    // Each pair's entry, decided from its count.
+    std::vector<EntryPlan> plans(i - first);
+    for (std::size_t k = first; k < i; ++k) {
+      EntryPlan& e = plans[k - first];
+      const std::int64_t count = counts[k - first], numel = pairs[k].b.numel();
+      e.keep = count != 0 || options.record_unchanged;
+      e.index_dtype = patch_index_dtype(numel);
+      const auto itemsize = static_cast<std::int64_t>(pairs[k].b.element_size());
+      const std::int64_t sparse_bytes = count * (static_cast<std::int64_t>(c10::elementSize(e.index_dtype)) + itemsize);
+      e.dense = options.encoding == MakePatchOptions::Encoding::dense ||
+                (options.encoding == MakePatchOptions::Encoding::automatic && sparse_bytes > numel * itemsize);
+    }
+#if defined(GRAPHKEEP_WITH_CUDA)
+    // Note [One allocation per chunk]
+    // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    // The sparse entries a device collects take their indices and values
+    // from one allocation per chunk and device, each piece aligned as the
+    // caching allocator aligns its blocks. Two allocations per tensor were
+    // 36,000 calls into the allocator for a MoE's 18,000 expert tensors,
+    // and, with its pool cold, as many small blocks carved out of new
+    // segments. An entry is a view of that allocation, which lives while
+    // any of the patch's entries does.
+    std::vector<ArenaCut> cuts(devices.size());
+    for (std::size_t k = first; k < i; ++k) {
+      EntryPlan& e = plans[k - first];
+      if (device_of[k - first].first < 0 || !e.keep || e.dense) continue;
+      ArenaCut& cut = cuts[static_cast<std::size_t>(device_of[k - first].first)];
+      e.indices_at = cut.take(counts[k - first] * static_cast<std::int64_t>(c10::elementSize(e.index_dtype)));
+      e.values_at = cut.take(counts[k - first] * static_cast<std::int64_t>(pairs[k].b.element_size()));
+    }
+    for (std::size_t g = 0; g < devices.size(); ++g) cuts[g].allocate(devices[g]);
+#endif
     for (std::size_t k = first; k < i; ++k) {
       const Pair& pr = pairs[k];
-      const std::int64_t count = counts[k - first], numel = pr.b.numel();
-      if (count == 0 && !options.record_unchanged) continue;
+      const EntryPlan& plan = plans[k - first];
+      const std::int64_t count = counts[k - first];
+      if (!plan.keep) continue;
       PatchEntry e;
       e.name = *pr.name;
       e.shape = pr.b.sizes().vec();
       e.dtype = pr.b.scalar_type();
-      const at::ScalarType index_dtype = patch_index_dtype(numel);
-      const auto itemsize = static_cast<std::int64_t>(pr.b.element_size());
-      const std::int64_t sparse_bytes = count * (static_cast<std::int64_t>(c10::elementSize(index_dtype)) + itemsize);
-      const bool dense = options.encoding == MakePatchOptions::Encoding::dense ||
-                         (options.encoding == MakePatchOptions::Encoding::automatic && sparse_bytes > numel * itemsize);
-      if (dense) {
+      if (plan.dense) {
         e.encoding = PatchEncoding::dense;
         // pr.t is a fresh copy when the target is not contiguous; otherwise it is the target itself.
         e.values = (options.share_dense || !pr.t.is_same(*pr.target)) ? pr.t : pr.t.clone();
@@ -156,12 +216,13 @@ Patch make_patch(const std::vector<NamedTensor>& base, const std::vector<NamedTe
         const at::Tensor& mask = masks[k - first];
         if (mask.defined()) {
           const at::Tensor changed = at::nonzero_static(mask, count).view(-1);  // int64, no synchronization
-          e.indices = changed.to(index_dtype);
+          e.indices = changed.to(plan.index_dtype);
           e.values = detail::flat_bits(pr.t).index_select(0, changed).view(e.dtype);
         } else {
 #if defined(GRAPHKEEP_WITH_CUDA)
-          e.indices = at::empty({count}, pr.b.options().dtype(index_dtype));
-          e.values = at::empty({count}, pr.b.options());
+          const ArenaCut& cut = cuts[static_cast<std::size_t>(device_of[k - first].first)];
+          e.indices = cut.piece(plan.indices_at, count, plan.index_dtype);
+          e.values = cut.piece(plan.values_at, count, e.dtype);
           on_devices[static_cast<std::size_t>(device_of[k - first].first)].collect(device_of[k - first].second,
                                                                                    e.indices, e.values);
 #endif

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <set>
 #include <random>
 #include <string>
 #include <vector>
@@ -748,6 +749,17 @@ TEST_CASE("make_patch's device kernels equal the host's on many tensors and on t
   }
   CHECK(sparse > 250);
   CHECK(all_bits_equal(gk::apply_patch(dev, dbase), target));
+  // Note [One allocation per chunk]: the device's sparse entries are views
+  // of one allocation, each piece aligned as the allocator's blocks are.
+  std::set<const void*> storages;
+  for (const gk::PatchEntry& d : dev.entries)
+    if (d.encoding == gk::PatchEncoding::sparse && d.values.is_cuda()) {
+      storages.insert(d.values.storage().data());
+      storages.insert(d.indices.storage().data());
+      CHECK(reinterpret_cast<std::uintptr_t>(d.values.const_data_ptr()) % 512 == 0);
+      CHECK(reinterpret_cast<std::uintptr_t>(d.indices.const_data_ptr()) % 512 == 0);
+    }
+  CHECK(storages.size() == 1);
 }
 
 TEST_CASE("non_finite_values on the device equals non_finite_values on the host") {
