@@ -76,9 +76,10 @@ std::map<c10::DeviceIndex, std::vector<std::size_t>> hash_host_ranges(const std:
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A hash launch uploads its job (pointers, lengths, block starts) and reads
 // its sums back. Each used to take a pinned tensor of its own and a
-// Tensor::copy_ (a dispatch, a narrow, the host allocator's event): about
-// 40 us of host time per launch in a trace of the MoE's streaming reload
-// (H100, 2026-12-07), two launches per decoder layer. Now one pinned block
+// Tensor::copy_ (a dispatch, a narrow, the host allocator's event): host
+// time paid at each of two launches per decoder layer (measured in a trace
+// of the MoE's streaming reload: docs/performance.md, "Figures behind the
+// code"). Now one pinned block
 // holds the job and, behind it, the words that come back, each moved by a
 // plain cudaMemcpyAsync on the launch's stream. The host allocator records
 // no event for such copies, so the block must not be freed while the

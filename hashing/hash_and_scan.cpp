@@ -127,7 +127,7 @@ CopiedHashes::CopiedHashes(std::vector<ContentRange> ranges, const std::vector<s
   // the caching allocator's reuse of these tensors' memory included, runs
   // after them, so the ranges need not outlive this call (a streaming
   // reload drops the copied layer's loads here, not when it reads the
-  // hashes: Note [Commit one layer late]). The CPU ones were hashed above.
+  // hashes: Note [Copy back one layer late]). The CPU ones were hashed above.
   st.ranges.clear();
 }
 

@@ -175,14 +175,13 @@ struct ReloadEngine::Impl {
   // After the weights were written: the new state, the weight version, the
   // verification of the tracked graphs and their capture verdicts.
   ReloadReport finish(ReloadReport& rep, const detail::RunOptions& o, const Stopwatch& total, const PwalGuard& guard);
-  // Sets the state to inconsistent with `why` (under reason_mu: a stage()
-  // calls it while the serving thread may read the reason).
-  void refuse_replay(std::string why);
   // A failure after captured storage was written: the model mixes old and
-  // new weights. Replay is refused until a reload succeeds (`why`), the
-  // served content is unknown, and, when the weights the graphs read
-  // changed, weight_version() moves. The one way into that state after a
-  // write, for reload() and commit() alike.
+  // new weights. Replay is refused until a reload succeeds (`why`, set
+  // under reason_mu: a stage() may call this while the serving thread reads
+  // the reason), the served content is unknown, and, when the weights the
+  // graphs read changed, weight_version() moves. The one way into that
+  // state, for reload(), stage() (PWAL reached captured storage) and
+  // commit() alike.
   void mark_inconsistent(std::string why, bool weights_changed);
 
   // --- weight_stream.cpp ------------------------------------------------------
@@ -194,11 +193,11 @@ struct ReloadEngine::Impl {
   const std::pair<const std::string, Expected>* find_expected(const std::string& name, std::size_t& cursor) const;
   std::vector<LayerRun> new_runs() const;
   // Everything before the commit: detach, then per layer load, PWAL, check
-  // (and in streaming mode its commit), the completion gate, and in
-  // transactional mode the "commit" faults and before_commit: the
+  // (and in streaming mode its copy-back), the completion gate, and in
+  // transactional mode the "before_copies" faults and before_commit: the
   // stage/commit boundary.
-  void run_until_commit(WeightSource& source, const detail::RunOptions& o, PwalGuard& guard, std::vector<LayerRun>& runs,
-                        ReloadReport& rep, bool& any_committed);
+  void run_layers(WeightSource& source, const detail::RunOptions& o, PwalGuard& guard, std::vector<LayerRun>& runs,
+                  ReloadReport& rep, bool& any_copied_back);
 
   // --- layer_pipeline.cpp -----------------------------------------------------
   void snapshot_and_detach(LayerPlan& lp, LayerRun& run, const PwalGuard& guard);

@@ -12,10 +12,10 @@
 // A check whose answer lies on the device (do these slots differ from
 // their captured values?) would read it with .cpu(): a copy on the
 // caller's stream and a wait for *everything* queued there, which in a
-// streaming reload includes the previous layer's copy-back (Note [Commit
-// one layer late] in weight_stream.cpp). The host then idles for the
-// device at every layer and the two no longer overlap: the MoE's 48 layers
-// spent 27.5 ms so on an H200 (docs/gpu-runs.md, 2026-12-06 02:46). The
+// streaming reload includes the previous layer's copy-back (Note [Copy
+// back one layer late] in weight_stream.cpp). The host then idles for the
+// device at every layer and the two no longer overlap, a wait per layer
+// of the MoE's 48 (docs/performance.md, "Figures behind the code"). The
 // bytes are copied into pinned memory behind an event right after they
 // are computed; wait() waits for that event alone, and a reader that
 // reads them a layer later (before the layer's commit) usually waits for

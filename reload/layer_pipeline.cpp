@@ -41,7 +41,7 @@ const PlannedSlot* slot_named(const LayerPlan& lp, const std::string& local) {
 // Throws gk::WeightError naming the first checkpoint tensor of the layer
 // that holds a NaN or an infinity (Note [Refusing non-finite weights] in
 // non_finite.cpp). Reads the checkpoint-format parameters, as loaded.
-// `meanwhile` runs while the device scans (Note [Commit one layer late] in
+// `meanwhile` runs while the device scans (Note [Copy back one layer late] in
 // weight_stream.cpp).
 void refuse_non_finite(LayerPlan& lp, const WeightSource& source, const std::function<void()>& meanwhile) {
   std::vector<at::Tensor> params;
@@ -75,13 +75,13 @@ void refuse_non_finite(LayerPlan& lp, const WeightSource& source, const std::fun
 // Note [Adopting source tensors]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A reload copies every byte twice: the load copies the source's tensor
-// into a fresh parameter, the commit copies PWAL's result into the
+// into a fresh parameter, the copy-back copies PWAL's result into the
 // captured storage. Where PWAL leaves a parameter as it is (a bf16 weight
 // the kernels read directly) the first copy buys nothing when the source
 // already holds the bytes on the right device: a trainer on the same GPU
 // handing over its tensors. With ReloadOptions::adopt_source_tensors the
 // parameter *is* the source's tensor for the reload (set_data: every handle
-// the layer holds follows), PWAL reads it, and the commit copies it into
+// the layer holds follows), PWAL reads it, and the copy-back copies it into
 // the captured storage once. Adopted only when nothing could tell the
 // difference from a copy:
 //   - the parameter arrives in one piece (one unsharded checkpoint tensor
@@ -399,7 +399,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
     guard.after_check(lp, run);
   }
   // With `meanwhile` (a streaming reload) the caller finishes the record a
-  // layer late (Note [Commit one layer late]).
+  // layer late (Note [Copy back one layer late]).
   {
     detail::TraceRange r("gk.record_after_pwal");
     record_after_pwal(lp, run, o, rep, /*defer=*/static_cast<bool>(meanwhile));
@@ -415,7 +415,7 @@ void ReloadEngine::Impl::process(LayerPlan& lp, LayerRun& run, const detail::Run
 void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep,
                                 const PwalGuard& guard, bool staged) {
   if (!guard.captured()) {
-    run.phase = LayerRun::Phase::committed;
+    run.phase = LayerRun::Phase::copied_back;
     return;
   }
   detail::PhaseScope t(rep.times.copy_ms, "gk.copy_back");
@@ -424,7 +424,7 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
     detail::finish_from_shapes_check(lp, run.from_shapes);  // nothing written yet
   }
   if (!staged) fault(testing::FaultPoint::copy, lp.prefix);
-  // Transactional: every captured storage this commit writes is saved
+  // Transactional: every captured storage this copy-back writes is saved
   // first, so a later failure can undo it (Note [Undo by storage]).
   const bool undoable = !staged && o.mode == ReloadMode::transactional;
   CopyPairs pairs = copy_pairs(lp, run);
@@ -485,7 +485,7 @@ void ReloadEngine::Impl::copy_back(LayerPlan& lp, LayerRun& run, const detail::R
   }
   run.current.clear();
   if (!undoable) run.backups.release();
-  run.phase = LayerRun::Phase::committed;
+  run.phase = LayerRun::Phase::copied_back;
 }
 
 ReloadEngine::Impl::CopyPairs ReloadEngine::Impl::copy_pairs(const LayerPlan& lp, const LayerRun& run) const {

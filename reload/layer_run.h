@@ -52,7 +52,7 @@ class CompletionSet {
 };
 
 struct LayerRun {
-  enum class Phase { waiting, processed, committed };
+  enum class Phase { waiting, processed, copied_back };
   Phase phase = Phase::waiting;
   bool detached = false;
   CompletionSet shards;  // which shards of its checkpoint tensors arrived

@@ -166,7 +166,7 @@ FiniteScan::FiniteScan(const std::vector<at::Tensor>& tensors)
     // loads: a streaming reload that committed layer L-1 before scanning
     // layer L drained its queue at every layer (the scan waited for L-1's
     // copy-back, the host for the scan). So a streaming reload enqueues
-    // L-1's copy-back between this constructor and wait() (Note [Commit one
+    // L-1's copy-back between this constructor and wait() (Note [Copy back one
     // layer late] in weight_stream.cpp). Each batch is launched as soon as
     // it is full, so the device scans while the host lists the next one (a
     // resident MoE source lists 18,000 tensors).

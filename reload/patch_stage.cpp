@@ -22,15 +22,19 @@
 //               parameter's captured storage, bar those declared
 //               from_shapes (Note [Declared derivations] in
 //               graphkeep/registry/role.h: a function of shapes alone,
-//               which every full reload checks), and those declared
+//               which every full reload checks), those declared
 //               by_blocks() from a passthrough parameter, whose touched
 //               blocks are recomputed and written in the same commit
 //               (Note [Patches through block derivations] in
-//               block_landing.cpp) (nothing else derived: PWAL would
-//               produce the same tensors from the new values, bar the
-//               parameters themselves; a configuration PWAL changed would
-//               be a mismatch while check_configs is on, so with it off the
-//               layer takes the other path). A plain module always
+//               block_landing.cpp), and those declared by_layout() from a
+//               passthrough parameter, each changed element written
+//               wherever the layout put it (Note [Patches through layout
+//               derivations] in layout_landing.cpp) (nothing else
+//               derived: PWAL would produce the same tensors from the new
+//               values, bar the parameters themselves; a configuration
+//               PWAL changed would be a mismatch while check_configs is on,
+//               so with it off the layer takes the other path). A plain
+//               module always
 //               qualifies. The entry's indices map into the parameter's
 //               captured storage by default_load's layout; staging moves
 //               the entry to the device and gathers the elements it will
@@ -463,7 +467,7 @@ void ReloadEngine::Impl::stage_rerun_layers(PatchStaging& ps, detail::StagedStat
   ps.runs = new_runs();
   if (!ps.sp->any_rerun()) return;
   const InMemorySource described({}, std::string(ps.label));
-  StageGuard guard(plan, [this](std::string why) { refuse_replay(std::move(why)); });
+  StageGuard guard(plan, [this](std::string why) { mark_inconsistent(std::move(why), /*weights_changed=*/true); });
   try {
     for (std::size_t li = 0; li < plan.layers().size(); ++li)
       if (ps.sp->rerun[li]) rerun_patched_layer(ps, li, described, guard);

@@ -41,14 +41,12 @@ void ReloadEngine::Impl::validate_hooks() const {
              detail::unknown_slot_message(plan, "unprotected_slots", name));
 }
 
-void ReloadEngine::Impl::refuse_replay(std::string why) {
-  std::lock_guard<std::mutex> lock(reason_mu);
-  state = EngineState::inconsistent;
-  reason = std::move(why);
-}
-
 void ReloadEngine::Impl::mark_inconsistent(std::string why, bool weights_changed) {
-  refuse_replay(std::move(why));
+  {
+    std::lock_guard<std::mutex> lock(reason_mu);
+    state = EngineState::inconsistent;
+    reason = std::move(why);
+  }
   if (weights_changed) version.fetch_add(1, std::memory_order_acq_rel);
   publish_served(nullptr);
 }
@@ -78,8 +76,8 @@ ReloadReport ReloadEngine::Impl::new_report(const detail::RunOptions& o) const {
   return rep;
 }
 bool ReloadEngine::Impl::rollback_all(std::vector<LayerRun>& runs, const detail::RunOptions& o) {
-  // Roll back every layer that has not committed; in transactional mode
-  // also undo the commits of this reload (the swap log).
+  // Roll back every layer not yet copied back; in transactional mode also
+  // undo this reload's copy-backs (the swap log).
   // Newest first: where layers share a storage (tied weights), the oldest
   // saved contents are written last (Note [Undo by storage]).
   bool restored = true;
@@ -87,7 +85,7 @@ bool ReloadEngine::Impl::rollback_all(std::vector<LayerRun>& runs, const detail:
     LayerRun& run = runs[li];
     const bool undoable = o.mode == ReloadMode::transactional;
     if (!run.detached) continue;
-    if (run.phase != LayerRun::Phase::committed || undoable) restored = rollback(plan.layers()[li], run) && restored;
+    if (run.phase != LayerRun::Phase::copied_back || undoable) restored = rollback(plan.layers()[li], run) && restored;
   }
   return restored;
 }
@@ -101,17 +99,17 @@ ReloadReport ReloadEngine::Impl::run_reload(WeightSource& source, const detail::
   const Stopwatch total;
   ReloadReport rep = new_report(o);
   std::vector<LayerRun> runs = new_runs();
-  bool any_committed = false;
+  bool any_copied_back = false;
   try {
-    run_until_commit(source, o, guard, runs, rep, any_committed);
+    run_layers(source, o, guard, runs, rep, any_copied_back);
     if (o.mode == ReloadMode::transactional)
       for (std::size_t li = 0; li < runs.size(); ++li) copy_back(plan.layers()[li], runs[li], o, rep, guard);
   } catch (...) {
     const bool restored = rollback_all(runs, o);
-    if (!restored || (o.mode == ReloadMode::streaming && any_committed)) {
+    if (!restored || (o.mode == ReloadMode::streaming && any_copied_back)) {
       mark_inconsistent(!restored ? "a failed reload could not restore every slot (PWAL changed the object tree, or "
                                     "wrote captured tensors with gk::testing::EngineHooks::skip_in_place_backups)"
-                                  : "a streaming reload failed after some layers were committed: the model mixes old "
+                                  : "a streaming reload failed after some layers were copied back: the model mixes old "
                                     "and new weights",
                         /*weights_changed=*/guard.captured());
     }
@@ -289,7 +287,7 @@ std::string_view to_string(FaultPoint s) noexcept {
     case FaultPoint::pwal: return "pwal";
     case FaultPoint::check: return "check";
     case FaultPoint::copy: return "copy";
-    case FaultPoint::commit: return "commit";
+    case FaultPoint::before_copies: return "before_copies";
     case FaultPoint::scatter: return "scatter";
   }
   return "?";

@@ -2,6 +2,8 @@
 // in run_options.h).
 #include "run_options.h"
 
+#include <graphkeep/core/check.h>
+
 namespace gk::detail {
 namespace {
 
@@ -26,6 +28,11 @@ RunOptions run_options(const StageOptions& o, const testing::EngineHooks& h) {
 }
 
 RunOptions run_options(const ReloadOptions& o, const testing::EngineHooks& h) {
+  GK_CHECK(StateError, !(o.mode == ReloadMode::streaming && o.before_commit),
+           "reload(): ReloadOptions::before_commit is set, but ReloadOptions::mode is ReloadMode::streaming, "
+           "which copies each layer back as soon as it is checked and has no moment before a first commit to "
+           "call it at; use ReloadMode::transactional (or stage() and commit()), or leave before_commit empty; "
+           "nothing was loaded");
   RunOptions r = protections(h);
   static_cast<ReloadOptions&>(r) = o;
   return r;

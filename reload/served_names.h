@@ -12,9 +12,9 @@
 // Each load used to build a (full name, hash) pair per checkpoint tensor,
 // then sort the pairs by name and lay them out as the content version's
 // input. At the MoE (18,870 tensors) that was a string made, moved, sorted
-// and freed per tensor, every reload: on the build machine, 1.3-1.6 ms per
-// 9,435 tensors, the largest piece of the host time left after a reload's
-// last launch (docs/performance.md, "Figures behind the code"). The names
+// and freed per tensor, every reload: the largest piece of the host time
+// left after a reload's last launch (docs/performance.md, "Figures behind
+// the code"). The names
 // are the plan's and do not change between reloads, so they are sorted
 // here once, with each tensor's place in that order and the content
 // version's input laid out with room for the hashes; a load then writes

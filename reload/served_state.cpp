@@ -538,9 +538,9 @@ void ReloadEngine::Impl::verify_served_content(ReloadReport& rep) {
   for (std::size_t i = 0; i < got.size(); ++i) {
     const std::uint64_t want = *s.find(names[i]);
     if (got[i] == want) continue;
-    refuse_replay(concat("gk::testing::EngineHooks::verify_served found checkpoint tensor '", names[i],
-                         "' differing from what the reload loaded; reload() to recover"));
-    publish_served(nullptr);
+    mark_inconsistent(concat("gk::testing::EngineHooks::verify_served found checkpoint tensor '", names[i],
+                             "' differing from what the reload loaded; reload() to recover"),
+                      /*weights_changed=*/false);  // (the reload counted its own write)
     GK_THROW(WeightError, "gk::testing::EngineHooks::verify_served: checkpoint tensor '", names[i], "' in captured storage hashes ",
              format_content_hash(got[i]), " but the reload loaded ", format_content_hash(want),
              " (something wrote the captured storage while the reload ran, or a slot failed to copy back); replay "

@@ -71,7 +71,7 @@ void record_loaded_hashes(LayerRun& run, ReloadReport& rep);
 // kept for the others (Note [Patch landings]). In two halves: the first
 // launches the hashes of the bytes PWAL left; finish_record_after_pwal()
 // waits for them and decides (a streaming reload calls it a layer late:
-// Note [Commit one layer late]). `defer` false: both at once.
+// Note [Copy back one layer late]). `defer` false: both at once.
 void record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep,
                        bool defer = false);
 void finish_record_after_pwal(const LayerPlan& lp, LayerRun& run, const detail::RunOptions& o, ReloadReport& rep);

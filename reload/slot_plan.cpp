@@ -185,7 +185,8 @@ namespace {
 
 // Note [A module's parameters, read in place]
 // Module::named_parameters(false) builds a new OrderedDict (key strings, a
-// hash index) at every call: about 1 µs for a module of four parameters, and
+// hash index) at every call, a cost per lookup even for a module of four
+// parameters (docs/performance.md, "Figures behind the code"), and
 // a reload looks a parameter slot up several times (drift check, detach,
 // materialize, layout check, re-point). The dict itself is a protected member
 // of torch::nn::Module; a pointer to that member formed through a derived

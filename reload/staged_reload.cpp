@@ -77,8 +77,8 @@ namespace gk {
 //     refused, naming the weight, until a reload() succeeds (as after any
 //     commit that fails while writing). Until 2026-12-06 the commit hashed
 //     them before writing and refused a stale one with nothing changed; that
-//     read cost a third of the pause (1.7x the device copy at 8B and at the
-//     MoE, against 1.2x without it; docs/performance.md).
+//     read was a second pass over the adopted bytes inside the pause
+//     (docs/performance.md, "Figures behind the code").
 //   - A tensor a copy reads otherwise (a view of part of it) is hashed
 //     before anything is written: a difference makes the staged reload
 //     stale, refused with nothing changed.
@@ -201,12 +201,12 @@ StagedReload ReloadEngine::stage(WeightSource& source, const StageOptions& optio
   ReloadReport rep = I.new_report(st->options);
   rep.staged = true;
   std::vector<LayerRun> runs = I.new_runs();
-  bool any_committed = false;
+  bool any_copied_back = false;
   {
-    StageGuard guard(I.plan, [&I](std::string why) { I.refuse_replay(std::move(why)); });
+    StageGuard guard(I.plan, [&I](std::string why) { I.mark_inconsistent(std::move(why), /*weights_changed=*/true); });
     try {
-      I.run_until_commit(source, st->options, guard, runs, rep, any_committed);
-      GK_INTERNAL_ASSERT(!any_committed, "a stage committed a layer");
+      I.run_layers(source, st->options, guard, runs, rep, any_copied_back);
+      GK_INTERNAL_ASSERT(!any_copied_back, "a stage copied a layer back");
       I.settle_staged(runs, guard.copies(), *st, {});
     } catch (...) {
       if (!I.rollback_all(runs, st->options)) I.fields_unrestored = true;

@@ -5,8 +5,9 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A Kineto trace of a reload (gk-online-bench --trace, bench/trace_summary.py)
 // shows the ATen ops and the CUDA calls the host makes, not the C++ between
-// them: in an H100 trace of the 24-layer MoE that was about 260 us per
-// decoder layer that no event covered. Each step of a layer's pipeline
+// them: in a trace of the 24-layer MoE, host time of every decoder layer
+// lay outside every event (docs/performance.md, "Figures behind the
+// code"). Each step of a layer's pipeline
 // opens a TraceRange (a user-scope RecordFunction, the C++ side of
 // torch.profiler.record_function), so the trace says which step the host's
 // time went to, and trace_summary.py subtracts the ops nested in each range

@@ -43,11 +43,11 @@ std::string whole_note(const SlotPlan& plan, const std::unordered_map<std::strin
 }
 // Note [Scanning a resident source first]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A streaming reload commits layer by layer, so a non-finite value found
-// in layer L (Note [Refusing non-finite weights]) used to leave layers
-// before L committed: the model mixed two weight sets and replay stayed
-// refused until a recovery reload. A diverged trainer makes exactly such
-// checkpoints. When the source is resident (WeightSource::resident(): a
+// A streaming reload copies layer by layer back into captured storage, so
+// a non-finite value found in layer L (Note [Refusing non-finite weights])
+// used to leave layers before L copied back: the model mixed two weight
+// sets and replay stayed refused until a recovery reload. A diverged
+// trainer makes exactly such checkpoints. When the source is resident (WeightSource::resident(): a
 // trainer's tensors handed over in memory) on the device, the reload scans
 // all of it first, in one batched read, and refuses before it copies
 // anything: the old weights stay served, as in the staged and
@@ -84,8 +84,8 @@ std::string whole_note(const SlotPlan& plan, const std::unordered_map<std::strin
 // took (KnownHashes) are filled in when the records are finished, after
 // the verdict.
 constexpr std::size_t kAheadOfScan = 4;
-// The most committed layers whose records hold no copy of their own may
-// wait unfinished for their hashes (Note [Commit one layer late]).
+// The most copied-back layers whose records hold no copy of their own may
+// wait unfinished for their hashes (Note [Copy back one layer late]).
 constexpr std::size_t kRecordsBehind = 16;
 // The same for a layer that loaded copies of its own: at most one waits
 // (it then holds what its copy-back could not hash as it copied).
@@ -349,9 +349,9 @@ std::vector<LayerRun> ReloadEngine::Impl::new_runs() const {
   }
   return runs;
 }
-void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::RunOptions& options,
+void ReloadEngine::Impl::run_layers(WeightSource& source, const detail::RunOptions& options,
                                           PwalGuard& guard, std::vector<LayerRun>& runs, ReloadReport& rep,
-                                          bool& any_committed) {
+                                          bool& any_copied_back) {
   // Note [Scanning a resident source first]: scanned here, not per layer,
   // and answered before the first copy-back (Note [Processing while the
   // scan runs]).
@@ -375,7 +375,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     const std::vector<char>& adopted = runs[li].record.adopted;
     return !adopted.empty() && std::all_of(adopted.begin(), adopted.end(), [](char a) { return a != 0; });
   };
-  // Whether the layers processed and not yet committed may stay so while
+  // Whether the layers processed and not yet copied back may stay so while
   // one more is processed, for whatever reason they wait: fewer than
   // kAheadOfScan of them, every tensor adopted (they hold no loads).
   auto may_hold = [&](const std::deque<std::size_t>& late) {
@@ -391,9 +391,9 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     return !scan->ready();
   };
   // Whether, the scan judged, the oldest layer processed and not yet
-  // committed may wait while one more is processed: its copy-back would
+  // copied back may wait while one more is processed: its copy-back would
   // wait for its checks' verdicts, which are still on their way behind the
-  // copies already queued (Note [Commit one layer late]).
+  // copies already queued (Note [Copy back one layer late]).
   auto verdicts_pending = [&](const std::deque<std::size_t>& late) {
     return !late.empty() && may_hold(late) && !runs[late.front()].from_shapes.bytes.ready();
   };
@@ -407,17 +407,17 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
       detail::PhaseScope t(rep.times.detach_ms, "gk.detach_all");
       for (std::size_t li = 0; li < runs.size(); ++li) snapshot_and_detach(plan.layers()[li], runs[li], guard);
     }
-    // Note [Commit one layer late]
-    // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    // A streaming reload commits each layer after it is processed, but not
+    // Note [Copy back one layer late]
+    // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    // A streaming reload copies each layer back after it is processed, but not
     // at once: layer L-1's copy-back is enqueued while layer L's non-finite
     // scan runs (process's `meanwhile`). The scan waits, through an event, for
     // what the stream held when it was launched; had L-1's copy been queued
     // first, the host would wait for that copy at every layer and could no
     // longer run ahead of the device (Note [The check on a side stream]).
-    // Nothing is weaker: a layer is committed only after it was processed and
-    // checked, and a failure at layer L leaves L-1 processed, not committed
-    // (rolled back) -- a streaming reload that fails after committing some
+    // Nothing is weaker: a layer is copied back only after it was processed and
+    // checked, and a failure at layer L leaves L-1 processed, not copied back
+    // (rolled back) -- a streaming reload that fails after copying back some
     // layer is inconsistent either way. Where the source was scanned whole
     // first (Note [Scanning a resident source first]), layer L has no scan to
     // overlap: L-1's copy-back is enqueued after L's PWAL and checks instead,
@@ -425,10 +425,10 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     // were launched before L-2's copy and reading them leaves that copy
     // queued, not drained. They were launched after the copies queued
     // before L's PWAL, though, and where the host runs ahead of the device
-    // those are still running: while the oldest uncommitted layer's verdicts
-    // are not in (asked of their events, never waited for), a layer whose
-    // tensors were all adopted stays uncommitted while the next is
-    // processed, at most kAheadOfScan of them (verdicts_pending).
+    // those are still running: while the verdicts of the oldest layer not
+    // yet copied back are not in (asked of their events, never waited for),
+    // layers whose tensors were all adopted wait, not copied back, while the
+    // next is processed, at most kAheadOfScan of them (verdicts_pending).
     // The same holds for the layer's content hashes after PWAL (which decide
     // how each parameter lands, Note [Patch landings]): launched at the end of
     // layer L-1, collected after L-1's copy-back is enqueued, so neither waits
@@ -452,8 +452,8 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     // where the allocator reuses that memory after it) and is finished once
     // its hashes are in, or when a second such record waits
     // (kCopiesBehind), so the reload still holds about one layer of loads.
-    std::deque<std::size_t> late;  // processed, their commits not yet enqueued
-    std::deque<std::size_t> unrecorded;  // committed, their records not yet finished
+    std::deque<std::size_t> late;  // processed, their copy-backs not yet enqueued
+    std::deque<std::size_t> unrecorded;  // copied back, their records not yet finished
     auto finish_records = [&](std::size_t keep) {
       while (!unrecorded.empty() && (unrecorded.size() > keep || record_ready(runs[unrecorded.front()]))) {
         const std::size_t li = unrecorded.front();
@@ -462,7 +462,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
         finish_record_after_pwal(plan.layers()[li], runs[li], o, rep);
       }
     };
-    auto commit_late = [&](bool last) {
+    auto copy_back_late = [&](bool last) {
       if (late.empty() || (!last && go_ahead(late))) return;
       scan_verdict();  // before anything is copied
       while (!late.empty()) {
@@ -470,7 +470,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
         const std::size_t li = late.front();
         late.pop_front();
         copy_back(plan.layers()[li], runs[li], o, rep, guard);
-        any_committed = true;
+        any_copied_back = true;
         unrecorded.push_back(li);
         const bool own_copies = !holds_no_copy(li);
         if (own_copies) release_copied_loads(runs[li]);
@@ -479,12 +479,12 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
     };
     auto finish_layer = [&](std::size_t li) {
       process(plan.layers()[li], runs[li], o, rep, source, guard,
-              o.mode == ReloadMode::streaming ? std::function<void()>([&] { commit_late(false); })
+              o.mode == ReloadMode::streaming ? std::function<void()>([&] { copy_back_late(false); })
                                               : std::function<void()>());
       if (o.mode == ReloadMode::streaming) {
         GK_INTERNAL_ASSERT(late.size() < kAheadOfScan + 1,
                            "process() returned without running its `meanwhile`: layer '",
-                           plan.layers()[late.front()].prefix, "' would never be committed");
+                           plan.layers()[late.front()].prefix, "' would never be copied back");
         late.push_back(li);
       }
     };
@@ -532,13 +532,13 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
       if (run.loaded == run.expected) finish_layer(e.layer);
     }
 
-    commit_late(/*last=*/true);
+    copy_back_late(/*last=*/true);
     scan_verdict();  // (a source of layers without checkpoint tensors alone)
     finish_records(0);
   } catch (...) {
     // A failure while the scan ran (a PWAL that chokes on a NaN, say):
     // the non-finite value is the cause to name. Nothing was copied.
-    if (!any_committed) scan_verdict();
+    if (!any_copied_back) scan_verdict();
     throw;
   }
 
@@ -570,7 +570,7 @@ void ReloadEngine::Impl::run_until_commit(WeightSource& source, const detail::Ru
   }
 
   if (o.mode == ReloadMode::transactional) {
-    for (std::size_t li = 0; li < runs.size(); ++li) fault(testing::FaultPoint::commit, plan.layers()[li].prefix);
+    for (std::size_t li = 0; li < runs.size(); ++li) fault(testing::FaultPoint::before_copies, plan.layers()[li].prefix);
     if (o.before_commit) o.before_commit();
   }
 }

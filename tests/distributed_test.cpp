@@ -442,9 +442,9 @@ int child_main() {
   }
   {
     // after every layer's checks, in the last stage before the vote
-    const auto hooks = fault_on_tp1(gk::testing::FaultPoint::commit, "l1");
+    const auto hooks = fault_on_tp1(gk::testing::FaultPoint::before_copies, "l1");
     gk::DistributedReload faulty(coll, engine.get(), {});
-    refused("c-commit", [&] { return faulty.reload(*source_for(4)); }, tp1, "injected commit failure on l1");
+    refused("c-commit", [&] { return faulty.reload(*source_for(4)); }, tp1, "injected before_copies failure on l1");
     check_step("c-commit", 3);
     c.ok("c-commit");
   }
@@ -802,7 +802,7 @@ TEST_CASE("the engine's before_commit hook: once, after every check, before the 
   const auto at = std::find(log.begin(), log.end(), "before_commit");
   REQUIRE(at != log.end());
   CHECK(std::count(log.begin(), log.end(), "before_commit") == 1);
-  CHECK(*(at - 1) == "commit:l2");    // after the last layer's commit-stage fault point
+  CHECK(*(at - 1) == "before_copies:l2");  // after the last layer's before_copies fault point
   CHECK(*(at + 1) == "copy:l1");      // before the first copy
   for (auto it = log.begin(); it != at; ++it) CHECK(it->rfind("copy:", 0) != 0);
 
@@ -813,8 +813,16 @@ TEST_CASE("the engine's before_commit hook: once, after every check, before the 
   graph.replay();
   CHECK(at::equal(out, full_output(1, input)));
 
-  o.mode = gk::ReloadMode::streaming;  // not called in streaming mode
+  // A streaming reload has no moment before its first commit: refused,
+  // naming the option, before anything is read; without it, it runs.
+  o.mode = gk::ReloadMode::streaming;
   gk::InMemorySource s3(full_checkpoint(3));
+  GK_CHECK_THROWS_WITH_SUBSTR(engine.reload(s3, o), gk::StateError,
+                              "ReloadOptions::before_commit is set, but ReloadOptions::mode is ReloadMode::streaming");
+  CHECK(engine.state() == gk::EngineState::ready);
+  graph.replay();
+  CHECK(at::equal(out, full_output(1, input)));
+  o.before_commit = nullptr;
   engine.reload(s3, o);
   graph.replay();
   CHECK(at::equal(out, full_output(3, input)));

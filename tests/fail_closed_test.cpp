@@ -268,7 +268,7 @@ TEST_CASE("a PWAL that writes captured tensors in place and then throws: restore
   SUBCASE("streaming, after an earlier layer committed: inconsistent until a reload succeeds") {
     // A source read as it goes (not resident: no scan of it all first), so
     // l0's copy-back runs while l1's scan runs, before l1's PWAL (Note
-    // [Commit one layer late] in weight_stream.cpp).
+    // [Copy back one layer late] in weight_stream.cpp).
     struct AsItGoes : gk::WeightSource {
       std::vector<gk::NamedTensor> v;
       std::size_t i = 0;
@@ -291,7 +291,7 @@ TEST_CASE("a PWAL that writes captured tensors in place and then throws: restore
   }
   SUBCASE("streaming from a resident source: the earlier layer is not yet committed, so nothing changes") {
     // The source is scanned whole first; l0's copy-back then waits for
-    // l1's PWAL and checks (Note [Commit one layer late]), so l1's failure
+    // l1's PWAL and checks (Note [Copy back one layer late]), so l1's failure
     // finds l0 processed, not committed: both are rolled back.
     Rig rig;
     behaviours()[rig.model->l1.get()] = {.in_place = true, .throw_after_write = true};

@@ -500,7 +500,7 @@ void from_shapes_strides_are_compared(const c10::Device device) {
 // hook makes the reload take it as running for `pending` more layers. The
 // fault hook records the order: how many layers ran PWAL before the first
 // copy into captured storage (two without the hook: a layer's copy-back is
-// enqueued after the next layer's checks, Note [Commit one layer late]).
+// enqueued after the next layer's checks, Note [Copy back one layer late]).
 void processing_while_the_scan_runs(const c10::Device device) {
   at::NoGradGuard no_grad;
   const demo::HfConfig c = demo::builtin_tiny_config();

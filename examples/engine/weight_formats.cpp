@@ -49,9 +49,9 @@ std::string_view to_string(WeightFormat f) {
 // (the widened rows and their quotient, clamped in place) instead of four
 // copies of the whole projection (widened, |w|, quotient, clamped): 8B's
 // gate_up_proj widened alone is 0.44 GiB, half the largest layer, and the
-// whole-tensor version peaked at 1.62x the largest layer while staging
-// (docs/performance.md). The values are bitwise those of the one-shot version
-// (tests/engine_decode_test.cpp builds both).
+// whole-tensor version's staging peak exceeded the largest layer
+// (docs/performance.md, "Figures behind the code"). The values are bitwise
+// those of the one-shot version (tests/engine_decode_test.cpp builds both).
 namespace {
 // Rows [M, K] of the checkpoint -> their e4m3 values and scales, written
 // into q [M, K] and s [M] (Note [FP8 CPU twin]).

@@ -28,8 +28,9 @@
 // O(changed), not the tensor. Each thread's walk is a chain of dependent
 // loads (the next write's index, then its word): a thread per 64 KiB
 // walked ~1,200 covered words of a 1 % bf16 patch's sector images in
-// turn, 9.9 ms for an 8B model on an H200 (docs/gpu-runs.md, 2026-12-06
-// 02:46); sixteen threads per 64 KiB walk sixteen shorter chains at once.
+// turn, one latency after another (docs/performance.md, "Figures behind
+// the code"); sixteen threads per 64 KiB walk sixteen shorter chains at
+// once.
 // Sources that are sector images need no walk at all: a second kernel sums
 // them write by write (Note [Exclusive writes] in overlay_load.h).
 #include "content_hash_launch.h"
@@ -79,11 +80,12 @@ __device__ __forceinline__ int tensor_of(const ContentHashJob& job, std::uint64_
 // Note [Scanning while summing]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A streaming reload from a trainer's resident tensors both hashes them and
-// refuses a NaN or an infinity among them: two reads of the same bytes,
-// 26 ms each for a 57 GiB MoE on an H200. The sum kernel can test each word
-// it loads as well (a few integer operations per 8 bytes; it is bound by
-// memory, not by them): a word's lanes are the tensor's elements (its data
-// pointer is element-aligned, a partial last word is padded with zero bits,
+// refuses a NaN or an infinity among them: two whole reads of the same
+// bytes (docs/performance.md, "Figures behind the code"). The sum kernel
+// can test each word it loads as well (a few integer operations per 8
+// bytes; it is bound by memory, not by them): a word's lanes are the
+// tensor's elements (its data pointer is element-aligned, a partial last
+// word is padded with zero bits,
 // which are finite in every dtype), an element is bad where its exponent
 // bits are all set, y = (w & mask) ^ mask has a zero lane there, and
 // (y - lo) & ~y & hi is non-zero exactly when some lane of y is zero (lo

@@ -19,8 +19,9 @@ namespace gk::cuda {
 // Bytes one block copies at most; larger slots are split into tasks of this
 // size so that one block per task balances large and small slots. (64 KiB
 // until 2026-12-06: a 1.2 GiB MoE layer then took 12 launches of a 32 KiB
-// parameter each, about 15 us of host time per launch; 512 KiB tasks are
-// still over a thousand blocks for such a layer.)
+// parameter each, each launch paying host time (docs/performance.md,
+// "Figures behind the code"); 512 KiB tasks are still over a thousand
+// blocks for such a layer.)
 inline constexpr std::uint64_t kCopyChunk = 512 * 1024;
 
 // Tasks per launch: 20 bytes each, within the 32,764-byte parameter limit.
@@ -29,9 +30,9 @@ inline constexpr int kMaxTasks = 1536;
 // Note [Small batches travel small]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The driver copies a launch's parameters into its command buffer, so a
-// launch of a whole CopyBatch (30 KiB) costs the host about 9.4 us where a
-// small one costs about 4.7 (a trace of the MoE's streaming reload, H100,
-// 2026-12-07: 123 batched copies against 49 hash and 72 fill launches).
+// launch's host time grows with its parameter's size: a whole CopyBatch
+// (30 KiB) costs clearly more than a small one (measured in a trace of the
+// MoE's streaming reload: docs/performance.md, "Figures behind the code").
 // Most launches of a reload carry a few tasks (a layer's norms, its
 // attention's slots), so a batch of at most kSmallTasks tasks is launched
 // with only those (1.3 KiB); the kernel is the same, instantiated for each.

@@ -18,8 +18,9 @@
 // every touched tensor, scattered the patch into the clone and hashed the
 // clone (at a dense 1 % patch the whole model written once and read twice);
 // then it hashed each tensor whole, reading each word through the writes
-// that cover it (one read of the model, 28 ms at 8B on an H100, for 64 bits
-// per tensor). The content hash is now a sum of one term per word (Note
+// that cover it (one read of the whole model for 64 bits per tensor;
+// docs/performance.md, "Figures behind the code"). The content hash is now
+// a sum of one term per word (Note
 // [Content hash: gk-sum64 v1] in content_hash.h), so
 //
 //   hash(after) = hash(before) + sum over covered words (term(after) - term(before))

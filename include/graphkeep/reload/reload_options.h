@@ -106,8 +106,8 @@ struct StageOptions {
   // it with a full rollback, every layer keeping its old weights) or last in
   // stage(), once everything is staged and checked (throwing aborts the
   // stage: nothing changed). The exception propagates. The distributed
-  // reload votes here (include/graphkeep/distributed/distributed.h). Not
-  // called by a streaming reload().
+  // reload votes here (include/graphkeep/distributed/distributed.h). A
+  // streaming reload() has no such moment and refuses the option.
   std::function<void()> before_commit;
   // The version id of the weights this load brings (ServedWeights::label()).
   // Empty: the label the engine recorded for the same content before, if any.

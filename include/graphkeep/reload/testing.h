@@ -45,7 +45,7 @@ enum class FaultPoint {
   pwal,    // before process_weights_after_loading
   check,   // layout and configuration checks
   copy,    // before the layer's copy into the captured storage
-  commit,  // transactional: once per layer, after the completion gate, before any copy
+  before_copies,  // transactional: once per layer, after the completion gate, before any layer is copied back
   scatter, // a patch's commit: once per layer it touches, after its scatter wrote captured storage
 };
 std::string_view to_string(FaultPoint s) noexcept;
