@@ -676,6 +676,29 @@ void check_failed_commit_restores(Rig& rig, Rig& full, const Weights& w1, std::m
   CHECK(same(rig.replay(), full.replay()));
 }
 
+// An index past the end of a tensor whose layer lands through a declared
+// derivation (blocks, layout) is refused before anything is written, by
+// reload() and by stage(), naming the tensor: `rig` still serves w1's bits
+// and replay stays allowed. (Never a device-side assert: the index is
+// checked against the checkpoint tensor before it is mapped.)
+template <class Rig>
+void check_index_past_end_refused(Rig& rig, const Weights& w1, std::mt19937_64& rng) {
+  const at::Tensor out1 = rig.replay();
+  const Weights w2 = step(w1, rng, 0.1);
+  for (const std::int64_t past : {std::int64_t{0}, std::int64_t{1} << 20}) {
+    CAPTURE(past);
+    gk::Patch p = patch_of(w1, w2, "one", "past the end");
+    gk::PatchEntry& e = p.entries.back();
+    REQUIRE(e.encoding == gk::PatchEncoding::sparse);
+    e.indices = e.indices.clone();
+    e.indices[-1] = e.numel() + past;
+    GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(p), gk::WeightError, "'" + e.name + "'");
+    GK_CHECK_THROWS_WITH_SUBSTR((void)rig.engine->stage(p), gk::WeightError, "out of range");
+    CHECK(rig.engine->replay_allowed());
+    CHECK(same(rig.replay(), out1));
+  }
+}
+
 // A chain of two patches (a small step, then a large one) on a model of
 // class Declared, by reload() and by stage() + commit(), with element and
 // sector writes: each serves what a full reload serves, bit for bit, the
@@ -838,6 +861,7 @@ TEST_CASE("block derivations: a patch recomputes only the blocks it touches, wit
     CHECK(pt::same(whole.replay(), expect.replay()));
   }
 
+  pt::check_index_past_end_refused(rig, w1, rng);
   // A commit that fails after its writes puts the derived blocks back too.
   pt::check_failed_commit_restores(rig, full, w1, rng);
 }
@@ -919,6 +943,7 @@ TEST_CASE("layout derivations: a patch writes the changed elements where the lay
   CHECK(pt::same(rig.replay(), full.replay()));
   CHECK(at::equal(rig.model->lin->m_.t.select(1, pt::QR), at::ones({pt::QC})));
 
+  pt::check_index_past_end_refused(rig, w1, rng);
   // A commit that fails after its writes puts the moved elements back too.
   pt::check_failed_commit_restores(rig, full, w1, rng);
 }
