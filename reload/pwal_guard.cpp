@@ -67,7 +67,7 @@ void StageGuard::after_check(LayerPlan& lp, LayerRun& run) {
     // the stage holds them, else refuse replay.
     const bool restored = copies_.restore_captured(run.current[i]);
     if (!restored)
-      refuse_replay_(concat("a failed stage() let PWAL of layer '", lp.prefix, "' write the captured storage of ",
+      on_unrestored_(concat("a failed stage() let PWAL of layer '", lp.prefix, "' write the captured storage of ",
                             lp.slots[i].name, " through a handle that is no slot location; reload() to recover"));
     GK_THROW(StateError, "stage(): after PWAL of layer '", lp.prefix, "', ", lp.slots[i].name,
              " views a captured storage through a handle that is no slot location (an opaque or undeclared "

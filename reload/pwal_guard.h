@@ -59,10 +59,11 @@ class ReloadGuard final : public PwalGuard {
 
 class StageGuard final : public PwalGuard {
  public:
-  // `refuse_replay(reason)`: called when PWAL may have written what the
-  // graphs read and its values could not be written back.
-  StageGuard(const SlotPlan& plan, std::function<void(std::string)> refuse_replay)
-      : copies_(plan), refuse_replay_(std::move(refuse_replay)) {}
+  // `on_unrestored(reason)`: called when PWAL may have written what the
+  // graphs read and its values could not be written back (the engine's
+  // mark_inconsistent).
+  StageGuard(const SlotPlan& plan, std::function<void(std::string)> on_unrestored)
+      : copies_(plan), on_unrestored_(std::move(on_unrestored)) {}
   void after_load(LayerRun& run, const detail::RunOptions& o, ReloadReport& rep) override;
   void before_pwal(LayerPlan& lp, LayerRun& run, const detail::RunOptions& o) override;
   void after_check(LayerPlan& lp, LayerRun& run) override;
@@ -70,7 +71,7 @@ class StageGuard final : public PwalGuard {
 
  private:
   StagingCopies copies_;
-  std::function<void(std::string)> refuse_replay_;
+  std::function<void(std::string)> on_unrestored_;
 };
 
 // True when PWAL can reach slot s's captured storage: a declared member, a

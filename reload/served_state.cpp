@@ -540,7 +540,7 @@ void ReloadEngine::Impl::verify_served_content(ReloadReport& rep) {
     if (got[i] == want) continue;
     mark_inconsistent(concat("gk::testing::EngineHooks::verify_served found checkpoint tensor '", names[i],
                              "' differing from what the reload loaded; reload() to recover"),
-                      /*weights_changed=*/false);  // (the reload counted its own write)
+                      /*weights_changed=*/true);  // (the throw skips finish(), which counts the reload's write)
     GK_THROW(WeightError, "gk::testing::EngineHooks::verify_served: checkpoint tensor '", names[i], "' in captured storage hashes ",
              format_content_hash(got[i]), " but the reload loaded ", format_content_hash(want),
              " (something wrote the captured storage while the reload ran, or a slot failed to copy back); replay "

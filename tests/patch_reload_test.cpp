@@ -1281,6 +1281,30 @@ TEST_CASE("verify_served hashes the written tensors again; a stale staged patch 
   CHECK(rig.engine->served() == nullptr);
   CHECK_THROWS_WITH_AS(rig.engine->reload(pt::patch_of(w0, w1, "step-0", "step-1")),
                        doctest::Contains("does not know the content it serves"), gk::StateError);
+  // A slot whose copy-back is skipped (a fused parameter, passthrough)
+  // leaves captured storage other than what was loaded: verify_served
+  // refuses, and the model is inconsistent
+  // (replay refused, the content unknown, the version moved: the captured
+  // storage was written).
+  gk::InMemorySource src3(pt::delivered(w1));
+  rig.engine->reload(src3);
+  std::string slot;
+  for (const std::string& n : rig.engine->slot_names())
+    if (n.find("qkv") != std::string::npos) slot = n;
+  REQUIRE_FALSE(slot.empty());
+  gk::testing::EngineHooks skipping;
+  skipping.verify_served = true;
+  skipping.unprotected_slots = {slot};
+  gk::testing::set_hooks(*rig.engine, skipping);
+  const std::uint64_t version = rig.engine->weight_version();
+  gk::InMemorySource src4(pt::delivered(w2));
+  GK_CHECK_THROWS_WITH_SUBSTR(rig.engine->reload(src4), gk::WeightError,
+                              "gk::testing::EngineHooks::verify_served: checkpoint tensor '");
+  CHECK_FALSE(rig.engine->replay_allowed());
+  CHECK(rig.engine->served() == nullptr);
+  CHECK(rig.engine->weight_version() == version + 1);
+  // (The skipped slot's field now holds PWAL's tensor: the next reload
+  // refuses until the graphs are captured again, as unprotected_slots says.)
 }
 
 namespace pt {

@@ -867,8 +867,9 @@ Op random_op(const ModelSpec& s, Rng& rng, bool recovery) {
     b = {static_cast<Pwal>(3 + pick(rng, 5)), rng()};
   }
   if (r == 7 || r == 9) {  // a fault at a stage
-    const char* stages[] = {"detach", "load", "pwal", "check", "copy", "commit"};
-    op.fault_stage = stages[pick(rng, 6)];
+    using FP = gk::testing::FaultPoint;  // by enumerator, so that a renamed point cannot go stale here
+    const FP stages[] = {FP::detach, FP::load, FP::pwal, FP::check, FP::copy, FP::before_copies};
+    op.fault_stage = std::string(gk::testing::to_string(stages[pick(rng, 6)]));
     const int64_t n = static_cast<int64_t>(s.layers.size()), nb = static_cast<int64_t>(s.blocks.size());
     const int64_t layer = pick(rng, n + (s.norm_after >= 0 ? 1 : 0) + nb);
     op.fault_layer = layer < n ? "l" + std::to_string(layer)
@@ -892,7 +893,8 @@ Op random_op(const ModelSpec& s, Rng& rng, bool recovery) {
     op.encoding = static_cast<int>(pick(rng, 3));
     op.bad = BadSet::none;
     op.bad_patch = pick(rng, 4) == 0 ? static_cast<BadPatch>(1 + pick(rng, 8)) : BadPatch::none;
-    if (op.fault_stage == "commit") op.fault_stage = "scatter";  // a patch's own stage
+    if (op.fault_stage == gk::testing::to_string(gk::testing::FaultPoint::before_copies))  // a patch's own stage
+      op.fault_stage = std::string(gk::testing::to_string(gk::testing::FaultPoint::scatter));
   }
   return op;
 }

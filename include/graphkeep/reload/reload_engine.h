@@ -173,7 +173,9 @@ class ReloadEngine {
   ReloadReport commit(StagedReload&& staged);
   // Increments by one for every reload() and commit() that changed the
   // weights the graphs read (one that failed after writing, leaving the
-  // model inconsistent, counts too). Atomic: readable from any thread.
+  // model inconsistent, counts too, as does a stage() whose PWAL wrote a
+  // captured storage it could not write back). Atomic: readable from any
+  // thread.
   std::uint64_t weight_version() const noexcept;
   // What the engine serves, by content (served_weights.h): the content hash
   // of every checkpoint tensor, the content version and its label. Null
